@@ -1,0 +1,91 @@
+"""iqkit: Kafka Streams-style interactive queries (IQv2) over partitioned RocksDB state
+stores written by Spark, from Python and Jupyter.
+
+    import iqkit
+    iqkit.create_store("stores", "totals", partitions=4)
+    with iqkit.StoreWriter("stores", "totals") as w:
+        w.put("alice", {"total": 42}, source=("orders", 0, 17))
+    with iqkit.open("stores") as engine:
+        r = engine.query(iqkit.StateQueryRequest.in_store("totals")
+                         .with_query(iqkit.KeyQuery.with_key("alice")))
+        r.only_partition_result().result   # {'total': 42}
+"""
+
+from .engine import StateEngine, open
+from .errors import (
+    EngineClosedError,
+    IqkitError,
+    StoreCorruptedError,
+    StoreExistsError,
+    StoreIOError,
+    StoreLockedError,
+    StoreNotFoundError,
+    UnknownStoreError,
+)
+from .query import (
+    FailureReason,
+    KeyQuery,
+    KeyValue,
+    KeyValueIterator,
+    LagInfo,
+    MultiKeyQuery,
+    Position,
+    PositionBound,
+    PrefixScanQuery,
+    Query,
+    QueryResult,
+    RangeQuery,
+    RawKeyQuery,
+    RawScanQuery,
+    ResultOrder,
+    StateQueryRequest,
+    StateQueryResult,
+    WindowKeyQuery,
+    Windowed,
+    WindowRangeQuery,
+)
+from .store.manifest import StoreManifest
+from .store.partitioners import murmur2
+from .store.serdes import get_serde
+from .store.writer import StoreWriter, create_store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EngineClosedError",
+    "FailureReason",
+    "IqkitError",
+    "KeyQuery",
+    "KeyValue",
+    "KeyValueIterator",
+    "LagInfo",
+    "MultiKeyQuery",
+    "Position",
+    "PositionBound",
+    "PrefixScanQuery",
+    "Query",
+    "QueryResult",
+    "RangeQuery",
+    "RawKeyQuery",
+    "RawScanQuery",
+    "ResultOrder",
+    "StateEngine",
+    "StateQueryRequest",
+    "StateQueryResult",
+    "StoreCorruptedError",
+    "StoreExistsError",
+    "StoreIOError",
+    "StoreLockedError",
+    "StoreManifest",
+    "StoreNotFoundError",
+    "StoreWriter",
+    "UnknownStoreError",
+    "WindowKeyQuery",
+    "WindowRangeQuery",
+    "Windowed",
+    "__version__",
+    "create_store",
+    "get_serde",
+    "murmur2",
+    "open",
+]

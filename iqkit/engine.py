@@ -1,0 +1,589 @@
+"""The query engine: ``iqkit.open(root)`` → ``StateEngine``, the analogue of ``KafkaStreams``.
+
+``engine.query(request)`` runs an IQv2 request against the published versions of a
+store's partitions. Request-level problems (unknown store, closed engine) raise;
+everything that concerns one partition is that partition's ``QueryResult``, and every
+result, failures included, carries the partition's position.
+
+Per partition, checks run in this order: ``DOES_NOT_EXIST`` (partition out of range),
+``UNKNOWN_QUERY_TYPE`` (the store kind cannot run the query: checked before the bound),
+``NOT_PRESENT`` (no published data), ``NOT_ACTIVE`` (``require_active`` on a version
+older than the latest), ``NOT_UP_TO_BOUND``, then execution (``STORE_EXCEPTION`` when the
+partition cannot be read).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from .errors import (
+    EngineClosedError,
+    IqkitError,
+    StoreNotFoundError,
+    UnknownStoreError,
+)
+from .query import (
+    FailureReason,
+    KeyQuery,
+    LagInfo,
+    MultiKeyQuery,
+    Position,
+    PositionBound,
+    QueryResult,
+    StateQueryRequest,
+    StateQueryResult,
+)
+from .store.layers import ReadCache, Trace, TypedKeyValueLayer, TypedWindowLayer, build_layers
+from .store.layout import StoreLayout, validate_store_name
+from .store.manifest import StoreManifest
+from .store.partition import RocksDBPartition
+from .store.partitioners import get_partitioner
+from .store.serdes import get_serde
+from .store.versions import (
+    ReaderLease,
+    VersionRecord,
+    list_versions,
+    new_reader_id,
+    read_latest_number,
+    read_version,
+)
+from .store.writer import list_store_names
+
+Layers = TypedKeyValueLayer | TypedWindowLayer
+
+#: Partition versions an engine keeps open at once (each is a read-only RocksDB).
+_MAX_OPEN_PARTITIONS = 512
+
+
+class _VersionLease:
+    """A lease plus the number of users (the store's current view, open partitions)."""
+
+    __slots__ = ("lease", "users")
+
+    def __init__(self, lease: ReaderLease) -> None:
+        self.lease = lease
+        self.users = 0
+
+
+class _OpenPartition:
+    __slots__ = ("layers", "lease_version", "partition", "position")
+
+    def __init__(self, partition: RocksDBPartition, layers: Layers, lease_version: int) -> None:
+        self.partition = partition
+        self.layers = layers
+        self.lease_version = lease_version
+        self.position: Position = partition.commit_record().get("position") or Position.empty()
+
+
+class _StoreView:
+    """One store as the engine sees it: manifest, current version, open partitions."""
+
+    def __init__(self, engine: StateEngine, layout: StoreLayout, pinned: int | None) -> None:
+        self.engine = engine
+        self.layout = layout
+        self.manifest = StoreManifest.read(layout)
+        self.key_serde = get_serde(self.manifest.key_serde)
+        self.partitioner = get_partitioner(self.manifest.partitioner)
+        self.routes_keys = self.partitioner.routes_keys
+        self.query_types = (
+            TypedWindowLayer.query_types
+            if self.manifest.kind == "window"
+            else TypedKeyValueLayer.query_types
+        )
+        self._latest_path = os.fspath(layout.latest)  # stat'ed on every query: keep a str
+        self.pinned = pinned
+        self.record: VersionRecord | None = None
+        self._latest_stamp: tuple[int, int] | None = None
+        self._leases: dict[int, _VersionLease] = {}
+        if pinned is not None:
+            self._switch_to(pinned)
+
+    # -- versions ------------------------------------------------------------------------
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self._latest_path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns)
+
+    def current(self) -> VersionRecord | None:
+        """The version this engine serves: pinned, or the latest published one.
+
+        Costs one ``stat`` per query when nothing changed: ``LATEST`` is replaced (new
+        inode) on every publish, so a long-lived engine sees new commits at once.
+        """
+        if self.pinned is not None:
+            return self.record
+        stamp = self._stamp()
+        if stamp != self._latest_stamp:
+            latest = read_latest_number(self.layout)
+            if latest is not None and (self.record is None or self.record.version != latest):
+                self._switch_to(latest, follow_latest=True)
+            self._latest_stamp = stamp
+        return self.record
+
+    def latest_number(self) -> int | None:
+        return read_latest_number(self.layout)
+
+    def _switch_to(self, version: int, *, follow_latest: bool = False) -> None:
+        # Lease first, then read the record: if retention removed it meanwhile, the
+        # record is gone and we retry with the newer LATEST (see versions.py).
+        for _ in range(20):
+            lease = self._acquire(version)
+            try:
+                record = read_version(self.layout, version)
+            except LookupError:
+                self._release(version)
+                if not follow_latest:
+                    retained = list_versions(self.layout)
+                    raise ValueError(
+                        f"store {self.layout.name!r} has no version {version} "
+                        f"(retained: {_describe_versions(retained)})"
+                    ) from None
+                version = read_latest_number(self.layout) or version
+                continue
+            old = self.record
+            self.record = record
+            del lease
+            if old is not None:
+                self._release(old.version)
+            return
+        raise StoreNotFoundError(f"store {self.layout.name!r}: could not pin a version")
+
+    def _acquire(self, version: int) -> _VersionLease:
+        held = self._leases.get(version)
+        if held is None:
+            held = self._leases[version] = _VersionLease(
+                ReaderLease(self.layout, version, self.engine.reader_id)
+            )
+        held.users += 1
+        return held
+
+    def _release(self, version: int) -> None:
+        held = self._leases.get(version)
+        if held is None:
+            return
+        held.users -= 1
+        if held.users <= 0:
+            held.lease.release()
+            del self._leases[version]
+
+    def release_partition_lease(self, version: int) -> None:
+        self._release(version)
+
+    def acquire_partition_lease(self, version: int) -> None:
+        self._acquire(version)
+
+    def close(self) -> None:
+        for held in self._leases.values():
+            held.lease.release()
+        self._leases.clear()
+
+
+class StateEngine:
+    """Runs IQv2 requests against the stores under one root folder.
+
+    Use ``iqkit.open(root)``. Without ``as_of`` every query reads each store's latest
+    published version; with ``as_of`` (an int for every store, or a dict store → version)
+    the engine is pinned to those versions, which stay on disk while it is open.
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str], *, as_of: int | Mapping[str, int] | None = None
+    ) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            # Never create anything for a reader: a typo must not make an empty root.
+            raise StoreNotFoundError(f"no iqkit root folder at {os.fspath(root)!r}")
+        self.reader_id = new_reader_id()
+        self._as_of = as_of
+        self._stores: dict[str, _StoreView] = {}
+        self._open: OrderedDict[tuple[str, int, int], _OpenPartition] = OrderedDict()
+        self._caches: dict[tuple[str, int, int], ReadCache] = {}
+        self._closed = False
+        if isinstance(as_of, Mapping):
+            for name in as_of:
+                self._view(name)  # validates names and versions up front
+        elif as_of is not None:
+            if not isinstance(as_of, int) or isinstance(as_of, bool) or as_of < 1:
+                raise ValueError(f"as_of must be a version number >= 1 or a dict, got {as_of!r}")
+            for name in self.store_names():
+                self._view(name)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def __enter__(self) -> StateEngine:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every open partition (ending live iterators first) and drop leases."""
+        if self._closed:
+            return
+        self._closed = True
+        for entry in self._open.values():
+            entry.partition.close()
+        self._open.clear()
+        self._caches.clear()
+        for view in self._stores.values():
+            view.close()
+        self._stores.clear()
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("the engine is closed; open a new one with iqkit.open(root)")
+
+    # -- metadata ------------------------------------------------------------------------
+    def store_names(self) -> list[str]:
+        """Names of the stores under the root, sorted."""
+        self._check_open()
+        return list_store_names(self.root)
+
+    def manifest(self, store: str) -> StoreManifest:
+        return self._view(store).manifest
+
+    def version(self, store: str) -> int | None:
+        """The version of ``store`` this engine serves (``None``: nothing published)."""
+        record = self._view(store).current()
+        return record.version if record is not None else None
+
+    def versions(self, store: str) -> list[int]:
+        """Versions of ``store`` still on disk (retained), ascending."""
+        return list_versions(self._view(store).layout)
+
+    def partition_for_key(self, store: str, key: Any) -> int | None:
+        """The partition that owns ``key`` (KIP-535 ``queryMetadataForKey``).
+
+        ``None`` for a store written with the ``explicit`` partitioner: the writer chose
+        partitions, so no function of the key can say (key queries fan out instead).
+        """
+        view = self._view(store)
+        if key is None:
+            raise ValueError("key must not be None")
+        if not view.routes_keys:
+            return None
+        key_bytes = _serialize_key(view, key)
+        return view.partitioner.partition(key_bytes, view.manifest.partitions)
+
+    def _view(self, store: str) -> _StoreView:
+        self._check_open()
+        view = self._stores.get(store)
+        if view is not None:
+            return view
+        validate_store_name(store)
+        layout = StoreLayout.of(self.root, store)
+        if not layout.manifest.is_file():
+            raise UnknownStoreError(store, list_store_names(self.root))
+        pinned = self._as_of.get(store) if isinstance(self._as_of, Mapping) else self._as_of
+        view = _StoreView(self, layout, pinned)
+        self._stores[store] = view
+        return view
+
+    # -- queries -------------------------------------------------------------------------
+    def query(self, request: StateQueryRequest) -> StateQueryResult:
+        """Execute ``request`` on each targeted partition; results stand alone."""
+        view = self._view(request.store_name)
+        record = view.current()
+        query = request.query
+        n = view.manifest.partitions
+        result = StateQueryResult()
+
+        if request.is_all_partitions:
+            targets: Iterable[int] = range(n)
+            if view.routes_keys and isinstance(query, KeyQuery):
+                key_bytes = _serialize_key(view, query.key)
+                owner = view.partitioner.partition(key_bytes, n)
+                result.add_result(owner, self._run_key_fast(view, record, owner, query, key_bytes, request))
+                return result
+            if view.routes_keys and isinstance(query, MultiKeyQuery):
+                for p, keys in _group_by_owner(view, query.keys).items():
+                    sub = MultiKeyQuery.with_keys(keys)
+                    if query.is_skip_cache:
+                        sub = sub.skip_cache()
+                    result.add_result(p, self._run_partition(view, record, p, sub, request))
+                return result
+        else:
+            targets = sorted(request.partitions)
+        for p in targets:
+            result.add_result(p, self._run_partition(view, record, p, query, request))
+        return result
+
+    def _run_key_fast(
+        self,
+        view: _StoreView,
+        record: VersionRecord | None,
+        p: int,
+        query: KeyQuery,
+        key_bytes: bytes,
+        request: StateQueryRequest,
+    ) -> QueryResult[Any]:
+        """The hot path of a routed KeyQuery: the key is serialized once, for routing
+        and for the lookup."""
+        started = time.perf_counter_ns()
+        entry, failure = self._prepare(view, record, p, query, request)
+        if failure is not None:
+            return failure
+        assert entry is not None
+        trace = Trace(request.execution_info_enabled)
+        try:
+            layers = entry.layers
+            assert isinstance(layers, TypedKeyValueLayer)
+            t0 = time.perf_counter_ns() if trace.enabled else 0
+            value = layers.key_query_fast(key_bytes, query.is_skip_cache, trace)
+            if trace.enabled:
+                trace.add(layers.name, t0, f"KeyQuery with serdes {layers._serdes}")
+        except IqkitError as exc:
+            return self._store_exception(view, p, entry.position, exc, trace)
+        if trace.enabled:
+            self._engine_line(trace, started, view, p, record)
+            return QueryResult.for_result(value, position=entry.position, execution_info=trace.lines)
+        return QueryResult.for_result(value, position=entry.position)
+
+    def _run_partition(
+        self,
+        view: _StoreView,
+        record: VersionRecord | None,
+        p: int,
+        query: Any,
+        request: StateQueryRequest,
+    ) -> QueryResult[Any]:
+        started = time.perf_counter_ns()
+        entry, failure = self._prepare(view, record, p, query, request)
+        if failure is not None:
+            return failure
+        assert entry is not None
+        trace = Trace(request.execution_info_enabled)
+        try:
+            value = entry.layers.execute(query, trace)
+        except IqkitError as exc:
+            return self._store_exception(view, p, entry.position, exc, trace)
+        if trace.enabled:
+            self._engine_line(trace, started, view, p, record)
+        return QueryResult.for_result(value, position=entry.position, execution_info=trace.lines)
+
+    def _prepare(
+        self,
+        view: _StoreView,
+        record: VersionRecord | None,
+        p: int,
+        query: Any,
+        request: StateQueryRequest,
+    ) -> tuple[_OpenPartition | None, QueryResult[Any] | None]:
+        """Open partition ``p`` and run the checks; return (partition, None) or
+        (None, failure)."""
+        manifest = view.manifest
+        n = manifest.partitions
+        store = manifest.name
+        if p >= n:
+            return None, QueryResult.for_failure(
+                FailureReason.DOES_NOT_EXIST,
+                f"store {store!r} has {n} partitions (0..{n - 1}); partition {p} does not exist",
+            )
+        if not isinstance(query, view.query_types):
+            return None, QueryResult.for_unknown_query_type(query, store)
+        if record is None or p not in record.partitions:
+            where = "nothing has been committed" if record is None else f"version {record.version}"
+            return None, QueryResult.for_failure(
+                FailureReason.NOT_PRESENT,
+                f"store {store!r} partition {p} has no data ({where})",
+            )
+        try:
+            entry = self._open_partition(view, record, p)
+        except IqkitError as exc:
+            return None, self._store_exception(view, p, Position.empty(), exc, Trace(False))
+        if request.is_require_active:
+            latest = view.latest_number()
+            if latest is not None and record.version < latest:
+                return None, QueryResult.for_failure(
+                    FailureReason.NOT_ACTIVE,
+                    f"store {store!r} partition {p} is served from version {record.version}, "
+                    f"older than the latest published version {latest}",
+                    position=entry.position,
+                )
+        bound = request.position_bound
+        if not bound.is_unbounded and not _is_up_to_bound(entry.position, bound, p, view.routes_keys):
+            return None, QueryResult.not_up_to_bound(entry.position, bound, p)
+        return entry, None
+
+    def _open_partition(self, view: _StoreView, record: VersionRecord, p: int) -> _OpenPartition:
+        written_by = record.partitions[p]
+        key = (view.manifest.name, p, written_by)
+        entry = self._open.get(key)
+        if entry is not None:
+            self._open.move_to_end(key)
+            return entry
+        path = view.layout.partition_version_dir(p, written_by)
+        partition = RocksDBPartition(path, written_by)
+        cache = self._caches.setdefault(key, ReadCache())
+        entry = _OpenPartition(partition, build_layers(view.manifest, partition, cache), record.version)
+        view.acquire_partition_lease(record.version)
+        self._open[key] = entry
+        self._evict()
+        return entry
+
+    def _evict(self) -> None:
+        """Close least-recently-used partitions beyond the cap (not ones mid-iteration)."""
+        if len(self._open) <= _MAX_OPEN_PARTITIONS:
+            return
+        for key in list(self._open):
+            if len(self._open) <= _MAX_OPEN_PARTITIONS:
+                break
+            entry = self._open[key]
+            if entry.partition.open_iterators:
+                continue
+            entry.partition.close()
+            del self._open[key]
+            self._caches.pop(key, None)
+            view = self._stores.get(key[0])
+            if view is not None:
+                view.release_partition_lease(entry.lease_version)
+
+    @staticmethod
+    def _store_exception(
+        view: _StoreView, p: int, position: Position, exc: Exception, trace: Trace
+    ) -> QueryResult[Any]:
+        return QueryResult.for_failure(
+            FailureReason.STORE_EXCEPTION,
+            f"store {view.manifest.name!r} partition {p}: {type(exc).__name__}: {exc}",
+            position=position,
+            execution_info=trace.lines,
+        )
+
+    @staticmethod
+    def _engine_line(
+        trace: Trace, started: int, view: _StoreView, p: int, record: VersionRecord | None
+    ) -> None:
+        version = record.version if record is not None else None
+        trace.add("StateEngine", started, f"store {view.manifest.name!r} partition {p} at version {version}")
+
+    # -- lag -----------------------------------------------------------------------------
+    def lags(
+        self, end: Position | Mapping[str, Any] | None = None
+    ) -> dict[str, dict[int, LagInfo]]:
+        """Per store and partition, how far the store is behind its source.
+
+        ``end`` (one Position for every store, or a dict store → Position) gives log-end
+        offsets; otherwise each store's recorded source end offsets are used. A store
+        whose end is unknown reports ``end_position=None`` and ``offset_lag=None``.
+        """
+        self._check_open()
+        out: dict[str, dict[int, LagInfo]] = {}
+        for name in self.store_names():
+            view = self._view(name)
+            record = view.current()
+            store_end = _end_for_store(end, name, record)
+            out[name] = {}
+            for p in range(view.manifest.partitions):
+                current = Position.empty()
+                if record is not None and p in record.partitions:
+                    try:
+                        current = self._open_partition(view, record, p).position
+                    except IqkitError:
+                        current = Position.empty()
+                lag = None if store_end is None else _offset_lag(current, store_end, p, view.routes_keys)
+                out[name][p] = LagInfo(
+                    store=name,
+                    partition=p,
+                    current_position=current,
+                    end_position=store_end,
+                    offset_lag=lag,
+                )
+        return out
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        pin = f", as_of={self._as_of!r}" if self._as_of is not None else ""
+        return f"StateEngine({os.fspath(self.root)!r}{pin}, {state})"
+
+
+def open(root: str | os.PathLike[str], *, as_of: int | Mapping[str, int] | None = None) -> StateEngine:  # noqa: A001
+    """Open the stores under ``root`` for queries (see ``StateEngine``)."""
+    return StateEngine(root, as_of=as_of)
+
+
+# -- helpers -------------------------------------------------------------------------------
+def _describe_versions(versions: list[int]) -> str:
+    if not versions:
+        return "none"
+    return f"{versions[0]}..{versions[-1]}" if len(versions) > 1 else str(versions[0])
+
+
+def _serialize_key(view: _StoreView, key: Any) -> bytes:
+    try:
+        return view.key_serde.serialize(key)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"store {view.manifest.name!r}: key {exc}") from None
+
+
+def _group_by_owner(view: _StoreView, keys: Iterable[Any]) -> dict[int, list[Any]]:
+    groups: dict[int, list[Any]] = {}
+    n = view.manifest.partitions
+    for key in keys:
+        p = view.partitioner.partition(_serialize_key(view, key), n)
+        groups.setdefault(p, []).append(key)
+    return dict(sorted(groups.items()))
+
+
+def _binding_components(
+    bound: Position, store_partition: int, routes_keys: bool
+) -> Iterable[tuple[str, int, int]]:
+    """The bound components that bind a store partition.
+
+    A store written with ``explicit`` is co-partitioned with its input: only input
+    partition == store partition binds (Kafka's rule). A ``murmur2`` store's partitions
+    read every input partition, so every component binds.
+    """
+    for topic in bound.topics:
+        for in_p, offset in bound.partition_positions(topic).items():
+            if routes_keys or in_p == store_partition:
+                yield topic, in_p, offset
+
+
+def _is_up_to_bound(current: Position, bound: PositionBound, p: int, routes_keys: bool) -> bool:
+    for topic, in_p, offset in _binding_components(bound.position, p, routes_keys):
+        have = current.partition_positions(topic).get(in_p)
+        if have is None or have < offset:
+            return False
+    return True
+
+
+def _offset_lag(current: Position, end: Position, p: int, routes_keys: bool) -> int:
+    """Records behind: ``max(0, end - current - 1)`` over the binding components; a
+    missing current offset counts as -1 (nothing applied)."""
+    total = 0
+    for topic, in_p, end_offset in _binding_components(end, p, routes_keys):
+        have = current.partition_positions(topic).get(in_p, -1)
+        total += max(0, end_offset - have - 1)
+    return total
+
+
+def _end_for_store(
+    end: Position | Mapping[str, Any] | None, store: str, record: VersionRecord | None
+) -> Position | None:
+    """``end`` is one Position for every store, or a dict store → Position (or map)."""
+    if end is None:
+        if record is None or record.source_end is None:
+            return None
+        return Position.from_map(record.source_end)
+    if isinstance(end, Position):
+        return end
+    value = end.get(store)
+    if value is None:
+        return None
+    return value if isinstance(value, Position) else Position.from_map(value)

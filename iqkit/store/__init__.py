@@ -1,0 +1,1 @@
+"""Storage: serdes, layout and manifest, RocksDB partitions, versions, layers, writer."""

@@ -1,0 +1,125 @@
+"""How user keys map to RocksDB key bytes inside one partition (see names.py).
+
+Key-value stores: ``DATA_PREFIX + serialized_key``, so byte order of the RocksDB keys is
+byte order of the serialized keys, and a KIP-614 prefix scan is a bounded iteration.
+
+Window stores keep one key's windows contiguous and time-ordered:
+``WINDOW_PREFIX + escape(serialized_key) + TERMINATOR + time(start)``. The escape makes
+the key prefix-free (key ``a`` can never be confused with key ``a\\x00...``) while keeping
+byte order: ``0x00`` becomes ``0x00 0xff`` and the terminator is ``0x00 0x01``, which
+sorts below every escaped continuation. Times are 8-byte big-endian with the sign bit
+flipped, so negative epoch milliseconds also sort. A second index
+``WINDOW_TIME_PREFIX + time(start) + escape(key) + TERMINATOR`` serves window-range
+queries ("every key's windows between t1 and t2") without scanning every key.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .names import DATA_PREFIX, END_OF_USER_KEYSPACE, WINDOW_PREFIX, WINDOW_TIME_PREFIX
+
+_TIME = struct.Struct(">Q")
+_SIGN = 1 << 63
+_TERMINATOR = b"\x00\x01"
+_TIME_LEN = _TIME.size
+
+
+def successor(key: bytes) -> bytes:
+    """The smallest byte string greater than ``key``: turns an inclusive bound exclusive."""
+    return key + b"\x00"
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest byte string greater than every string starting with ``prefix``.
+
+    ``None`` when there is none (the prefix is all ``0xff``).
+    """
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+# -- key-value stores ----------------------------------------------------------------------
+def kv_key(key_bytes: bytes) -> bytes:
+    return DATA_PREFIX + key_bytes
+
+
+KV_LOWER = DATA_PREFIX
+KV_UPPER = WINDOW_PREFIX  # the next namespace: exclusive upper bound of user kv keys
+RAW_PREFIX_LEN = len(DATA_PREFIX)
+
+
+def kv_range(
+    lower: bytes | None, upper_inclusive: bytes | None
+) -> tuple[bytes, bytes]:
+    """RocksDB bounds ``[lo, hi)`` for serialized keys ``lower <= k <= upper``."""
+    lo = DATA_PREFIX + lower if lower is not None else KV_LOWER
+    hi = DATA_PREFIX + successor(upper_inclusive) if upper_inclusive is not None else KV_UPPER
+    return lo, hi
+
+
+def kv_prefix_range(prefix: bytes) -> tuple[bytes, bytes]:
+    """RocksDB bounds of every kv key whose serialized form starts with ``prefix``."""
+    end = prefix_end(DATA_PREFIX + prefix)
+    return DATA_PREFIX + prefix, end if end is not None else KV_UPPER
+
+
+# -- window stores -------------------------------------------------------------------------
+def encode_time(ms: int) -> bytes:
+    return _TIME.pack((ms + _SIGN) & 0xFFFFFFFFFFFFFFFF)
+
+
+def decode_time(data: bytes) -> int:
+    return _TIME.unpack(data)[0] - _SIGN
+
+
+def escape(key_bytes: bytes) -> bytes:
+    return key_bytes.replace(b"\x00", b"\x00\xff") + _TERMINATOR
+
+
+def unescape(escaped: bytes) -> bytes:
+    """Inverse of ``escape`` (``escaped`` without its terminator)."""
+    return escaped.replace(b"\x00\xff", b"\x00")
+
+
+def window_key(key_bytes: bytes, start_ms: int) -> bytes:
+    return WINDOW_PREFIX + escape(key_bytes) + encode_time(start_ms)
+
+
+def window_time_key(key_bytes: bytes, start_ms: int) -> bytes:
+    return WINDOW_TIME_PREFIX + encode_time(start_ms) + escape(key_bytes)
+
+
+def split_window_key(raw: bytes) -> tuple[bytes, int]:
+    """``window_key`` bytes → ``(serialized_key, start_ms)``."""
+    body = raw[len(WINDOW_PREFIX) : -_TIME_LEN - len(_TERMINATOR)]
+    return unescape(body), decode_time(raw[-_TIME_LEN:])
+
+
+def split_window_time_key(raw: bytes) -> tuple[bytes, int]:
+    """``window_time_key`` bytes → ``(serialized_key, start_ms)``."""
+    start = decode_time(raw[len(WINDOW_TIME_PREFIX) : len(WINDOW_TIME_PREFIX) + _TIME_LEN])
+    body = raw[len(WINDOW_TIME_PREFIX) + _TIME_LEN : -len(_TERMINATOR)]
+    return unescape(body), start
+
+
+def window_key_range(key_bytes: bytes, time_from: int, time_to: int) -> tuple[bytes, bytes]:
+    """Bounds of one key's windows starting in ``[time_from, time_to]``."""
+    base = WINDOW_PREFIX + escape(key_bytes)
+    return base + encode_time(time_from), successor(base + encode_time(time_to))
+
+
+def window_time_range(time_from: int, time_to: int) -> tuple[bytes, bytes]:
+    """Bounds of the time index for windows starting in ``[time_from, time_to]``."""
+    return (
+        WINDOW_TIME_PREFIX + encode_time(time_from),
+        WINDOW_TIME_PREFIX + encode_time(time_to + 1)
+        if time_to < (1 << 63) - 1
+        else END_OF_USER_KEYSPACE,
+    )
+
+
+WINDOW_LOWER = WINDOW_PREFIX
+WINDOW_UPPER = WINDOW_TIME_PREFIX

@@ -1,0 +1,400 @@
+"""The store layers a query passes through, outermost first (as in Kafka Streams):
+
+``TypedKeyValueLayer`` / ``TypedWindowLayer``
+    turn typed queries into byte-level reads: serialize keys and bounds with the
+    store's serdes, deserialize what comes back, build window results;
+``CachingLayer``
+    a read cache for key lookups. Published versions are immutable, so a cached answer
+    never goes stale; ``KeyQuery.skip_cache()`` bypasses it for both reading and filling;
+``RocksDBLayer``
+    the partition's RocksDB: ``get``, batched multi-get, bounded iterators.
+
+With execution info enabled, each layer appends ``"Handled in <layer> in <N>ns: ..."``
+with what it did (rows, bytes, cache hit or miss, version served). Lines are appended
+innermost first, because a layer knows its own time only when the layers below return.
+Without execution info the layers do no timing and build no strings.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ..query import (
+    KeyQuery,
+    KeyValue,
+    KeyValueIterator,
+    MultiKeyQuery,
+    PrefixScanQuery,
+    Query,
+    RangeQuery,
+    RawKeyQuery,
+    RawScanQuery,
+    ResultOrder,
+    WindowKeyQuery,
+    Windowed,
+    WindowRangeQuery,
+)
+from . import keyspace
+from .manifest import StoreManifest
+from .partition import BytesPartition
+from .serdes import Serde, get_serde
+
+_MISSING = object()
+
+
+class Trace:
+    """Execution-info lines of one partition's execution; inert when disabled."""
+
+    __slots__ = ("enabled", "lines")
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.lines: list[str] = []
+
+    def add(self, layer: str, started_ns: int, detail: str) -> None:
+        self.lines.append(f"Handled in {layer} in {time.perf_counter_ns() - started_ns}ns: {detail}")
+
+
+def _clock(trace: Trace) -> int:
+    return time.perf_counter_ns() if trace.enabled else 0
+
+
+# -- bytes layers --------------------------------------------------------------------------
+class RocksDBLayer:
+    """The bottom layer: reads the partition's published RocksDB version."""
+
+    name = "RocksDBLayer"
+
+    def __init__(self, partition: BytesPartition) -> None:
+        self.partition = partition
+        self._where = f"version {partition.written_by_version} ({partition.location})"
+
+    def get(self, key: bytes, trace: Trace) -> bytes | None:
+        if not trace.enabled:
+            return self.partition.get(key)
+        t0 = time.perf_counter_ns()
+        value = self.partition.get(key)
+        found = f"found, {len(value)} bytes" if value is not None else "not found"
+        trace.add(self.name, t0, f"get 1 key ({found}) from {self._where}")
+        return value
+
+    def multi_get(self, keys: Sequence[bytes], trace: Trace) -> list[bytes | None]:
+        t0 = _clock(trace)
+        values = self.partition.multi_get(keys)
+        if trace.enabled:
+            found = [v for v in values if v is not None]
+            trace.add(
+                self.name,
+                t0,
+                f"multi-get {len(keys)} keys ({len(found)} found, "
+                f"{sum(map(len, found))} bytes) from {self._where}",
+            )
+        return values
+
+    def scan(
+        self, lower: bytes, upper: bytes | None, reverse: bool, trace: Trace
+    ) -> Iterator[tuple[bytes, bytes]]:
+        t0 = _clock(trace)
+        rows = self.partition.scan(lower, upper, reverse=reverse)
+        if trace.enabled:
+            direction = "reverse" if reverse else "forward"
+            trace.add(
+                self.name,
+                t0,
+                f"opened {direction} bounded iterator [{lower.hex()}, "
+                f"{upper.hex() if upper is not None else '∞'}) on {self._where}",
+            )
+        return rows
+
+
+class ReadCache:
+    """LRU of key bytes → value bytes (or a remembered miss) for one partition version."""
+
+    __slots__ = ("_entries", "capacity", "hits", "misses")
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[bytes, Any] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def lookup(self, key: bytes) -> Any:
+        value = self._entries.get(key, _MISSING)
+        if value is _MISSING:
+            self.misses += 1
+        else:
+            self.hits += 1
+            self._entries.move_to_end(key)
+        return value
+
+    def store(self, key: bytes, value: bytes | None) -> None:
+        self._entries[key] = value
+        if len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class CachingLayer:
+    """Key lookups answered from ``ReadCache`` when possible."""
+
+    name = "CachingLayer"
+
+    def __init__(self, inner: RocksDBLayer, cache: ReadCache) -> None:
+        self.inner = inner
+        self.cache = cache
+
+    def get(self, key: bytes, trace: Trace, skip_cache: bool) -> bytes | None:
+        t0 = _clock(trace)
+        if skip_cache:
+            value = self.inner.get(key, trace)
+            if trace.enabled:
+                trace.add(self.name, t0, "skipped (skip_cache)")
+            return value
+        value = self.cache.lookup(key)
+        if value is not _MISSING:
+            if trace.enabled:
+                trace.add(self.name, t0, "cache hit")
+            return value
+        value = self.inner.get(key, trace)
+        self.cache.store(key, value)
+        if trace.enabled:
+            trace.add(self.name, t0, "cache miss")
+        return value
+
+    def multi_get(self, keys: Sequence[bytes], trace: Trace, skip_cache: bool) -> list[bytes | None]:
+        t0 = _clock(trace)
+        if skip_cache:
+            values = self.inner.multi_get(keys, trace)
+            if trace.enabled:
+                trace.add(self.name, t0, "skipped (skip_cache)")
+            return values
+        cached = [self.cache.lookup(k) for k in keys]
+        missing = [k for k, v in zip(keys, cached, strict=True) if v is _MISSING]
+        if missing:
+            fetched = dict(zip(missing, self.inner.multi_get(missing, trace), strict=True))
+            for k, v in fetched.items():
+                self.cache.store(k, v)
+            cached = [fetched[k] if v is _MISSING else v for k, v in zip(keys, cached, strict=True)]
+        if trace.enabled:
+            trace.add(self.name, t0, f"{len(keys) - len(missing)} cache hits, {len(missing)} misses")
+        return cached
+
+    def scan(
+        self, lower: bytes, upper: bytes | None, reverse: bool, trace: Trace
+    ) -> Iterator[tuple[bytes, bytes]]:
+        t0 = _clock(trace)
+        rows = self.inner.scan(lower, upper, reverse, trace)
+        if trace.enabled:
+            trace.add(self.name, t0, "passed through (scans are not cached)")
+        return rows
+
+
+# -- typed layers --------------------------------------------------------------------------
+class _TypedLayer:
+    """Shared by the key-value and window typed layers: serdes and dispatch."""
+
+    name = "TypedLayer"
+    query_types: tuple[type[Query], ...] = ()
+
+    def __init__(self, manifest: StoreManifest, inner: CachingLayer) -> None:
+        self.store = manifest.name
+        self.inner = inner
+        self.key_serde: Serde = get_serde(manifest.key_serde)
+        self.value_serde: Serde = get_serde(manifest.value_serde)
+        self._serdes = f"{manifest.key_serde}→{manifest.value_serde}"
+        self._handlers: dict[type[Query], Callable[[Any, Trace], Any]] = {}
+
+    def supports(self, query: Query) -> bool:
+        return isinstance(query, self.query_types)
+
+    def execute(self, query: Query, trace: Trace) -> Any:
+        """Run ``query``; return the result value (a value, dict or KeyValueIterator)."""
+        t0 = _clock(trace)
+        handler = self._handlers[type(query)]
+        result = handler(query, trace)
+        if trace.enabled:
+            trace.add(self.name, t0, f"{type(query).__name__} with serdes {self._serdes}")
+        return result
+
+    def serialize_key(self, key: Any, serde: Serde | None = None) -> bytes:
+        serde = serde or self.key_serde
+        try:
+            return serde.serialize(key)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"store {self.store!r}: key {exc}") from None
+
+    def _decode_rows(
+        self, rows: Iterator[tuple[bytes, bytes]], strip: int
+    ) -> KeyValueIterator[Any, Any]:
+        key_de = self.key_serde.deserialize
+        value_de = self.value_serde.deserialize
+
+        def decoded() -> Iterator[KeyValue[Any, Any]]:
+            try:
+                for k, v in rows:
+                    yield KeyValue(key_de(k[strip:]), value_de(v))
+            finally:
+                close = getattr(rows, "close", None)
+                if close is not None:
+                    close()
+
+        return KeyValueIterator(decoded())
+
+    def _raw_get(self, query: RawKeyQuery, trace: Trace, physical: Callable[[bytes], bytes]) -> bytes | None:
+        return self.inner.get(physical(query.key), trace, True)
+
+
+class TypedKeyValueLayer(_TypedLayer):
+    name = "TypedKeyValueLayer"
+    query_types = (KeyQuery, MultiKeyQuery, RangeQuery, PrefixScanQuery, RawKeyQuery, RawScanQuery)
+
+    def __init__(self, manifest: StoreManifest, inner: CachingLayer) -> None:
+        super().__init__(manifest, inner)
+        self._handlers = {
+            KeyQuery: self._key,
+            MultiKeyQuery: self._multi_key,
+            RangeQuery: self._range,
+            PrefixScanQuery: self._prefix,
+            RawKeyQuery: self._raw_key,
+            RawScanQuery: self._raw_scan,
+        }
+
+    def key_query_fast(self, key_bytes: bytes, skip_cache: bool, trace: Trace) -> Any:
+        """KeyQuery when the engine already serialized the key (to route it)."""
+        raw = self.inner.get(keyspace.DATA_PREFIX + key_bytes, trace, skip_cache)
+        return None if raw is None else self.value_serde.deserialize(raw)
+
+    def _key(self, query: KeyQuery, trace: Trace) -> Any:
+        return self.key_query_fast(self.serialize_key(query.key), query.is_skip_cache, trace)
+
+    def _multi_key(self, query: MultiKeyQuery, trace: Trace) -> dict[Any, Any]:
+        keys = list(query.keys)
+        physical = [keyspace.kv_key(self.serialize_key(k)) for k in keys]
+        values = self.inner.multi_get(physical, trace, query.is_skip_cache)
+        value_de = self.value_serde.deserialize
+        return {k: value_de(v) for k, v in zip(keys, values, strict=True) if v is not None}
+
+    def _range(self, query: RangeQuery, trace: Trace) -> KeyValueIterator[Any, Any]:
+        lo = None if query.lower_bound is None else self.serialize_key(query.lower_bound)
+        hi = None if query.upper_bound is None else self.serialize_key(query.upper_bound)
+        if lo is not None and hi is not None and lo > hi:
+            return KeyValueIterator.empty()  # lo > hi is an empty success (Kafka)
+        lower, upper = keyspace.kv_range(lo, hi)
+        reverse = query.result_order is ResultOrder.DESCENDING
+        return self._decode_rows(self.inner.scan(lower, upper, reverse, trace), keyspace.RAW_PREFIX_LEN)
+
+    def _prefix(self, query: PrefixScanQuery, trace: Trace) -> KeyValueIterator[Any, Any]:
+        serde = get_serde(query.prefix_serde) if query.prefix_serde else None
+        prefix = self.serialize_key(query.prefix, serde)
+        lower, upper = keyspace.kv_prefix_range(prefix)
+        reverse = query.result_order is ResultOrder.DESCENDING
+        return self._decode_rows(self.inner.scan(lower, upper, reverse, trace), keyspace.RAW_PREFIX_LEN)
+
+    def _raw_key(self, query: RawKeyQuery, trace: Trace) -> bytes | None:
+        return self.inner.get(keyspace.kv_key(query.key), trace, True)
+
+    def _raw_scan(self, query: RawScanQuery, trace: Trace) -> KeyValueIterator[bytes, bytes]:
+        rows = self.inner.scan(keyspace.KV_LOWER, keyspace.KV_UPPER, False, trace)
+        strip = keyspace.RAW_PREFIX_LEN
+        return KeyValueIterator((k[strip:], v) for k, v in rows)
+
+
+class TypedWindowLayer(_TypedLayer):
+    """Window stores: results are ``KeyValue(Windowed(key, start, end), value)``."""
+
+    name = "TypedWindowLayer"
+    query_types = (WindowKeyQuery, WindowRangeQuery, RawKeyQuery, RawScanQuery)
+
+    def __init__(self, manifest: StoreManifest, inner: CachingLayer) -> None:
+        super().__init__(manifest, inner)
+        assert manifest.window_size_ms is not None
+        self.window_size = manifest.window_size_ms
+        self._handlers = {
+            WindowKeyQuery: self._window_key,
+            WindowRangeQuery: self._window_range,
+            RawKeyQuery: self._raw_key,
+            RawScanQuery: self._raw_scan,
+        }
+
+    def _window_key(self, query: WindowKeyQuery, trace: Trace) -> KeyValueIterator[Any, Any]:
+        if query.time_from > query.time_to:
+            return KeyValueIterator.empty()
+        key_bytes = self.serialize_key(query.key)
+        lower, upper = keyspace.window_key_range(key_bytes, query.time_from, query.time_to)
+        reverse = query.result_order is ResultOrder.DESCENDING
+        rows = self.inner.scan(lower, upper, reverse, trace)
+        key, size, value_de = query.key, self.window_size, self.value_serde.deserialize
+
+        def decoded() -> Iterator[KeyValue[Any, Any]]:
+            try:
+                for raw_key, raw_value in rows:
+                    _, start = keyspace.split_window_key(raw_key)
+                    yield KeyValue(Windowed(key, start, start + size), value_de(raw_value))
+            finally:
+                rows.close() if hasattr(rows, "close") else None
+
+        return KeyValueIterator(decoded())
+
+    def _window_range(self, query: WindowRangeQuery, trace: Trace) -> KeyValueIterator[Any, Any]:
+        """Every key's windows starting in the range, by (start, key) — newest first
+        when descending — read from the time index, values fetched in batches."""
+        if query.time_from > query.time_to:
+            return KeyValueIterator.empty()
+        lower, upper = keyspace.window_time_range(query.time_from, query.time_to)
+        reverse = query.result_order is ResultOrder.DESCENDING
+        index_rows = self.inner.scan(lower, upper, reverse, trace)
+        size = self.window_size
+        key_de, value_de = self.key_serde.deserialize, self.value_serde.deserialize
+        inner = self.inner
+
+        def decoded() -> Iterator[KeyValue[Any, Any]]:
+            batch: list[tuple[bytes, int]] = []
+            try:
+                for raw_index_key, _ in index_rows:
+                    batch.append(keyspace.split_window_time_key(raw_index_key))
+                    if len(batch) >= 256:
+                        yield from self._fetch_windows(batch, inner, key_de, value_de, size)
+                        batch = []
+                if batch:
+                    yield from self._fetch_windows(batch, inner, key_de, value_de, size)
+            finally:
+                index_rows.close() if hasattr(index_rows, "close") else None
+
+        return KeyValueIterator(decoded())
+
+    @staticmethod
+    def _fetch_windows(
+        batch: list[tuple[bytes, int]],
+        inner: CachingLayer,
+        key_de: Callable[[bytes], Any],
+        value_de: Callable[[bytes], Any],
+        size: int,
+    ) -> Iterator[KeyValue[Any, Any]]:
+        physical = [keyspace.window_key(k, s) for k, s in batch]
+        values = inner.multi_get(physical, Trace(False), True)
+        for (k, s), v in zip(batch, values, strict=True):
+            if v is not None:
+                yield KeyValue(Windowed(key_de(k), s, s + size), value_de(v))
+
+    def _raw_key(self, query: RawKeyQuery, trace: Trace) -> bytes | None:
+        return self.inner.get(keyspace.WINDOW_PREFIX + query.key, trace, True)
+
+    def _raw_scan(self, query: RawScanQuery, trace: Trace) -> KeyValueIterator[bytes, bytes]:
+        rows = self.inner.scan(keyspace.WINDOW_LOWER, keyspace.WINDOW_UPPER, False, trace)
+        strip = len(keyspace.WINDOW_PREFIX)
+        return KeyValueIterator((k[strip:], v) for k, v in rows)
+
+
+def build_layers(
+    manifest: StoreManifest, partition: BytesPartition, cache: ReadCache
+) -> TypedKeyValueLayer | TypedWindowLayer:
+    """The full stack for one partition version: typed → caching → RocksDB."""
+    stack = CachingLayer(RocksDBLayer(partition), cache)
+    if manifest.kind == "window":
+        return TypedWindowLayer(manifest, stack)
+    return TypedKeyValueLayer(manifest, stack)

@@ -1,0 +1,97 @@
+"""Where a store's files live: ``<root>/<store>/...`` (names from names.py)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .names import (
+    LATEST_FILE,
+    LEASES_DIR,
+    LOCK_FILE,
+    MANIFEST_FILE,
+    PARTITIONS_DIR,
+    STAGING_PREFIX,
+    VERSIONS_DIR,
+)
+
+
+def validate_store_name(name: object) -> str:
+    """A store name is one plain folder name: no separators, no ``..``, not empty."""
+    if not isinstance(name, str):
+        raise ValueError(f"store name must be a string, got {type(name).__name__}")
+    if not name or name.strip() != name:
+        raise ValueError(f"invalid store name {name!r}: empty or surrounded by spaces")
+    seps = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
+    if any(s in name for s in seps) or ".." in name or name.startswith(".") or "\x00" in name:
+        raise ValueError(
+            f"invalid store name {name!r}: no path separators, '..' or leading '.'"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    """Paths of one store. Pure path arithmetic: creates nothing."""
+
+    root: Path
+    name: str
+
+    @classmethod
+    def of(cls, root: str | os.PathLike[str], name: str) -> StoreLayout:
+        return cls(Path(root), validate_store_name(name))
+
+    @property
+    def store_dir(self) -> Path:
+        return self.root / self.name
+
+    @property
+    def manifest(self) -> Path:
+        return self.store_dir / MANIFEST_FILE
+
+    @property
+    def latest(self) -> Path:
+        return self.store_dir / LATEST_FILE
+
+    @property
+    def versions_dir(self) -> Path:
+        return self.store_dir / VERSIONS_DIR
+
+    def version_record(self, version: int) -> Path:
+        return self.versions_dir / f"{version}.json"
+
+    @property
+    def partitions_dir(self) -> Path:
+        return self.store_dir / PARTITIONS_DIR
+
+    def partition_dir(self, partition: int) -> Path:
+        return self.partitions_dir / str(partition)
+
+    def partition_version_dir(self, partition: int, version: int) -> Path:
+        """Partition ``partition`` as written by the commit that published ``version``."""
+        return self.partition_dir(partition) / str(version)
+
+    def staging_dir(self, partition: int, version: int, token: str) -> Path:
+        return self.partition_dir(partition) / f"{STAGING_PREFIX}{version}-{token}"
+
+    @property
+    def leases_dir(self) -> Path:
+        return self.store_dir / LEASES_DIR
+
+    @property
+    def lock_file(self) -> Path:
+        return self.store_dir / LOCK_FILE
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``path`` so that readers see the old file or the whole new one, never half.
+
+    Write a temporary file beside it, fsync, then ``os.replace`` (atomic on POSIX).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,87 @@
+"""The store manifest: the settings every reader and writer of a store agrees on.
+
+``<root>/<store>/manifest.json`` is written once, by ``create_store``, and never changes
+afterwards (changing a serde or the partition count would make existing bytes unreadable
+or mis-routed, the lesson of Quix Streams' serializer docs and Spark's UnsafeRow).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..errors import StoreCorruptedError, StoreNotFoundError
+from .layout import StoreLayout, atomic_write_text
+from .names import FORMAT_VERSION
+from .partitioners import get_partitioner
+from .serdes import get_serde
+
+KINDS = ("kv", "window")
+DEFAULT_RETENTION = 10
+
+
+@dataclass(frozen=True)
+class StoreManifest:
+    name: str
+    kind: str
+    partitions: int
+    key_serde: str
+    value_serde: str
+    partitioner: str
+    window_size_ms: int | None = None
+    #: How many published versions are kept for ``as_of`` reads (the latest included).
+    retention: int = DEFAULT_RETENTION
+    format_version: int = FORMAT_VERSION
+    #: Free-form facts the writer recorded at creation (e.g. the Spark job's key columns).
+    properties: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"store {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if not isinstance(self.partitions, int) or isinstance(self.partitions, bool) or self.partitions < 1:
+            raise ValueError(
+                f"store {self.name!r}: partitions must be a positive int, got {self.partitions!r}"
+            )
+        get_serde(self.key_serde)
+        get_serde(self.value_serde)
+        get_partitioner(self.partitioner)
+        if self.kind == "window":
+            if not isinstance(self.window_size_ms, int) or self.window_size_ms <= 0:
+                raise ValueError(
+                    f"store {self.name!r}: a window store needs window_size_ms > 0, "
+                    f"got {self.window_size_ms!r}"
+                )
+        elif self.window_size_ms is not None:
+            raise ValueError(f"store {self.name!r}: window_size_ms is only for window stores")
+        if not isinstance(self.retention, int) or self.retention < 1:
+            raise ValueError(f"store {self.name!r}: retention must be >= 1, got {self.retention!r}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> StoreManifest:
+        data = json.loads(text)
+        if data.get("format_version") != FORMAT_VERSION:
+            raise StoreCorruptedError(
+                f"store {data.get('name')!r}: manifest format {data.get('format_version')} "
+                f"is not supported (this iqkit reads format {FORMAT_VERSION})"
+            )
+        return cls(**data)
+
+    def write(self, layout: StoreLayout) -> None:
+        atomic_write_text(layout.manifest, self.to_json())
+
+    @classmethod
+    def read(cls, layout: StoreLayout) -> StoreManifest:
+        try:
+            text = layout.manifest.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise StoreNotFoundError(f"no store {layout.name!r} under {layout.root}") from None
+        try:
+            return cls.from_json(text)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise StoreCorruptedError(
+                f"store {layout.name!r}: unreadable manifest {layout.manifest}: {exc}"
+            ) from exc

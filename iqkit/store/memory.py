@@ -1,0 +1,62 @@
+"""An in-memory partition behind the same ``BytesPartition`` interface as RocksDB.
+
+Used by tests as the reference model (a RocksDB partition must answer every query the
+way this one does) and wherever a store is wanted without disk.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from ..query.position import Position
+from .names import COMMIT_KEY
+from .partition import parse_commit_record
+
+
+class MemoryPartition:
+    location = "memory"
+
+    def __init__(
+        self,
+        items: Iterable[tuple[bytes, bytes]] = (),
+        *,
+        written_by_version: int = 1,
+        position: Position | None = None,
+    ) -> None:
+        data = dict(items)
+        self._commit = parse_commit_record(data.pop(COMMIT_KEY, None), self.location)
+        if position is not None:
+            self._commit = {**self._commit, "position": position}
+        self._keys = sorted(data)
+        self._data = data
+        self.written_by_version = written_by_version
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._data.get(key)
+
+    def multi_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return [self._data.get(k) for k in keys]
+
+    def scan(
+        self, lower: bytes, upper: bytes | None, *, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
+        lo = bisect.bisect_left(self._keys, lower)
+        hi = len(self._keys) if upper is None else bisect.bisect_left(self._keys, upper)
+        keys = self._keys[lo:hi]
+        if reverse:
+            keys = keys[::-1]
+        return ((k, self._data[k]) for k in keys)
+
+    def commit_record(self) -> dict[str, Any]:
+        return self._commit
+
+    def approximate_rows(self) -> int:
+        return len(self._keys)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def __repr__(self) -> str:
+        return f"MemoryPartition({len(self._keys)} keys)"

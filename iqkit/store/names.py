@@ -1,0 +1,50 @@
+"""Every reserved name iqkit puts on disk or in a RocksDB keyspace, in one place.
+
+Keeping them together (as Quix Streams does in ``state/metadata.py``) means a change of
+layout is one edit, and nothing else in the code spells a file name or key prefix.
+
+Keyspace of one partition's RocksDB (one column family, ``default``):
+
+* ``META_PREFIX`` (``0x00``): iqkit's own records, never user data. The commit record
+  lives here, in the same column family as the data, so one atomic ``WriteBatch``
+  writes both and a rocksdict ``Snapshot`` (which reads one column family) sees both.
+* ``DATA_PREFIX`` (``0x01``): key-value stores' user keys, ``DATA_PREFIX + key_bytes``.
+  Every user key gets the prefix because serialized keys can begin with any byte
+  (an ``int32`` key ``0`` is ``00 00 00 00``), so no prefix could be reserved otherwise.
+* ``WINDOW_PREFIX`` (``0x02``): window stores, ``escaped(key) + start`` (see keyspace.py).
+* ``WINDOW_TIME_PREFIX`` (``0x03``): window stores' time index, ``start + escaped(key)``,
+  so a window-range query reads only the windows in its time range.
+"""
+
+from __future__ import annotations
+
+META_PREFIX = b"\x00"
+DATA_PREFIX = b"\x01"
+WINDOW_PREFIX = b"\x02"
+WINDOW_TIME_PREFIX = b"\x03"
+#: First byte after every user keyspace: an exclusive upper bound for user scans.
+END_OF_USER_KEYSPACE = b"\x04"
+
+#: The partition's commit record (JSON): position, version, counts, writer.
+COMMIT_KEY = META_PREFIX + b"commit"
+
+# -- files and folders of a store: <root>/<store>/... -----------------------------------
+MANIFEST_FILE = "manifest.json"
+#: Holds the number of the latest published version; replaced atomically on publish.
+LATEST_FILE = "LATEST"
+#: One JSON record per published version: ``versions/<n>.json``.
+VERSIONS_DIR = "versions"
+#: ``partitions/<p>/<n>/`` is partition p as written by version n (a RocksDB folder).
+PARTITIONS_DIR = "partitions"
+#: Readers' leases on the versions they have open: ``leases/<reader>.<n>``.
+LEASES_DIR = "leases"
+#: The writers' commit lock; its content says who holds it.
+LOCK_FILE = "writer.lock"
+#: Prefix of folders a commit builds before it publishes them (removed if it fails).
+STAGING_PREFIX = ".staging-"
+#: RocksDB writes this file last when it creates a database: its presence means a
+#: database exists (rocksdict would otherwise create an empty one on open).
+ROCKSDB_CURRENT_FILE = "CURRENT"
+
+#: Bumped when the on-disk layout changes incompatibly.
+FORMAT_VERSION = 1

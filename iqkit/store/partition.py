@@ -1,0 +1,142 @@
+"""Bytes-level access to one partition of one store, as one published version has it.
+
+``BytesPartition`` is the interface the query layers use; ``RocksDBPartition`` serves it
+from a published RocksDB folder (read-only, no lock), ``MemoryPartition`` (memory.py)
+from a sorted list, for tests and as the model the RocksDB one must agree with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import weakref
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import StoreCorruptedError
+from ..query.position import Position
+from . import rocks
+from .names import COMMIT_KEY
+
+
+class BytesPartition(Protocol):
+    """What a partition offers the layers above it: bytes in, bytes out."""
+
+    #: The version whose commit wrote this partition's data.
+    written_by_version: int
+    #: Where the data lives (for traces); "memory" for in-memory partitions.
+    location: str
+
+    def get(self, key: bytes) -> bytes | None: ...
+    def multi_get(self, keys: Sequence[bytes]) -> list[bytes | None]: ...
+    def scan(
+        self, lower: bytes, upper: bytes | None, *, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]: ...
+    def commit_record(self) -> dict[str, Any]: ...
+    def approximate_rows(self) -> int: ...
+    def close(self) -> None: ...
+
+
+def parse_commit_record(raw: bytes | None, where: str) -> dict[str, Any]:
+    """Decode the commit record; ``{}`` when the partition has none."""
+    if raw is None:
+        return {}
+    try:
+        record = json.loads(raw)
+        record["position"] = Position.from_map(
+            {t: {int(p): int(o) for p, o in ps.items()} for t, ps in record.get("position", {}).items()}
+        )
+        return record
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise StoreCorruptedError(f"unreadable commit record in {where}: {exc}") from exc
+
+
+def encode_commit_record(record: dict[str, Any]) -> bytes:
+    position: Position = record["position"]
+    out = dict(record)
+    out["position"] = {
+        t: {str(p): o for p, o in sorted(ps.items())} for t, ps in sorted(position.to_map().items())
+    }
+    return json.dumps(out, sort_keys=True).encode()
+
+
+class RocksDBPartition:
+    """One published partition folder opened read-only.
+
+    Iterators handed out are tracked, so ``close`` can end them first: a live rocksdict
+    iterator keeps the database open (quirk), and reading from one after ``close`` would
+    touch freed memory.
+    """
+
+    def __init__(self, path: Path, written_by_version: int) -> None:
+        self.location = os.fspath(path)
+        self.written_by_version = written_by_version
+        self._db: rocks.Rdict | None = rocks.open_for_read(path)
+        self._iterators: weakref.WeakSet[Any] = weakref.WeakSet()
+        try:
+            self._commit = parse_commit_record(self._db.get(COMMIT_KEY), self.location)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def _open_db(self) -> rocks.Rdict:
+        if self._db is None:
+            raise StoreCorruptedError(f"partition {self.location} is closed")
+        return self._db
+
+    def get(self, key: bytes) -> bytes | None:
+        try:
+            return self._open_db.get(key)
+        except Exception as exc:
+            raise rocks.classify(exc, self.location) from exc
+
+    def multi_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        if not keys:
+            return []
+        try:
+            return self._open_db.get(list(keys))
+        except Exception as exc:
+            raise rocks.classify(exc, self.location) from exc
+
+    def scan(
+        self, lower: bytes, upper: bytes | None, *, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
+        gen = self._guarded_scan(lower, upper, reverse)
+        self._iterators.add(gen)
+        return gen
+
+    def _guarded_scan(
+        self, lower: bytes, upper: bytes | None, reverse: bool
+    ) -> Iterator[tuple[bytes, bytes]]:
+        try:
+            yield from rocks.scan(self._open_db, lower, upper, reverse=reverse)
+        except GeneratorExit:
+            raise
+        except Exception as exc:
+            raise rocks.classify(exc, self.location) from exc
+
+    @property
+    def open_iterators(self) -> int:
+        return len(self._iterators)
+
+    def commit_record(self) -> dict[str, Any]:
+        return self._commit
+
+    def approximate_rows(self) -> int:
+        try:
+            return int(self._open_db.property_int_value("rocksdb.estimate-num-keys") or 0)
+        except Exception as exc:
+            raise rocks.classify(exc, self.location) from exc
+
+    def close(self) -> None:
+        for gen in list(self._iterators):
+            gen.close()  # drops the rocksdict iterator before the database closes
+        self._iterators = weakref.WeakSet()
+        db, self._db = self._db, None
+        rocks.close_quietly(db)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._db is None else "open"
+        return f"RocksDBPartition({self.location!r}, {state})"

@@ -1,0 +1,415 @@
+"""Creating stores and committing writes to them.
+
+A ``StoreWriter`` buffers puts and deletes per partition (in raw-mode ``WriteBatch``es)
+and touches nothing on disk until the ``with`` block ends. Then, under the store's
+commit lock, each touched partition is rebuilt as a new folder: a RocksDB checkpoint
+(hard links) of the partition's current version, plus one atomic ``WriteBatch`` holding
+the data *and* the partition's commit record (position, version), flushed to disk. Only
+then is the new version published. An exception in the block, or a failure at any step
+of the commit, publishes nothing: readers keep seeing the previous version.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ..errors import StoreExistsError, StoreNotFoundError, UnknownStoreError
+from ..query.position import Position
+from . import keyspace, rocks
+from .layout import StoreLayout
+from .locking import CommitLock
+from .manifest import DEFAULT_RETENTION, StoreManifest
+from .names import COMMIT_KEY, MANIFEST_FILE
+from .partition import encode_commit_record, parse_commit_record
+from .partitioners import get_partitioner
+from .serdes import Serde, get_serde
+from .versions import VersionRecord, collect_garbage, publish, read_latest_number, read_version
+
+#: Compact a partition after a commit once level 0 holds this many files: every commit
+#: adds one small SST, and many L0 files slow every read (Kafka's bulk-loading lesson).
+_L0_COMPACTION_TRIGGER = 8
+
+
+def list_store_names(root: str | os.PathLike[str]) -> list[str]:
+    """Names of the stores under ``root`` (folders holding a manifest)."""
+    try:
+        entries = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return sorted(e for e in entries if os.path.isfile(os.path.join(root, e, MANIFEST_FILE)))
+
+
+def to_epoch_ms(value: int | datetime, what: str) -> int:
+    """Epoch milliseconds from an int or a datetime (naive datetimes are UTC)."""
+    if isinstance(value, datetime):
+        from ..query.window import to_epoch_millis
+
+        return to_epoch_millis(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise TypeError(f"{what} must be epoch milliseconds (int) or a datetime, got {value!r}")
+
+
+def create_store(
+    root: str | os.PathLike[str],
+    name: str,
+    *,
+    partitions: int,
+    kind: str = "kv",
+    key_serde: str = "string",
+    value_serde: str = "json",
+    partitioner: str = "murmur2",
+    window_size_ms: int | None = None,
+    retention: int = DEFAULT_RETENTION,
+    properties: Mapping[str, Any] | None = None,
+) -> StoreManifest:
+    """Create store ``name`` under ``root`` (creating ``root`` if needed).
+
+    Creating a store that already exists with the same settings returns its manifest
+    (like ``CREATE TABLE IF NOT EXISTS``); different settings raise ``StoreExistsError``
+    naming them, since they would make the existing data unreadable or mis-routed.
+    """
+    layout = StoreLayout.of(root, name)
+    manifest = StoreManifest(
+        name=name,
+        kind=kind,
+        partitions=partitions,
+        key_serde=key_serde,
+        value_serde=value_serde,
+        partitioner=partitioner,
+        window_size_ms=window_size_ms,
+        retention=retention,
+        properties=dict(properties or {}),
+    )
+    layout.store_dir.mkdir(parents=True, exist_ok=True)
+    with CommitLock(layout, who="create_store", timeout=30.0):
+        if layout.manifest.exists():
+            existing = StoreManifest.read(layout)
+            diffs = [
+                f"{f}={getattr(existing, f)!r} (asked {getattr(manifest, f)!r})"
+                for f in ("kind", "partitions", "key_serde", "value_serde", "partitioner", "window_size_ms")
+                if getattr(existing, f) != getattr(manifest, f)
+            ]
+            if diffs:
+                raise StoreExistsError(
+                    f"store {name!r} already exists with different settings: {', '.join(diffs)}"
+                )
+            return existing
+        manifest.write(layout)
+    return manifest
+
+
+class _PartitionBuffer:
+    __slots__ = ("batch", "deletes", "position", "puts")
+
+    def __init__(self) -> None:
+        self.batch = rocks.new_write_batch()
+        self.position = Position.empty()
+        self.puts = 0
+        self.deletes = 0
+
+
+class StoreWriter:
+    """Buffers writes to one store and commits them atomically when the block ends.
+
+    ``source=(topic, partition, offset)`` on a put or delete advances the position of
+    the store partition the record lands in (offset = the last input record applied).
+    A ``put`` of ``None`` is a delete, as in Kafka. ``writer.version`` is the version
+    the commit published (``None`` before the commit, or when nothing was written).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        name: str,
+        *,
+        lock_timeout: float = 30.0,
+        who: str | None = None,
+    ) -> None:
+        self._layout = StoreLayout.of(root, name)
+        try:
+            self.manifest = StoreManifest.read(self._layout)
+        except StoreNotFoundError:
+            raise UnknownStoreError(name, list_store_names(root)) from None
+        self._key_serde: Serde = get_serde(self.manifest.key_serde)
+        self._value_serde: Serde = get_serde(self.manifest.value_serde)
+        self._partitioner = get_partitioner(self.manifest.partitioner)
+        self._window = self.manifest.kind == "window"
+        self._lock_timeout = lock_timeout
+        self._who = who or "StoreWriter"
+        self._buffers: dict[int, _PartitionBuffer] = {}
+        self._source_end: Position | None = None
+        self._metadata: dict[str, Any] = {}
+        self._state = "open"
+        self.version: int | None = None
+
+    # -- the with-block ----------------------------------------------------------------
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.abort()
+            return
+        self.commit()
+
+    # -- writing -------------------------------------------------------------------------
+    def put(
+        self,
+        key: Any,
+        value: Any,
+        *,
+        partition: int | None = None,
+        source: tuple[str, int, int] | None = None,
+        window_start: int | datetime | None = None,
+    ) -> None:
+        if value is None:
+            self.delete(key, partition=partition, source=source, window_start=window_start)
+            return
+        key_bytes, p, buf = self._route(key, partition, source)
+        value_bytes = self._serialize(self._value_serde, "value", value)
+        if self._window:
+            start = self._window_start(window_start)
+            buf.batch.put(keyspace.window_key(key_bytes, start), value_bytes)
+            buf.batch.put(keyspace.window_time_key(key_bytes, start), b"")
+        else:
+            self._no_window(window_start)
+            buf.batch.put(keyspace.kv_key(key_bytes), value_bytes)
+        buf.puts += 1
+
+    def delete(
+        self,
+        key: Any,
+        *,
+        partition: int | None = None,
+        source: tuple[str, int, int] | None = None,
+        window_start: int | datetime | None = None,
+    ) -> None:
+        key_bytes, p, buf = self._route(key, partition, source)
+        if self._window:
+            start = self._window_start(window_start)
+            buf.batch.delete(keyspace.window_key(key_bytes, start))
+            buf.batch.delete(keyspace.window_time_key(key_bytes, start))
+        else:
+            self._no_window(window_start)
+            buf.batch.delete(keyspace.kv_key(key_bytes))
+        buf.deletes += 1
+
+    def advance(self, partition: int, source: tuple[str, int, int]) -> None:
+        """Advance a store partition's position without writing data.
+
+        For input records that changed nothing (filtered, or equal to the stored value):
+        the store has still applied them, so bounds and lag should count them.
+        """
+        self._check_open()
+        self._check_partition(partition)
+        self._buffer(partition).position = self._advanced(self._buffer(partition).position, source)
+
+    def record_source_end(self, end: Position | Mapping[str, Mapping[int, int]]) -> None:
+        """Record the source's log-end offsets (for ``engine.lags()``) with this commit."""
+        self._check_open()
+        position = end if isinstance(end, Position) else Position.from_map(end)
+        self._source_end = position.merge(self._source_end) if self._source_end else position
+
+    def set_metadata(self, **facts: Any) -> None:
+        """Attach JSON-able facts to this commit's version record (e.g. a batch id)."""
+        self._check_open()
+        self._metadata.update(facts)
+
+    # -- committing ----------------------------------------------------------------------
+    def abort(self) -> None:
+        """Discard everything buffered; nothing is written."""
+        self._buffers.clear()
+        self._state = "aborted"
+
+    def commit(self) -> int | None:
+        """Publish the buffered writes as the store's next version; return its number.
+
+        With nothing buffered (no data, no position, no source end, no metadata) nothing
+        is published and the latest existing version is returned.
+        """
+        self._check_open()
+        self._state = "committing"
+        try:
+            if not (self._buffers or self._source_end or self._metadata):
+                self.version = read_latest_number(self._layout)
+            else:
+                self.version = self._publish()
+        except BaseException:
+            self._state = "failed"
+            self._buffers.clear()
+            raise
+        self._state = "committed"
+        self._buffers.clear()
+        return self.version
+
+    def _publish(self) -> int:
+        layout = self._layout
+        with CommitLock(layout, who=self._who, timeout=self._lock_timeout):
+            latest = read_latest_number(layout)
+            previous = read_version(layout, latest) if latest is not None else None
+            version = (latest or 0) + 1
+            token = uuid.uuid4().hex[:10]
+            built: list[tuple[Path, Path]] = []
+            try:
+                for p, buf in sorted(self._buffers.items()):
+                    source_dir = (
+                        layout.partition_version_dir(p, previous.partitions[p])
+                        if previous is not None and p in previous.partitions
+                        else None
+                    )
+                    staging = layout.staging_dir(p, version, token)
+                    target = layout.partition_version_dir(p, version)
+                    staging.parent.mkdir(parents=True, exist_ok=True)
+                    built.append((staging, target))
+                    self._build_partition(source_dir, staging, buf, version)
+                for staging, target in built:
+                    if target.exists():  # left by a commit that crashed before publishing
+                        shutil.rmtree(target)
+                    os.rename(staging, target)
+                source_end = self._source_end
+                if previous is not None and previous.source_end is not None:
+                    source_end = Position.from_map(previous.source_end).merge(source_end)
+                record = VersionRecord(
+                    version=version,
+                    partitions={
+                        **(previous.partitions if previous else {}),
+                        **{p: version for p in self._buffers},
+                    },
+                    source_end=source_end.to_map() if source_end is not None else None,
+                    metadata={
+                        **self._metadata,
+                        "writer": {"who": self._who, "pid": os.getpid(), "host": socket.gethostname()},
+                        "partitions_written": sorted(self._buffers),
+                    },
+                )
+                publish(layout, record)
+            except BaseException:
+                for staging, target in built:
+                    shutil.rmtree(staging, ignore_errors=True)
+                    if read_latest_number(layout) != version:
+                        shutil.rmtree(target, ignore_errors=True)
+                raise
+            collect_garbage(layout, self.manifest.retention)
+        return version
+
+    def _build_partition(
+        self, source_dir: Path | None, staging: Path, buf: _PartitionBuffer, version: int
+    ) -> None:
+        if source_dir is not None:
+            published = rocks.open_for_read(source_dir)
+            try:
+                rocks.checkpoint(published, staging)
+            finally:
+                rocks.close_quietly(published)
+        db = rocks.open_for_write(staging, create=source_dir is None)
+        try:
+            previous = parse_commit_record(db.get(COMMIT_KEY), os.fspath(staging))
+            position = buf.position.merge(previous.get("position"))
+            record = {
+                "version": version,
+                "position": position,
+                "committed_at": time.time(),
+                "puts": buf.puts,
+                "deletes": buf.deletes,
+            }
+            # The commit record rides in the same WriteBatch as the data: both or neither.
+            buf.batch.put(COMMIT_KEY, encode_commit_record(record))
+            db.write(buf.batch)
+            db.flush(True)  # durable at commit (Kafka KAFKA-20663's lesson)
+            l0 = db.property_int_value("rocksdb.num-files-at-level0") or 0
+            if l0 >= _L0_COMPACTION_TRIGGER:
+                db.compact_range(None, None)
+        except Exception as exc:
+            raise rocks.classify(exc, staging) from exc
+        finally:
+            rocks.close_quietly(db)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise RuntimeError(f"StoreWriter for {self.manifest.name!r} is {self._state}")
+
+    def _check_partition(self, partition: object) -> int:
+        n = self.manifest.partitions
+        if not isinstance(partition, int) or isinstance(partition, bool) or not 0 <= partition < n:
+            raise ValueError(
+                f"store {self.manifest.name!r}: partition must be an int in [0, {n}), got {partition!r}"
+            )
+        return partition
+
+    def _buffer(self, partition: int) -> _PartitionBuffer:
+        buf = self._buffers.get(partition)
+        if buf is None:
+            buf = self._buffers[partition] = _PartitionBuffer()
+        return buf
+
+    def _serialize(self, serde: Serde, what: str, value: Any) -> bytes:
+        try:
+            return serde.serialize(value)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"store {self.manifest.name!r}: {what} {exc}") from None
+
+    def _route(
+        self, key: Any, partition: int | None, source: tuple[str, int, int] | None
+    ) -> tuple[bytes, int, _PartitionBuffer]:
+        self._check_open()
+        if key is None:
+            raise ValueError(f"store {self.manifest.name!r}: key must not be None")
+        key_bytes = self._serialize(self._key_serde, "key", key)
+        n = self.manifest.partitions
+        if self._partitioner.routes_keys:
+            owner = self._partitioner.partition(key_bytes, n)
+            if partition is not None and partition != owner:
+                raise ValueError(
+                    f"store {self.manifest.name!r}: key {key!r} belongs to partition {owner} "
+                    f"under murmur2, not {partition} (use partitioner='explicit' to place keys yourself)"
+                )
+            p = owner
+        else:
+            if partition is None:
+                raise ValueError(
+                    f"store {self.manifest.name!r} uses the explicit partitioner: pass partition="
+                )
+            p = self._check_partition(partition)
+        buf = self._buffer(p)
+        if source is not None:
+            buf.position = self._advanced(buf.position, source)
+        return key_bytes, p, buf
+
+    def _advanced(self, position: Position, source: tuple[str, int, int]) -> Position:
+        try:
+            topic, in_partition, offset = source
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"store {self.manifest.name!r}: source must be (topic, partition, offset), got {source!r}"
+            ) from None
+        return position.with_component(topic, in_partition, offset)
+
+    def _window_start(self, window_start: int | datetime | None) -> int:
+        if window_start is None:
+            raise ValueError(f"store {self.manifest.name!r} is a window store: pass window_start=")
+        return to_epoch_ms(window_start, "window_start")
+
+    def _no_window(self, window_start: object) -> None:
+        if window_start is not None:
+            raise ValueError(
+                f"store {self.manifest.name!r} is a key-value store: window_start is not allowed"
+            )
+
+    def __repr__(self) -> str:
+        return f"StoreWriter({self.manifest.name!r}, {self._state}, partitions touched={sorted(self._buffers)})"

@@ -1,0 +1,300 @@
+"""StoreWriter and create_store against real RocksDB folders."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from conftest import request, tree_digest
+
+import iqkit
+from iqkit.store import versions as versions_module
+from iqkit.store.layout import StoreLayout
+from iqkit.store.names import STAGING_PREFIX
+from iqkit.store.partitioners import murmur2_partition
+
+
+def get(engine: iqkit.StateEngine, store: str, key: object) -> object:
+    result = engine.query(request(store, iqkit.KeyQuery.with_key(key)))
+    only = result.only_partition_result()
+    return None if only is None else only.result
+
+
+# -- create_store ------------------------------------------------------------------------
+def test_create_store_writes_manifest_and_is_idempotent(root):
+    m1 = iqkit.create_store(root, "totals", partitions=4, value_serde="int64")
+    m2 = iqkit.create_store(root, "totals", partitions=4, value_serde="int64")
+    assert m1 == m2
+    data = json.loads((root / "totals" / "manifest.json").read_text())
+    assert data["partitions"] == 4
+    assert data["key_serde"] == "string"
+    assert data["value_serde"] == "int64"
+    assert data["partitioner"] == "murmur2"
+    assert data["kind"] == "kv"
+
+
+def test_create_store_with_other_settings_names_the_difference(root):
+    iqkit.create_store(root, "totals", partitions=4)
+    with pytest.raises(iqkit.StoreExistsError, match=r"partitions=4 \(asked 8\)"):
+        iqkit.create_store(root, "totals", partitions=8)
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "..", "a..b", "../x", ".hidden", "a\\b"])
+def test_store_names_with_separators_or_dots_are_refused(root, name):
+    with pytest.raises(ValueError, match="store name"):
+        iqkit.create_store(root, name, partitions=1)
+    assert not root.exists() or not any(root.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"partitions": 0}, "partitions must be a positive int"),
+        ({"partitions": 2, "kind": "table"}, "kind must be one of"),
+        ({"partitions": 2, "key_serde": "utf8"}, "utf8"),
+        ({"partitions": 2, "partitioner": "random"}, "random"),
+        ({"partitions": 2, "kind": "window"}, "window_size_ms > 0"),
+        ({"partitions": 2, "window_size_ms": 10}, "only for window stores"),
+    ],
+)
+def test_bad_store_settings_are_refused_before_anything_is_written(root, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        iqkit.create_store(root, "s", **kwargs)
+    assert not (root / "s" / "manifest.json").exists()
+
+
+def test_writer_on_unknown_store_suggests_a_name(root):
+    iqkit.create_store(root, "totals", partitions=1)
+    with pytest.raises(iqkit.UnknownStoreError, match="did you mean 'totals'"):
+        iqkit.StoreWriter(root, "total")
+
+
+# -- commits and versions ----------------------------------------------------------------
+def test_each_commit_publishes_the_next_version(root):
+    iqkit.create_store(root, "s", partitions=2)
+    seen = []
+    for i in range(3):
+        with iqkit.StoreWriter(root, "s") as w:
+            w.put(f"k{i}", i)
+        seen.append(w.version)
+    assert seen == [1, 2, 3]
+    with iqkit.open(root) as engine:
+        assert engine.version("s") == 3
+        assert [get(engine, "s", f"k{i}") for i in range(3)] == [0, 1, 2]
+
+
+def test_an_exception_inside_the_block_commits_nothing(root):
+    iqkit.create_store(root, "s", partitions=2)
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 1)
+    before = tree_digest(root / "s")
+    with pytest.raises(RuntimeError, match="boom"), iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 2)
+        w.put("b", 3)
+        raise RuntimeError("boom")
+    assert w.version is None
+    assert tree_digest(root / "s") == before
+    with iqkit.open(root) as engine:
+        assert get(engine, "s", "a") == 1
+        assert get(engine, "s", "b") is None
+
+
+def test_a_failure_while_publishing_leaves_the_previous_version_and_no_debris(root, monkeypatch):
+    iqkit.create_store(root, "s", partitions=2)
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 1)
+
+    def failing_publish(layout, record):
+        raise OSError("disk full (injected)")
+
+    monkeypatch.setattr("iqkit.store.writer.publish", failing_publish)
+    with pytest.raises(OSError, match="injected"), iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 2)
+    monkeypatch.undo()
+    layout = StoreLayout.of(root, "s")
+    leftovers = [
+        p for p in layout.partitions_dir.rglob("*") if p.name.startswith(STAGING_PREFIX) or p.name == "2"
+    ]
+    assert leftovers == []
+    with iqkit.open(root) as engine:
+        assert engine.version("s") == 1
+        assert get(engine, "s", "a") == 1
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 3)
+    assert w.version == 2
+
+
+def test_debris_of_a_crashed_commit_is_cleaned_by_the_next_one(root):
+    iqkit.create_store(root, "s", partitions=1)
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 1)
+    layout = StoreLayout.of(root, "s")
+    # What a process killed mid-commit leaves: a staging folder and an unpublished one.
+    (layout.partition_dir(0) / f"{STAGING_PREFIX}2-dead").mkdir()
+    (layout.partition_version_dir(0, 2)).mkdir()
+    (layout.partition_version_dir(0, 2) / "garbage").write_text("x")
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("b", 2)
+    assert w.version == 2
+    assert sorted(os.listdir(layout.partition_dir(0))) == ["1", "2"]
+    with iqkit.open(root) as engine:
+        assert get(engine, "s", "a") == 1
+        assert get(engine, "s", "b") == 2
+
+
+def test_untouched_partitions_keep_their_data_and_folders(root):
+    iqkit.create_store(root, "s", partitions=4)
+    keys = [f"user-{i}" for i in range(40)]
+    with iqkit.StoreWriter(root, "s") as w:
+        for k in keys:
+            w.put(k, k.upper())
+    target = murmur2_partition(b"user-0", 4)
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("user-0", "changed")
+    record = versions_module.read_version(StoreLayout.of(root, "s"), 2)
+    assert record.partitions[target] == 2
+    assert all(v == 1 for p, v in record.partitions.items() if p != target)
+    with iqkit.open(root) as engine:
+        assert get(engine, "s", "user-0") == "changed"
+        assert all(get(engine, "s", k) == k.upper() for k in keys[1:])
+
+
+def test_put_none_deletes_and_delete_removes(root):
+    iqkit.create_store(root, "s", partitions=2)
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 1)
+        w.put("b", 2)
+        w.put("c", 3)
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", None)
+        w.delete("b")
+    with iqkit.open(root) as engine:
+        assert [get(engine, "s", k) for k in "abc"] == [None, None, 3]
+
+
+def test_later_writes_in_one_commit_win(root):
+    iqkit.create_store(root, "s", partitions=1)
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 1)
+        w.put("a", 2)
+        w.delete("b")
+        w.put("b", 5)
+    with iqkit.open(root) as engine:
+        assert get(engine, "s", "a") == 2
+        assert get(engine, "s", "b") == 5
+
+
+def test_an_empty_writer_publishes_nothing(root):
+    iqkit.create_store(root, "s", partitions=1)
+    with iqkit.StoreWriter(root, "s") as w:
+        pass
+    assert w.version is None
+    assert not (root / "s" / "LATEST").exists()
+
+
+def test_a_writer_cannot_be_used_after_its_commit(root):
+    iqkit.create_store(root, "s", partitions=1)
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 1)
+    with pytest.raises(RuntimeError, match="committed"):
+        w.put("b", 2)
+
+
+# -- routing and bad input -----------------------------------------------------------------
+def test_murmur2_store_routes_keys_like_kafka(root):
+    iqkit.create_store(root, "s", partitions=8)
+    with iqkit.StoreWriter(root, "s") as w:
+        for i in range(100):
+            w.put(f"key-{i}", i)
+    for i in range(100):
+        expected = murmur2_partition(f"key-{i}".encode(), 8)
+        folder = root / "s" / "partitions" / str(expected)
+        assert folder.exists()
+    with iqkit.open(root) as engine:
+        for i in range(0, 100, 7):
+            result = engine.query(request("s", iqkit.KeyQuery.with_key(f"key-{i}")))
+            assert list(result.partition_results) == [murmur2_partition(f"key-{i}".encode(), 8)]
+
+
+def test_a_wrong_partition_for_a_murmur2_store_is_refused(root):
+    iqkit.create_store(root, "s", partitions=8)
+    owner = murmur2_partition(b"alice", 8)
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("alice", 1, partition=owner)  # agreeing is fine
+        with pytest.raises(ValueError, match=f"belongs to partition {owner}"):
+            w.put("alice", 1, partition=(owner + 1) % 8)
+
+
+def test_explicit_store_needs_a_partition_in_range(root):
+    iqkit.create_store(root, "s", partitions=3, partitioner="explicit")
+    with iqkit.StoreWriter(root, "s") as w:
+        with pytest.raises(ValueError, match="explicit partitioner: pass partition="):
+            w.put("a", 1)
+        with pytest.raises(ValueError, match=r"partition must be an int in \[0, 3\), got 3"):
+            w.put("a", 1, partition=3)
+        w.put("a", 1, partition=2)
+    assert (root / "s" / "partitions" / "2").exists()
+
+
+def test_wrong_types_name_the_store_the_serde_and_the_value(root):
+    iqkit.create_store(root, "counts", partitions=1, key_serde="int32", value_serde="int64")
+    with iqkit.StoreWriter(root, "counts") as w:
+        with pytest.raises(TypeError) as info:
+            w.put("abc", 1)
+        message = str(info.value)
+        assert "counts" in message and "int32" in message and "'abc'" in message
+        with pytest.raises(TypeError, match=r"counts.*int64.*'x'"):
+            w.put(1, "x")
+        with pytest.raises(ValueError, match="key must not be None"):
+            w.put(None, 1)
+        w.put(1, 2)
+    assert w.version == 1
+
+
+def test_window_store_needs_a_window_start_and_kv_store_refuses_one(root):
+    iqkit.create_store(root, "w", partitions=1, kind="window", window_size_ms=1000)
+    iqkit.create_store(root, "kv", partitions=1)
+    with iqkit.StoreWriter(root, "w") as w, pytest.raises(ValueError, match="window_start"):
+        w.put("a", 1)
+    with iqkit.StoreWriter(root, "kv") as w, pytest.raises(ValueError, match="window_start is not allowed"):
+        w.put("a", 1, window_start=0)
+
+
+# -- positions -----------------------------------------------------------------------------
+def test_source_advances_the_position_of_the_partition_the_record_lands_in(root):
+    iqkit.create_store(root, "s", partitions=2, partitioner="explicit")
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 1, partition=0, source=("orders", 0, 10))
+        w.put("b", 1, partition=1, source=("orders", 1, 4))
+        w.put("c", 1, partition=1, source=("orders", 1, 7))
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 2, partition=0, source=("orders", 0, 3))  # lower: never lowers
+    with iqkit.open(root) as engine:
+        result = engine.query(request("s", iqkit.RawScanQuery.scan()))
+        positions = {p: r.position.to_map() for p, r in result.partition_results.items()}
+    assert positions == {0: {"orders": {0: 10}}, 1: {"orders": {1: 7}}}
+
+
+def test_advance_moves_a_position_without_data(root):
+    iqkit.create_store(root, "s", partitions=2, partitioner="explicit")
+    with iqkit.StoreWriter(root, "s") as w:
+        w.advance(1, ("orders", 1, 99))
+    with iqkit.open(root) as engine:
+        r = engine.query(request("s", iqkit.KeyQuery.with_key("x")).with_partitions({1}))
+        assert r.partition_results[1].is_success
+        assert r.partition_results[1].position.to_map() == {"orders": {1: 99}}
+
+
+# -- readers never change what they read -----------------------------------------------------
+def test_queries_do_not_modify_published_files(root):
+    iqkit.create_store(root, "s", partitions=2)
+    with iqkit.StoreWriter(root, "s") as w:
+        for i in range(50):
+            w.put(f"k{i}", i)
+    before = tree_digest(root / "s" / "partitions")
+    with iqkit.open(root) as engine:
+        assert get(engine, "s", "k1") == 1
+        with engine.query(request("s", iqkit.RangeQuery.with_no_bounds())).partition_results[0].result as it:
+            list(it)
+    assert tree_digest(root / "s" / "partitions") == before
