@@ -40,8 +40,8 @@ from .query import (
     ResultOrder,
     StateQueryRequest,
     StateQueryResult,
-    WindowKeyQuery,
     Windowed,
+    WindowKeyQuery,
     WindowRangeQuery,
 )
 from .store.manifest import StoreManifest

@@ -309,7 +309,9 @@ class StateEngine:
             if view.routes_keys and isinstance(query, KeyQuery):
                 key_bytes = _serialize_key(view, query.key)
                 owner = view.partitioner.partition(key_bytes, n)
-                result.add_result(owner, self._run_key_fast(view, record, owner, query, key_bytes, request))
+                result.add_result(
+                    owner, self._run_key_fast(view, record, owner, query, key_bytes, request)
+                )
                 return result
             if view.routes_keys and isinstance(query, MultiKeyQuery):
                 for p, keys in _group_by_owner(view, query.keys).items():
@@ -352,7 +354,9 @@ class StateEngine:
             return self._store_exception(view, p, entry.position, exc, trace)
         if trace.enabled:
             self._engine_line(trace, started, view, p, record)
-            return QueryResult.for_result(value, position=entry.position, execution_info=trace.lines)
+            return QueryResult.for_result(
+                value, position=entry.position, execution_info=trace.lines
+            )
         return QueryResult.for_result(value, position=entry.position)
 
     def _run_partition(
@@ -417,7 +421,9 @@ class StateEngine:
                     position=entry.position,
                 )
         bound = request.position_bound
-        if not bound.is_unbounded and not _is_up_to_bound(entry.position, bound, p, view.routes_keys):
+        if not bound.is_unbounded and not _is_up_to_bound(
+            entry.position, bound, p, view.routes_keys
+        ):
             return None, QueryResult.not_up_to_bound(entry.position, bound, p)
         return entry, None
 
@@ -431,7 +437,9 @@ class StateEngine:
         path = view.layout.partition_version_dir(p, written_by)
         partition = RocksDBPartition(path, written_by)
         cache = self._caches.setdefault(key, ReadCache())
-        entry = _OpenPartition(partition, build_layers(view.manifest, partition, cache), record.version)
+        entry = _OpenPartition(
+            partition, build_layers(view.manifest, partition, cache), record.version
+        )
         view.acquire_partition_lease(record.version)
         self._open[key] = entry
         self._evict()
@@ -470,7 +478,11 @@ class StateEngine:
         trace: Trace, started: int, view: _StoreView, p: int, record: VersionRecord | None
     ) -> None:
         version = record.version if record is not None else None
-        trace.add("StateEngine", started, f"store {view.manifest.name!r} partition {p} at version {version}")
+        trace.add(
+            "StateEngine",
+            started,
+            f"store {view.manifest.name!r} partition {p} at version {version}",
+        )
 
     # -- lag -----------------------------------------------------------------------------
     def lags(
@@ -496,7 +508,11 @@ class StateEngine:
                         current = self._open_partition(view, record, p).position
                     except IqkitError:
                         current = Position.empty()
-                lag = None if store_end is None else _offset_lag(current, store_end, p, view.routes_keys)
+                lag = (
+                    None
+                    if store_end is None
+                    else _offset_lag(current, store_end, p, view.routes_keys)
+                )
                 out[name][p] = LagInfo(
                     store=name,
                     partition=p,
@@ -512,7 +528,9 @@ class StateEngine:
         return f"StateEngine({os.fspath(self.root)!r}{pin}, {state})"
 
 
-def open(root: str | os.PathLike[str], *, as_of: int | Mapping[str, int] | None = None) -> StateEngine:  # noqa: A001
+def open(
+    root: str | os.PathLike[str], *, as_of: int | Mapping[str, int] | None = None
+) -> StateEngine:
     """Open the stores under ``root`` for queries (see ``StateEngine``)."""
     return StateEngine(root, as_of=as_of)
 

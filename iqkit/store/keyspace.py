@@ -22,7 +22,7 @@ from .names import DATA_PREFIX, END_OF_USER_KEYSPACE, WINDOW_PREFIX, WINDOW_TIME
 _TIME = struct.Struct(">Q")
 _SIGN = 1 << 63
 _TERMINATOR = b"\x00\x01"
-_TIME_LEN = _TIME.size
+TIME_LEN = _TIME.size
 
 
 def successor(key: bytes) -> bytes:
@@ -51,9 +51,7 @@ KV_UPPER = WINDOW_PREFIX  # the next namespace: exclusive upper bound of user kv
 RAW_PREFIX_LEN = len(DATA_PREFIX)
 
 
-def kv_range(
-    lower: bytes | None, upper_inclusive: bytes | None
-) -> tuple[bytes, bytes]:
+def kv_range(lower: bytes | None, upper_inclusive: bytes | None) -> tuple[bytes, bytes]:
     """RocksDB bounds ``[lo, hi)`` for serialized keys ``lower <= k <= upper``."""
     lo = DATA_PREFIX + lower if lower is not None else KV_LOWER
     hi = DATA_PREFIX + successor(upper_inclusive) if upper_inclusive is not None else KV_UPPER
@@ -94,14 +92,14 @@ def window_time_key(key_bytes: bytes, start_ms: int) -> bytes:
 
 def split_window_key(raw: bytes) -> tuple[bytes, int]:
     """``window_key`` bytes → ``(serialized_key, start_ms)``."""
-    body = raw[len(WINDOW_PREFIX) : -_TIME_LEN - len(_TERMINATOR)]
-    return unescape(body), decode_time(raw[-_TIME_LEN:])
+    body = raw[len(WINDOW_PREFIX) : -TIME_LEN - len(_TERMINATOR)]
+    return unescape(body), decode_time(raw[-TIME_LEN:])
 
 
 def split_window_time_key(raw: bytes) -> tuple[bytes, int]:
     """``window_time_key`` bytes → ``(serialized_key, start_ms)``."""
-    start = decode_time(raw[len(WINDOW_TIME_PREFIX) : len(WINDOW_TIME_PREFIX) + _TIME_LEN])
-    body = raw[len(WINDOW_TIME_PREFIX) + _TIME_LEN : -len(_TERMINATOR)]
+    start = decode_time(raw[len(WINDOW_TIME_PREFIX) : len(WINDOW_TIME_PREFIX) + TIME_LEN])
+    body = raw[len(WINDOW_TIME_PREFIX) + TIME_LEN : -len(_TERMINATOR)]
     return unescape(body), start
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from itertools import chain, repeat
 from typing import Any
 
 from ..query import (
@@ -33,8 +35,8 @@ from ..query import (
     RawKeyQuery,
     RawScanQuery,
     ResultOrder,
-    WindowKeyQuery,
     Windowed,
+    WindowKeyQuery,
     WindowRangeQuery,
 )
 from . import keyspace
@@ -55,7 +57,9 @@ class Trace:
         self.lines: list[str] = []
 
     def add(self, layer: str, started_ns: int, detail: str) -> None:
-        self.lines.append(f"Handled in {layer} in {time.perf_counter_ns() - started_ns}ns: {detail}")
+        self.lines.append(
+            f"Handled in {layer} in {time.perf_counter_ns() - started_ns}ns: {detail}"
+        )
 
 
 def _clock(trace: Trace) -> int:
@@ -94,11 +98,11 @@ class RocksDBLayer:
             )
         return values
 
-    def scan(
+    def scan_chunks(
         self, lower: bytes, upper: bytes | None, reverse: bool, trace: Trace
-    ) -> Iterator[tuple[bytes, bytes]]:
+    ) -> Iterator[list[tuple[bytes, bytes]]]:
         t0 = _clock(trace)
-        rows = self.partition.scan(lower, upper, reverse=reverse)
+        rows = self.partition.scan_chunks(lower, upper, reverse=reverse)
         if trace.enabled:
             direction = "reverse" if reverse else "forward"
             trace.add(
@@ -166,7 +170,9 @@ class CachingLayer:
             trace.add(self.name, t0, "cache miss")
         return value
 
-    def multi_get(self, keys: Sequence[bytes], trace: Trace, skip_cache: bool) -> list[bytes | None]:
+    def multi_get(
+        self, keys: Sequence[bytes], trace: Trace, skip_cache: bool
+    ) -> list[bytes | None]:
         t0 = _clock(trace)
         if skip_cache:
             values = self.inner.multi_get(keys, trace)
@@ -181,14 +187,16 @@ class CachingLayer:
                 self.cache.store(k, v)
             cached = [fetched[k] if v is _MISSING else v for k, v in zip(keys, cached, strict=True)]
         if trace.enabled:
-            trace.add(self.name, t0, f"{len(keys) - len(missing)} cache hits, {len(missing)} misses")
+            trace.add(
+                self.name, t0, f"{len(keys) - len(missing)} cache hits, {len(missing)} misses"
+            )
         return cached
 
-    def scan(
+    def scan_chunks(
         self, lower: bytes, upper: bytes | None, reverse: bool, trace: Trace
-    ) -> Iterator[tuple[bytes, bytes]]:
+    ) -> Iterator[list[tuple[bytes, bytes]]]:
         t0 = _clock(trace)
-        rows = self.inner.scan(lower, upper, reverse, trace)
+        rows = self.inner.scan_chunks(lower, upper, reverse, trace)
         if trace.enabled:
             trace.add(self.name, t0, "passed through (scans are not cached)")
         return rows
@@ -228,25 +236,40 @@ class _TypedLayer:
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"store {self.store!r}: key {exc}") from None
 
-    def _decode_rows(
-        self, rows: Iterator[tuple[bytes, bytes]], strip: int
-    ) -> KeyValueIterator[Any, Any]:
-        key_de = self.key_serde.deserialize
-        value_de = self.value_serde.deserialize
+    def _kv_chunk(
+        self, strip: int
+    ) -> Callable[[list[tuple[bytes, bytes]]], list[KeyValue[Any, Any]]]:
+        """Decoder of one chunk of key-value rows: the serdes decode whole columns
+        (``deserialize_many``) and ``KeyValue``s are built in C (``map``/``zip``), so the
+        per-row Python work is one key slice."""
+        keys_de = self.key_serde.deserialize_many
+        values_de = self.value_serde.deserialize_many
 
-        def decoded() -> Iterator[KeyValue[Any, Any]]:
-            try:
-                for k, v in rows:
-                    yield KeyValue(key_de(k[strip:]), value_de(v))
-            finally:
-                close = getattr(rows, "close", None)
-                if close is not None:
-                    close()
+        def convert(chunk: list[tuple[bytes, bytes]]) -> list[KeyValue[Any, Any]]:
+            if not chunk:
+                return []
+            raw_keys, raw_values = zip(*chunk, strict=True)
+            pairs = zip(keys_de(raw_keys, strip), values_de(raw_values), strict=True)
+            return list(map(_tuple_new, _KEY_VALUE_TYPE, pairs))
 
-        return KeyValueIterator(decoded())
+        return convert
 
-    def _raw_get(self, query: RawKeyQuery, trace: Trace, physical: Callable[[bytes], bytes]) -> bytes | None:
-        return self.inner.get(physical(query.key), trace, True)
+
+def _stream(
+    chunks: Iterator[list[tuple[bytes, bytes]]],
+    convert: Callable[[list[tuple[bytes, bytes]]], list[Any]],
+) -> KeyValueIterator[Any, Any]:
+    """A lazy ``KeyValueIterator`` over converted chunks, iterated in C (``chain``);
+    closing or exhausting it closes ``chunks``, which releases the RocksDB iterator."""
+    close = getattr(chunks, "close", None)
+    return KeyValueIterator.of_key_values(chain.from_iterable(map(convert, chunks)), close)
+
+
+#: ``KeyValue`` without NamedTuple's Python-level ``__new__`` (hot in scans):
+#: ``map(_tuple_new, _KEY_VALUE_TYPE, pairs)`` builds them in C.
+_tuple_new = tuple.__new__
+_KEY_VALUE_TYPE = repeat(KeyValue)
+_new_kv = partial(tuple.__new__, KeyValue)
 
 
 class TypedKeyValueLayer(_TypedLayer):
@@ -286,22 +309,24 @@ class TypedKeyValueLayer(_TypedLayer):
             return KeyValueIterator.empty()  # lo > hi is an empty success (Kafka)
         lower, upper = keyspace.kv_range(lo, hi)
         reverse = query.result_order is ResultOrder.DESCENDING
-        return self._decode_rows(self.inner.scan(lower, upper, reverse, trace), keyspace.RAW_PREFIX_LEN)
+        chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
+        return _stream(chunks, self._kv_chunk(keyspace.RAW_PREFIX_LEN))
 
     def _prefix(self, query: PrefixScanQuery, trace: Trace) -> KeyValueIterator[Any, Any]:
         serde = get_serde(query.prefix_serde) if query.prefix_serde else None
         prefix = self.serialize_key(query.prefix, serde)
         lower, upper = keyspace.kv_prefix_range(prefix)
         reverse = query.result_order is ResultOrder.DESCENDING
-        return self._decode_rows(self.inner.scan(lower, upper, reverse, trace), keyspace.RAW_PREFIX_LEN)
+        chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
+        return _stream(chunks, self._kv_chunk(keyspace.RAW_PREFIX_LEN))
 
     def _raw_key(self, query: RawKeyQuery, trace: Trace) -> bytes | None:
         return self.inner.get(keyspace.kv_key(query.key), trace, True)
 
     def _raw_scan(self, query: RawScanQuery, trace: Trace) -> KeyValueIterator[bytes, bytes]:
-        rows = self.inner.scan(keyspace.KV_LOWER, keyspace.KV_UPPER, False, trace)
+        chunks = self.inner.scan_chunks(keyspace.KV_LOWER, keyspace.KV_UPPER, False, trace)
         strip = keyspace.RAW_PREFIX_LEN
-        return KeyValueIterator((k[strip:], v) for k, v in rows)
+        return _stream(chunks, lambda chunk: [_new_kv((k[strip:], v)) for k, v in chunk])
 
 
 class TypedWindowLayer(_TypedLayer):
@@ -327,18 +352,19 @@ class TypedWindowLayer(_TypedLayer):
         key_bytes = self.serialize_key(query.key)
         lower, upper = keyspace.window_key_range(key_bytes, query.time_from, query.time_to)
         reverse = query.result_order is ResultOrder.DESCENDING
-        rows = self.inner.scan(lower, upper, reverse, trace)
+        chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
         key, size, value_de = query.key, self.window_size, self.value_serde.deserialize
+        decode_time = keyspace.decode_time
+        time_at = -keyspace.TIME_LEN
 
-        def decoded() -> Iterator[KeyValue[Any, Any]]:
-            try:
-                for raw_key, raw_value in rows:
-                    _, start = keyspace.split_window_key(raw_key)
-                    yield KeyValue(Windowed(key, start, start + size), value_de(raw_value))
-            finally:
-                rows.close() if hasattr(rows, "close") else None
+        def convert(chunk: list[tuple[bytes, bytes]]) -> list[KeyValue[Any, Any]]:
+            out = []
+            for raw_key, raw_value in chunk:
+                start = decode_time(raw_key[time_at:])
+                out.append(_new_kv((Windowed(key, start, start + size), value_de(raw_value))))
+            return out
 
-        return KeyValueIterator(decoded())
+        return _stream(chunks, convert)
 
     def _window_range(self, query: WindowRangeQuery, trace: Trace) -> KeyValueIterator[Any, Any]:
         """Every key's windows starting in the range, by (start, key) — newest first
@@ -347,47 +373,31 @@ class TypedWindowLayer(_TypedLayer):
             return KeyValueIterator.empty()
         lower, upper = keyspace.window_time_range(query.time_from, query.time_to)
         reverse = query.result_order is ResultOrder.DESCENDING
-        index_rows = self.inner.scan(lower, upper, reverse, trace)
-        size = self.window_size
+        index_chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
+        size, inner = self.window_size, self.inner
         key_de, value_de = self.key_serde.deserialize, self.value_serde.deserialize
-        inner = self.inner
+        split = keyspace.split_window_time_key
 
-        def decoded() -> Iterator[KeyValue[Any, Any]]:
-            batch: list[tuple[bytes, int]] = []
-            try:
-                for raw_index_key, _ in index_rows:
-                    batch.append(keyspace.split_window_time_key(raw_index_key))
-                    if len(batch) >= 256:
-                        yield from self._fetch_windows(batch, inner, key_de, value_de, size)
-                        batch = []
-                if batch:
-                    yield from self._fetch_windows(batch, inner, key_de, value_de, size)
-            finally:
-                index_rows.close() if hasattr(index_rows, "close") else None
+        def convert(chunk: list[tuple[bytes, bytes]]) -> list[KeyValue[Any, Any]]:
+            windows = [split(raw_index_key) for raw_index_key, _ in chunk]
+            values = inner.multi_get(
+                [keyspace.window_key(k, s) for k, s in windows], Trace(False), True
+            )
+            return [
+                _new_kv((Windowed(key_de(k), s, s + size), value_de(v)))
+                for (k, s), v in zip(windows, values, strict=True)
+                if v is not None
+            ]
 
-        return KeyValueIterator(decoded())
-
-    @staticmethod
-    def _fetch_windows(
-        batch: list[tuple[bytes, int]],
-        inner: CachingLayer,
-        key_de: Callable[[bytes], Any],
-        value_de: Callable[[bytes], Any],
-        size: int,
-    ) -> Iterator[KeyValue[Any, Any]]:
-        physical = [keyspace.window_key(k, s) for k, s in batch]
-        values = inner.multi_get(physical, Trace(False), True)
-        for (k, s), v in zip(batch, values, strict=True):
-            if v is not None:
-                yield KeyValue(Windowed(key_de(k), s, s + size), value_de(v))
+        return _stream(index_chunks, convert)
 
     def _raw_key(self, query: RawKeyQuery, trace: Trace) -> bytes | None:
         return self.inner.get(keyspace.WINDOW_PREFIX + query.key, trace, True)
 
     def _raw_scan(self, query: RawScanQuery, trace: Trace) -> KeyValueIterator[bytes, bytes]:
-        rows = self.inner.scan(keyspace.WINDOW_LOWER, keyspace.WINDOW_UPPER, False, trace)
+        chunks = self.inner.scan_chunks(keyspace.WINDOW_LOWER, keyspace.WINDOW_UPPER, False, trace)
         strip = len(keyspace.WINDOW_PREFIX)
-        return KeyValueIterator((k[strip:], v) for k, v in rows)
+        return _stream(chunks, lambda chunk: [_new_kv((k[strip:], v)) for k, v in chunk])
 
 
 def build_layers(

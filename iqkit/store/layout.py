@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..query.request import validate_store_name
 from .names import (
     LATEST_FILE,
     LEASES_DIR,
@@ -15,20 +16,6 @@ from .names import (
     STAGING_PREFIX,
     VERSIONS_DIR,
 )
-
-
-def validate_store_name(name: object) -> str:
-    """A store name is one plain folder name: no separators, no ``..``, not empty."""
-    if not isinstance(name, str):
-        raise ValueError(f"store name must be a string, got {type(name).__name__}")
-    if not name or name.strip() != name:
-        raise ValueError(f"invalid store name {name!r}: empty or surrounded by spaces")
-    seps = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
-    if any(s in name for s in seps) or ".." in name or name.startswith(".") or "\x00" in name:
-        raise ValueError(
-            f"invalid store name {name!r}: no path separators, '..' or leading '.'"
-        )
-    return name
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ _POLL_SECONDS = 0.02
 def describe_holder(info: dict[str, object]) -> str:
     since = info.get("since")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(since))) if since else "?"
-    return f"{info.get('who', '?')} (pid {info.get('pid', '?')} on {info.get('host', '?')}) since {when}"
+    who, pid, host = info.get("who", "?"), info.get("pid", "?"), info.get("host", "?")
+    return f"{who} (pid {pid} on {host}) since {when}"
 
 
 class CommitLock:
@@ -52,7 +53,12 @@ class CommitLock:
                         f"{describe_holder(holder)}; gave up after {self._timeout:g}s"
                     ) from None
                 time.sleep(_POLL_SECONDS)
-        info = {"who": self._who, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        info = {
+            "who": self._who,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.time(),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd

@@ -39,7 +39,11 @@ class StoreManifest:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"store {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
-        if not isinstance(self.partitions, int) or isinstance(self.partitions, bool) or self.partitions < 1:
+        if (
+            not isinstance(self.partitions, int)
+            or isinstance(self.partitions, bool)
+            or self.partitions < 1
+        ):
             raise ValueError(
                 f"store {self.name!r}: partitions must be a positive int, got {self.partitions!r}"
             )

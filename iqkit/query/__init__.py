@@ -1,0 +1,45 @@
+"""iqkit's query model: Kafka Streams IQv2 (KIP-796) requests, queries and results.
+
+Pure Python, no I/O: everything here is an immutable value (except the
+``StateQueryResult`` the engine fills and ``KeyValueIterator``, which is consumed), so
+requests can be built, compared and stored freely in a notebook before an engine
+runs them.
+"""
+
+from .base import Query
+from .iterators import KeyValue, KeyValueIterator, Windowed
+from .key import KeyQuery, MultiKeyQuery
+from .lag import LagInfo
+from .order import ResultOrder
+from .position import Position, PositionBound
+from .range import PrefixScanQuery, RangeQuery
+from .raw import RawKeyQuery, RawScanQuery
+from .request import InStore, StateQueryRequest, validate_store_name
+from .results import FailureReason, QueryResult, StateQueryResult
+from .window import WindowKeyQuery, WindowRangeQuery, to_epoch_millis
+
+__all__ = [
+    "FailureReason",
+    "InStore",
+    "KeyQuery",
+    "KeyValue",
+    "KeyValueIterator",
+    "LagInfo",
+    "MultiKeyQuery",
+    "Position",
+    "PositionBound",
+    "PrefixScanQuery",
+    "Query",
+    "QueryResult",
+    "RangeQuery",
+    "RawKeyQuery",
+    "RawScanQuery",
+    "ResultOrder",
+    "StateQueryRequest",
+    "StateQueryResult",
+    "WindowKeyQuery",
+    "WindowRangeQuery",
+    "Windowed",
+    "to_epoch_millis",
+    "validate_store_name",
+]

@@ -1,0 +1,191 @@
+"""Partitioners: which store partition a key lives in.
+
+Why Kafka's murmur2: a store fed from a Kafka topic keyed the same way should put every
+key in the partition Kafka put it in, so store partition ``p`` holds exactly the state
+built from input partition ``p`` (SPEC §2). ``murmur2`` here is byte-exact with
+``org.apache.kafka.common.utils.Utils.murmur2`` and ``murmur2_partition`` with the
+Java client's default (``BuiltInPartitioner.partitionForKey``):
+``toPositive(murmur2(keyBytes)) % numPartitions``.
+
+``explicit`` is KIP-759's ``markAsPartitioned``: the data is already partitioned, the
+writer names the partition, and no key function exists, so point lookups must visit
+every partition (``routes_keys`` is ``False``).
+
+``murmur2`` runs on every key lookup and every put, so it is written for CPython: the
+aligned prefix is unpacked in one ``struct`` call (a ``Struct`` cached per word count)
+and the Java ``int`` overflow is emulated with a single mask per step.
+"""
+
+from __future__ import annotations
+
+import difflib
+import struct
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+__all__ = [
+    "PARTITIONER_NAMES",
+    "ExplicitPartitioner",
+    "Murmur2Partitioner",
+    "Partitioner",
+    "get_partitioner",
+    "murmur2",
+    "murmur2_partition",
+    "to_positive",
+]
+
+# '<nI' unpackers by word count; keys are short, so this stays small. Past 256 words
+# (1 KiB keys) we stop caching and build the Struct per call: its cost is dwarfed by the
+# loop at that size, and the cache cannot grow without bound.
+_WORDS: dict[int, struct.Struct] = {}
+_CACHE_LIMIT = 256
+
+
+def _words(count: int) -> struct.Struct:
+    s = _WORDS.get(count)
+    if s is None:
+        s = struct.Struct(f"<{count}I")
+        if count <= _CACHE_LIMIT:
+            _WORDS[count] = s
+    return s
+
+
+def _murmur2_u32(data: bytes) -> int:
+    """Kafka's murmur2 as an unsigned 32-bit int (``data`` must be bytes-like).
+
+    Constants are locals (faster than globals in the loop). Masking once per step is
+    exact: ``(a ^ b) & mask == (a & mask) ^ (b & mask)`` and products of 32-bit values
+    are only ever needed modulo 2**32, like Java's overflowing ``int`` arithmetic.
+    """
+    m = 0x5BD1E995  # Kafka's mixing constant; r = 24 below; seed 0x9747B28C
+    mask = 0xFFFFFFFF
+    length = len(data)
+    h = 0x9747B28C ^ length
+    count = length >> 2
+    if count:
+        s = _WORDS.get(count) or _words(count)
+        for k in s.unpack_from(data):
+            k = k * m & mask
+            h = (h * m ^ (k ^ k >> 24) * m) & mask
+    tail = length & 3
+    if tail:
+        i = length - tail
+        if tail == 3:
+            h ^= data[i + 2] << 16
+        if tail >= 2:
+            h ^= data[i + 1] << 8
+        h = (h ^ data[i]) * m & mask
+    h ^= h >> 13
+    h = h * m & mask
+    return h ^ h >> 15
+
+
+def _check_bytes(data: object) -> bytes:
+    """Slow path for non-``bytes`` keys: copy bytes-likes, refuse everything else."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"murmur2 needs key bytes (bytes-like), got {type(data).__name__}")
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's ``Utils.murmur2(byte[])``: the signed 32-bit Java ``int`` result.
+
+    Java's tail bytes are masked with ``& 0xff`` and its shifts are ``>>>``, so working
+    on unsigned 32-bit values and converting to signed at the end is exact.
+    """
+    if type(data) is not bytes:
+        data = _check_bytes(data)
+    h = _murmur2_u32(data)
+    return h - 0x100000000 if h & 0x80000000 else h
+
+
+def to_positive(number: int) -> int:
+    """Kafka's ``Utils.toPositive``: clear the sign bit (not ``abs``, which overflows)."""
+    return number & 0x7FFFFFFF
+
+
+def murmur2_partition(key_bytes: bytes, num_partitions: int) -> int:
+    """``toPositive(murmur2(key_bytes)) % num_partitions``: Kafka's default for keyed records."""
+    if type(key_bytes) is not bytes:
+        key_bytes = _check_bytes(key_bytes)
+    if num_partitions <= 0:
+        raise ValueError(f"num_partitions must be a positive int, got {num_partitions!r}")
+    return (_murmur2_u32(key_bytes) & 0x7FFFFFFF) % num_partitions
+
+
+class Partitioner(ABC):
+    """Maps serialized keys to partitions; ``name`` is what manifests store.
+
+    ``routes_keys`` says whether the key alone determines the partition: when it is
+    ``True`` a key lookup can go to one partition; when ``False`` it must ask all.
+    """
+
+    __slots__ = ()  # stateless: instances are immutable and compare by class
+    name: ClassVar[str]
+    routes_keys: ClassVar[bool]
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self)
+
+    def __hash__(self) -> int:
+        return hash((Partitioner, self.name))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    @abstractmethod
+    def partition(self, key_bytes: bytes, num_partitions: int) -> int:
+        """The partition ``key_bytes`` belongs to, in ``[0, num_partitions)``."""
+
+
+class Murmur2Partitioner(Partitioner):
+    """Kafka's default partitioner for keyed records (see :func:`murmur2_partition`)."""
+
+    __slots__ = ()
+    name: ClassVar[str] = "murmur2"
+    routes_keys: ClassVar[bool] = True
+
+    def partition(self, key_bytes: bytes, num_partitions: int) -> int:
+        return murmur2_partition(key_bytes, num_partitions)
+
+
+class ExplicitPartitioner(Partitioner):
+    """KIP-759 ``markAsPartitioned``: the writer names each record's partition."""
+
+    __slots__ = ()
+    name: ClassVar[str] = "explicit"
+    routes_keys: ClassVar[bool] = False
+
+    def partition(self, key_bytes: bytes, num_partitions: int) -> int:
+        raise ValueError("store uses the explicit partitioner: pass partition=...")
+
+
+_PARTITIONERS: dict[str, Partitioner] = {
+    p.name: p for p in (Murmur2Partitioner(), ExplicitPartitioner())
+}
+PARTITIONER_NAMES: tuple[str, ...] = tuple(_PARTITIONERS)
+
+
+def get_partitioner(name: str | Partitioner) -> Partitioner:
+    """The partitioner called ``name`` (an instance is returned as is).
+
+    Unknown names raise ``ValueError`` listing the known ones, with a suggestion.
+    """
+    if isinstance(name, Partitioner):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"partitioner name must be a str, got {type(name).__name__}")
+    p = _PARTITIONERS.get(name)
+    if p is not None:
+        return p
+    msg = f"unknown partitioner {name!r}"
+    key = name.strip().lower()
+    close = difflib.get_close_matches(key, PARTITIONER_NAMES, n=1, cutoff=0.6)
+    if key in ("default", "kafka", "murmur", "hash"):
+        close = ["murmur2"]
+    elif key in ("manual", "partitioned", "none", "custom"):
+        close = ["explicit"]
+    if close:
+        msg += f"; did you mean {close[0]!r}?"
+    msg += f" (known partitioners: {', '.join(PARTITIONER_NAMES)})"
+    raise ValueError(msg)

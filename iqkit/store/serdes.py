@@ -1,0 +1,526 @@
+"""Serdes by name: how keys and values become the bytes stored in RocksDB.
+
+Why byte-compatible with Kafka: a store written by Spark from a Kafka topic should hold
+the same key bytes a Kafka producer would send, so ``murmur2`` over those bytes puts
+each key in the partition Kafka would (SPEC §2), and raw bytes read with a Kafka client's
+deserializer mean the same thing. ``string``, ``bytes``, ``int32``, ``int64`` and
+``double`` match Kafka's ``StringSerializer`` (UTF-8), ``ByteArraySerializer``,
+``IntegerSerializer``, ``LongSerializer`` and ``DoubleSerializer``; ``json`` is compact
+UTF-8 JSON; ``ordered`` is iqkit's order-preserving codec (:mod:`iqkit.store.ordered`).
+
+Serdes are stateless frozen singletons looked up with :func:`get_serde`, so a manifest
+only needs to store the name, and a serde pickles cheaply to Spark executors.
+
+Errors: a value of the wrong type raises ``TypeError``, a value of the right type that
+cannot be represented (out of range, NaN in JSON, a lone surrogate in UTF-8) raises
+``ValueError``, and bytes that do not decode raise ``ValueError``; every message starts
+with ``serde '<name>'`` and shows a shortened ``repr`` of the value, so the store layer
+only has to prefix the store name.
+
+``serialize`` sits on the hot path of every put and lookup: it checks the exact type
+first and uses precompiled ``struct.Struct`` objects; subclasses and numpy scalars take
+a slower branch.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+import numbers
+import operator
+import struct
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from iqkit.store.ordered import decode as _ordered_decode
+from iqkit.store.ordered import encode as _ordered_encode
+from iqkit.store.ordered import short_repr
+
+__all__ = [
+    "SERDE_NAMES",
+    "BytesSerde",
+    "DoubleSerde",
+    "Int32Serde",
+    "Int64Serde",
+    "JsonSerde",
+    "OrderedSerde",
+    "Serde",
+    "StringSerde",
+    "get_serde",
+]
+
+_INT32 = struct.Struct(">i")
+_INT64 = struct.Struct(">q")
+_DOUBLE = struct.Struct(">d")
+_pack_i32, _unpack_i32 = _INT32.pack, _INT32.unpack
+_pack_i64, _unpack_i64 = _INT64.pack, _INT64.unpack
+_pack_f64, _unpack_f64 = _DOUBLE.pack, _DOUBLE.unpack
+
+
+def _unpack_fixed(
+    serde: Serde, datas: Sequence[bytes], offset: int, code: str, width: int
+) -> list[Any]:
+    """Decode equal-width big-endian values with one ``struct.unpack`` call (``x`` pad
+    bytes skip the ``offset`` prefix)."""
+    if not datas:
+        return []
+    if set(map(len, datas)) != {width + offset}:
+        return [serde.deserialize(d[offset:]) for d in datas]  # raises the serde's message
+    fmt = f">{len(datas)}{code}" if not offset else ">" + ("x" * offset + code) * len(datas)
+    return list(struct.unpack(fmt, b"".join(datas)))
+
+
+# Java's Double.doubleToLongBits collapses every NaN to this one bit pattern.
+_JAVA_NAN = bytes.fromhex("7ff8000000000000")
+
+
+class Serde(ABC):
+    """Turns values of one type into bytes and back.
+
+    Subclasses set ``name`` (the identifier stored in manifests) and
+    ``order_preserving``: ``True`` when the byte order of serialized values equals
+    their value order, so a RocksDB range scan returns keys in value order
+    (``string``, ``bytes``, ``ordered``). Big-endian two's-complement ``int32``/
+    ``int64`` and IEEE ``double`` are not: negative numbers sort after positive ones.
+    """
+
+    __slots__ = ()  # stateless: instances are immutable and compare by class
+    name: ClassVar[str]
+    order_preserving: ClassVar[bool] = False
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self)
+
+    def __hash__(self) -> int:
+        return hash((Serde, self.name))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    @abstractmethod
+    def serialize(self, value: Any) -> bytes:
+        """The bytes for ``value``; ``TypeError``/``ValueError`` naming the serde."""
+
+    @abstractmethod
+    def deserialize(self, data: bytes) -> Any:
+        """The value for ``data``; ``ValueError`` naming the serde when malformed."""
+
+    def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
+        """Decode ``data[offset:]`` for every ``data`` in a chunk, at once.
+
+        Why: scans decode thousands of rows, and per-row Python calls dominate their
+        cost; serdes override this with C-level paths (one ``struct.unpack`` for fixed
+        widths). ``offset`` skips a storage prefix without a separate slicing pass.
+        """
+        if offset:
+            return [self.deserialize(d[offset:]) for d in datas]
+        return list(map(self.deserialize, datas))
+
+    @abstractmethod
+    def parse_text(self, text: str) -> Any:
+        """Parse a user-typed literal (``%iq get totals 42``) into this serde's type.
+
+        Why: the Jupyter magic and widget get keys as text; each serde knows what its
+        text form looks like. Raises ``ValueError`` naming the serde.
+        """
+
+    # -- error helpers (slow path only) --------------------------------------------------
+    def _type_error(self, value: Any, expected: str) -> TypeError:
+        return TypeError(
+            f"serde {self.name!r} cannot serialize {short_repr(value)} "
+            f"({type(value).__name__}): expected {expected}"
+        )
+
+    def _value_error(self, value: Any, why: str) -> ValueError:
+        return ValueError(
+            f"serde {self.name!r} cannot serialize {short_repr(value)} "
+            f"({type(value).__name__}): {why}"
+        )
+
+    def _malformed(self, data: Any, why: str) -> ValueError:
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            size = f"{len(data)} bytes"
+        else:
+            size = type(data).__name__
+        return ValueError(
+            f"serde {self.name!r} cannot deserialize {short_repr(data)} ({size}): {why}"
+        )
+
+    def _unparsable(self, text: Any, why: str) -> ValueError:
+        return ValueError(f"serde {self.name!r} cannot parse {short_repr(text)}: {why}")
+
+    @staticmethod
+    def _require_text(text: Any) -> str:
+        if not isinstance(text, str):
+            raise TypeError(f"parse_text expects str, got {type(text).__name__}")
+        return text
+
+
+# --- string ---------------------------------------------------------------------------
+class StringSerde(Serde):
+    """UTF-8 text, like Kafka's ``StringSerializer`` (its default encoding).
+
+    Strict both ways: a ``str`` holding a lone surrogate raises ``ValueError`` (Java
+    would silently write ``?``), and invalid UTF-8 raises on read instead of turning
+    into U+FFFD, so corrupt keys are noticed rather than merged.
+    """
+
+    __slots__ = ()
+    name: ClassVar[str] = "string"
+    order_preserving: ClassVar[bool] = True  # UTF-8 byte order == code point order
+
+    def serialize(self, value: Any) -> bytes:
+        if isinstance(value, str):
+            try:
+                return value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise self._value_error(value, f"not encodable as UTF-8 ({exc.reason})") from None
+        raise self._type_error(value, "str")
+
+    def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
+        try:
+            return [d[offset:].decode() for d in datas]  # bytes.decode: UTF-8, strict
+        except (UnicodeDecodeError, AttributeError):
+            return [self.deserialize(d[offset:]) for d in datas]  # raises the serde's message
+
+    def deserialize(self, data: bytes) -> str:
+        try:
+            return str(data, "utf-8")
+        except UnicodeDecodeError as exc:
+            raise self._malformed(data, f"invalid UTF-8 at byte {exc.start}") from None
+        except TypeError:
+            raise self._malformed(data, "expected bytes") from None
+
+    def parse_text(self, text: str) -> str:
+        """The text itself: quoting, if any, is the caller's (the magic's) business."""
+        return self._require_text(text)
+
+
+# --- bytes ----------------------------------------------------------------------------
+class BytesSerde(Serde):
+    """Raw bytes, like Kafka's ``ByteArraySerializer``; accepts any bytes-like value."""
+
+    __slots__ = ()
+    name: ClassVar[str] = "bytes"
+    order_preserving: ClassVar[bool] = True
+
+    def serialize(self, value: Any) -> bytes:
+        if type(value) is bytes:
+            return value
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return bytes(value)
+        raise self._type_error(value, "bytes, bytearray or memoryview")
+
+    def deserialize(self, data: bytes) -> bytes:
+        if type(data) is bytes:
+            return data
+        if isinstance(data, (bytearray, memoryview)):
+            return bytes(data)
+        raise self._malformed(data, "expected bytes")
+
+    def parse_text(self, text: str) -> bytes:
+        """``0x0a0b`` is hex, ``b'...'`` is a Python bytes literal, anything else UTF-8."""
+        text = self._require_text(text)
+        stripped = text.strip()
+        if stripped[:2] in ("0x", "0X"):
+            try:
+                return bytes.fromhex(stripped[2:])
+            except ValueError:
+                raise self._unparsable(text, "invalid hex after 0x") from None
+        if stripped[:2] in ("b'", 'b"'):
+            try:
+                value = ast.literal_eval(stripped)
+            except (ValueError, SyntaxError):
+                raise self._unparsable(text, "invalid bytes literal") from None
+            if isinstance(value, bytes):
+                return value
+        return text.encode("utf-8")
+
+
+# --- int32 / int64 ----------------------------------------------------------------------
+def _as_int(serde: Serde, value: Any) -> int:
+    """Slow path: int subclasses and numpy integers (anything with ``__index__``)."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise serde._type_error(value, "int")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise serde._type_error(value, "int") from None
+
+
+def _parse_int(serde: Serde, text: str, lo: int, hi: int) -> int:
+    text = serde._require_text(text)
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            value = int(text.strip(), 0)  # 0x2a, 0o52, 0b101010
+        except ValueError:
+            raise serde._unparsable(text, "not an integer") from None
+    if not lo <= value <= hi:
+        raise serde._unparsable(text, f"out of range [{lo}, {hi}]")
+    return value
+
+
+class Int32Serde(Serde):
+    """4-byte big-endian two's complement, like Kafka's ``IntegerSerializer``."""
+
+    __slots__ = ()
+    name: ClassVar[str] = "int32"
+    MIN: ClassVar[int] = -(2**31)
+    MAX: ClassVar[int] = 2**31 - 1
+
+    def serialize(self, value: Any) -> bytes:
+        if type(value) is not int:
+            value = _as_int(self, value)
+        try:
+            return _pack_i32(value)
+        except struct.error:
+            raise self._value_error(value, f"out of range [{self.MIN}, {self.MAX}]") from None
+
+    def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
+        return _unpack_fixed(self, datas, offset, "i", 4)
+
+    def deserialize(self, data: bytes) -> int:
+        try:
+            return _unpack_i32(data)[0]
+        except (struct.error, TypeError):
+            raise self._malformed(data, "expected exactly 4 bytes") from None
+
+    def parse_text(self, text: str) -> int:
+        return _parse_int(self, text, self.MIN, self.MAX)
+
+
+class Int64Serde(Serde):
+    """8-byte big-endian two's complement, like Kafka's ``LongSerializer``."""
+
+    __slots__ = ()
+    name: ClassVar[str] = "int64"
+    MIN: ClassVar[int] = -(2**63)
+    MAX: ClassVar[int] = 2**63 - 1
+
+    def serialize(self, value: Any) -> bytes:
+        if type(value) is not int:
+            value = _as_int(self, value)
+        try:
+            return _pack_i64(value)
+        except struct.error:
+            raise self._value_error(value, f"out of range [{self.MIN}, {self.MAX}]") from None
+
+    def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
+        return _unpack_fixed(self, datas, offset, "q", 8)
+
+    def deserialize(self, data: bytes) -> int:
+        try:
+            return _unpack_i64(data)[0]
+        except (struct.error, TypeError):
+            raise self._malformed(data, "expected exactly 8 bytes") from None
+
+    def parse_text(self, text: str) -> int:
+        return _parse_int(self, text, self.MIN, self.MAX)
+
+
+# --- double ---------------------------------------------------------------------------
+class DoubleSerde(Serde):
+    """8-byte IEEE-754 big-endian, like Kafka's ``DoubleSerializer``.
+
+    Accepts ints too (a Python user writes ``1`` for ``1.0``; ints beyond 2**53 round
+    like Java's ``(double)`` cast). Every NaN is written as Java's canonical NaN bit
+    pattern (``doubleToLongBits``), so the bytes match what the JVM would produce.
+    ``-0.0`` keeps its sign bit, as in Java.
+    """
+
+    __slots__ = ()
+    name: ClassVar[str] = "double"
+
+    def serialize(self, value: Any) -> bytes:
+        t = type(value)
+        if t is not float:
+            if t is int:
+                value = self._int_to_float(value)
+            elif isinstance(value, float):
+                value = float(value)
+            elif not isinstance(value, bool) and isinstance(value, numbers.Real):
+                value = self._int_to_float(value)  # numpy scalars, Fraction
+            else:
+                raise self._type_error(value, "float or int")
+        if value != value:
+            return _JAVA_NAN
+        return _pack_f64(value)
+
+    def _int_to_float(self, value: Any) -> float:
+        try:
+            return float(value)
+        except OverflowError:
+            raise self._value_error(value, "too large for a double") from None
+
+    def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
+        return _unpack_fixed(self, datas, offset, "d", 8)
+
+    def deserialize(self, data: bytes) -> float:
+        try:
+            return _unpack_f64(data)[0]
+        except (struct.error, TypeError):
+            raise self._malformed(data, "expected exactly 8 bytes") from None
+
+    def parse_text(self, text: str) -> float:
+        """Python float syntax: ``1.5``, ``-2``, ``1e-3``, ``inf``, ``nan``."""
+        text = self._require_text(text)
+        try:
+            return float(text)
+        except ValueError:
+            raise self._unparsable(text, "not a number") from None
+
+
+# --- json -----------------------------------------------------------------------------
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+_json_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_json_decode = json.JSONDecoder().decode
+_json_decode_strict = json.JSONDecoder(parse_constant=_reject_constant).decode
+
+
+class JsonSerde(Serde):
+    """Compact UTF-8 JSON (``separators=(",", ":")``, non-ASCII kept as UTF-8).
+
+    Why these choices: compact separators match what Jackson and Spark's ``to_json``
+    write; ``ensure_ascii=False`` keeps text readable and smaller. Writing refuses NaN
+    and infinities (``allow_nan=False``) because they are not JSON and other readers
+    (DuckDB, Jackson's defaults) reject them; reading accepts the ``NaN``/``Infinity``
+    tokens that lenient writers emit. Tuples are written as JSON arrays and come back
+    as lists. Dict key order is kept as given (as Kafka's and Spark's writers do), so
+    as a *key* serde, ``{"a":1,"b":2}`` and ``{"b":2,"a":1}`` are different keys.
+    ``None`` serializes to ``b"null"``; what a ``None`` value means (a delete) is the
+    store's decision, not the serde's.
+    """
+
+    __slots__ = ()
+    name: ClassVar[str] = "json"
+
+    def serialize(self, value: Any) -> bytes:
+        try:
+            return _json_encode(value).encode("utf-8")
+        except TypeError as exc:
+            raise self._type_error(value, f"a JSON-serializable value ({exc})") from None
+        except UnicodeEncodeError as exc:
+            raise self._value_error(value, f"not encodable as UTF-8 ({exc.reason})") from None
+        except (ValueError, RecursionError) as exc:
+            raise self._value_error(value, str(exc)) from None
+
+    def deserialize(self, data: bytes) -> Any:
+        try:
+            return _json_decode(str(data, "utf-8"))
+        except UnicodeDecodeError as exc:
+            raise self._malformed(data, f"invalid UTF-8 at byte {exc.start}") from None
+        except ValueError as exc:
+            raise self._malformed(data, f"invalid JSON ({exc})") from None
+        except TypeError:
+            raise self._malformed(data, "expected bytes") from None
+
+    def parse_text(self, text: str) -> Any:
+        """Strict JSON: ``42``, ``"abc"``, ``[1, 2]``, ``{"a": 1}``; bare words fail."""
+        text = self._require_text(text)
+        try:
+            return _json_decode_strict(text)
+        except ValueError as exc:
+            raise self._unparsable(text, f"invalid JSON ({exc})") from None
+
+
+# --- ordered --------------------------------------------------------------------------
+def _json_to_ordered(serde: Serde, text: str, value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_json_to_ordered(serde, text, v) for v in value)
+    if isinstance(value, dict):
+        raise serde._unparsable(text, "JSON objects cannot be ordered keys; use a list")
+    return value
+
+
+class OrderedSerde(Serde):
+    """The order-preserving tuple codec (:mod:`iqkit.store.ordered`).
+
+    Byte order equals value order, so range queries over numeric keys work and tuple
+    keys support prefix scans. ``deserialize`` returns the bare value for a one-element
+    key and a tuple otherwise (``encode(v) == encode((v,))``).
+    """
+
+    __slots__ = ()
+    name: ClassVar[str] = "ordered"
+    order_preserving: ClassVar[bool] = True
+
+    def serialize(self, value: Any) -> bytes:
+        return _ordered_encode(value)
+
+    def deserialize(self, data: bytes) -> Any:
+        return _ordered_decode(data)
+
+    def parse_text(self, text: str) -> Any:
+        """JSON literal with arrays as tuples (``[1, "a"]`` -> ``(1, 'a')``, ``7`` -> 7);
+        text that is not JSON is taken as a plain string (``abc`` -> ``'abc'``).
+        """
+        text = self._require_text(text)
+        try:
+            value = _json_decode(text)
+        except ValueError:
+            return text
+        return _json_to_ordered(self, text, value)
+
+
+# --- registry -------------------------------------------------------------------------
+_SERDES: dict[str, Serde] = {
+    s.name: s
+    for s in (
+        StringSerde(),
+        BytesSerde(),
+        Int32Serde(),
+        Int64Serde(),
+        DoubleSerde(),
+        JsonSerde(),
+        OrderedSerde(),
+    )
+}
+SERDE_NAMES: tuple[str, ...] = tuple(_SERDES)
+
+# Names people bring from Kafka (Serdes.Integer(), Serdes.Long()...) and Python; used
+# only to suggest the right name, never accepted silently (names live in manifests).
+_HINTS = {
+    "str": "string",
+    "text": "string",
+    "utf8": "string",
+    "bytearray": "bytes",
+    "binary": "bytes",
+    "int": "int32",
+    "integer": "int32",
+    "long": "int64",
+    "float": "double",
+    "float64": "double",
+    "tuple": "ordered",
+}
+
+
+def get_serde(name: str | Serde) -> Serde:
+    """The serde called ``name`` (a ``Serde`` instance is returned as is).
+
+    Names are exact (lower case), because they are stored in manifests and compared;
+    an unknown name raises ``ValueError`` listing the known ones, with a suggestion.
+    """
+    if isinstance(name, Serde):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"serde name must be a str, got {type(name).__name__}")
+    serde = _SERDES.get(name)
+    if serde is not None:
+        return serde
+    msg = f"unknown serde {name!r}"
+    key = name.strip().lower()
+    hint = _HINTS.get(key)
+    if hint is None:
+        close = difflib.get_close_matches(key, SERDE_NAMES, n=1, cutoff=0.6)
+        hint = close[0] if close else None
+    if hint is not None:
+        msg += f"; did you mean {hint!r}?"
+    msg += f" (known serdes: {', '.join(SERDE_NAMES)})"
+    raise ValueError(msg)
