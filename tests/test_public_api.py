@@ -1,0 +1,44 @@
+"""Every name SPEC §1–2 makes public is importable from ``iqkit`` and is what it says."""
+
+from __future__ import annotations
+
+import inspect
+
+import iqkit
+
+SPEC_NAMES = [
+    "Position", "PositionBound", "FailureReason", "ResultOrder", "KeyQuery", "MultiKeyQuery",
+    "RangeQuery", "PrefixScanQuery", "WindowKeyQuery", "WindowRangeQuery", "RawKeyQuery",
+    "RawScanQuery", "StateQueryRequest", "QueryResult", "StateQueryResult", "KeyValue",
+    "KeyValueIterator", "Windowed", "LagInfo", "create_store", "StoreWriter", "open",
+    "StateEngine", "UnknownStoreError", "EngineClosedError",
+]  # fmt: skip
+
+
+def test_spec_names_are_exported():
+    missing = [n for n in SPEC_NAMES if not hasattr(iqkit, n)]
+    assert missing == []
+    assert set(SPEC_NAMES) <= set(iqkit.__all__)
+
+
+def test_spec_signatures():
+    params = inspect.signature(iqkit.create_store).parameters
+    assert list(params)[:2] == ["root", "name"]
+    for keyword, default in {
+        "kind": "kv",
+        "key_serde": "string",
+        "value_serde": "json",
+        "partitioner": "murmur2",
+        "window_size_ms": None,
+    }.items():
+        assert params[keyword].default == default
+        assert params[keyword].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params["partitions"].kind is inspect.Parameter.KEYWORD_ONLY
+    put = inspect.signature(iqkit.StoreWriter.put).parameters
+    assert {"partition", "source", "window_start"} <= set(put)
+    assert inspect.signature(iqkit.open).parameters["as_of"].default is None
+    assert {m.name for m in iqkit.FailureReason} == {
+        "UNKNOWN_QUERY_TYPE", "NOT_ACTIVE", "NOT_UP_TO_BOUND", "NOT_PRESENT", "DOES_NOT_EXIST",
+        "STORE_EXCEPTION",
+    }  # fmt: skip
+    assert {m.name for m in iqkit.ResultOrder} == {"ANY", "ASCENDING", "DESCENDING"}
