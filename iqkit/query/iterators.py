@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Generic, NamedTuple, TypeVar
 
 __all__ = ["KeyValue", "KeyValueIterator", "Windowed"]
@@ -129,35 +130,36 @@ class KeyValueIterator(Generic[K, V]):
     def __iter__(self) -> Iterator[KeyValue[K, V]]:
         """Iterate the remaining records.
 
-        Returns a generator over the source rather than ``self``, so ``for`` loops and
-        ``list()`` step through C-level iteration instead of a Python ``__next__`` per
-        record (scans of millions of rows are dominated by per-row overhead). It shares
-        this iterator's state: ``next(it)`` and a ``for`` loop can be mixed, and
-        exhausting either closes the iterator.
+        Returns an iterator over the source rather than ``self``, so ``for`` loops and
+        ``list()`` run in C instead of calling a Python ``__next__`` per record (scans
+        of millions of rows are dominated by per-row overhead). It shares this
+        iterator's state: ``next(it)`` and a ``for`` loop can be mixed, and exhausting
+        either closes the iterator.
         """
-        return self._drain()
-
-    def _drain(self) -> Iterator[KeyValue[K, V]]:
+        head: tuple[KeyValue[K, V], ...] = ()
         if self._peeked is not _NOTHING:
-            item, self._peeked = self._peeked, _NOTHING
-            yield item
+            head, self._peeked = (self._peeked,), _NOTHING
         if self._closed:
-            return
+            return iter(head)
         if self._iterator is None:
             assert self._source is not None
             self._iterator = iter(self._source)
-        try:
-            if self._key_values:
-                # Delegation: close() closes the source, which ends this ``yield from``.
-                yield from self._iterator  # type: ignore[misc]
-            else:
-                for item in self._iterator:
-                    yield item if isinstance(item, KeyValue) else KeyValue(*item)
-                    if self._closed:
-                        return
-        finally:
-            if self._iterator is not None and self._peeked is _NOTHING:
-                self.close()
+        if self._key_values:
+            return chain(head, self._iterator, self._close_when_reached())
+        return chain(head, self._converted())
+
+    def _close_when_reached(self) -> Iterator[KeyValue[K, V]]:
+        """An empty iterator that closes this one when iteration reaches it."""
+        self.close()
+        yield from ()
+
+    def _converted(self) -> Iterator[KeyValue[K, V]]:
+        """Records of an arbitrary source, converted and checked one by one."""
+        while not self._closed:
+            try:
+                yield self._advance()
+            except StopIteration:
+                return
 
     def __next__(self) -> KeyValue[K, V]:
         if self._peeked is not _NOTHING:

@@ -112,7 +112,8 @@ class Serde(ABC):
 
         Why: scans decode thousands of rows, and per-row Python calls dominate their
         cost; serdes override this with C-level paths (one ``struct.unpack`` for fixed
-        widths). ``offset`` skips a storage prefix without a separate slicing pass.
+        widths). ``offset`` skips a storage prefix without a separate slicing pass; the
+        caller guarantees every ``data`` starts with the same ``offset`` bytes.
         """
         if offset:
             return [self.deserialize(d[offset:]) for d in datas]
@@ -181,6 +182,13 @@ class StringSerde(Serde):
 
     def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
         try:
+            if offset == 1 and datas:
+                # One decode for the whole chunk: join, then split on the shared one-byte
+                # prefix, valid when that byte occurs only as the prefix (the count says).
+                sep = datas[0][:1]
+                joined = b"".join(datas)
+                if joined.count(sep) == len(datas):
+                    return joined.decode().split(sep.decode())[1:]
             return [d[offset:].decode() for d in datas]  # bytes.decode: UTF-8, strict
         except (UnicodeDecodeError, AttributeError):
             return [self.deserialize(d[offset:]) for d in datas]  # raises the serde's message
