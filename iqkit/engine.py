@@ -137,6 +137,11 @@ class _StoreView:
         for _ in range(20):
             lease = self._acquire(version)
             try:
+                # A record above LATEST is a commit that never published (it crashed
+                # between the record and LATEST): not a version, and may be rebuilt.
+                latest = read_latest_number(self.layout)
+                if latest is None or version > latest:
+                    raise LookupError(version)
                 record = read_version(self.layout, version)
             except LookupError:
                 self._release(version)

@@ -141,8 +141,21 @@ class ReaderLease:
         layout.leases_dir.mkdir(parents=True, exist_ok=True)
         self.version = version
         self.path = layout.leases_dir / f"{reader_id}.{version}"
-        self._fd: int | None = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(self._fd, fcntl.LOCK_SH)
+        self._fd: int | None = None
+        while True:
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            # Between create and lock, a collector may have seen the file unlocked and
+            # removed it as stale: then our lock is on a file nobody can see. Retry
+            # until the locked file is the one at the path.
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._fd = fd
+                return
+            os.close(fd)
 
     def release(self) -> None:
         if self._fd is None:
@@ -199,10 +212,25 @@ def collect_garbage(layout: StoreLayout, retain: int) -> list[int]:
     for v in expired:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(layout.version_record(v))
+    _remove_stale_temp_files(layout)
     leased = live_leased_versions(layout)
     kept = [v for v in versions if v not in expired]
     _remove_unreferenced_folders(layout, kept, _leased_folders(layout, leased))
     return expired
+
+
+def _remove_stale_temp_files(layout: StoreLayout) -> None:
+    """Temp files of atomic writes killed mid-way (``.<name>.<pid>.tmp``); safe to remove
+    under the writer lock, the only place such files are written."""
+    for folder in (layout.store_dir, layout.versions_dir):
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            continue
+        for name in names:
+            if name.startswith(".") and name.endswith(".tmp"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(folder / name)
 
 
 def _leased_folders(layout: StoreLayout, leased: set[int]) -> set[tuple[int, int]]:

@@ -11,6 +11,7 @@ of the commit, publishes nothing: readers keep seeing the previous version.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -37,6 +38,11 @@ from .versions import VersionRecord, collect_garbage, publish, read_latest_numbe
 #: Compact a partition after a commit once level 0 holds this many files: every commit
 #: adds one small SST, and many L0 files slow every read (Kafka's bulk-loading lesson).
 _L0_COMPACTION_TRIGGER = 8
+
+
+def _remove_if_exists(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def list_store_names(root: str | os.PathLike[str]) -> list[str]:
@@ -270,6 +276,9 @@ class StoreWriter:
             latest = read_latest_number(layout)
             previous = read_version(layout, latest) if latest is not None else None
             version = (latest or 0) + 1
+            # A record for ``version`` can only be debris of a commit that crashed before
+            # LATEST: remove it first, so nothing can mistake it for a version.
+            _remove_if_exists(layout.version_record(version))
             token = uuid.uuid4().hex[:10]
             built: list[tuple[Path, Path]] = []
             try:
@@ -310,9 +319,10 @@ class StoreWriter:
                 )
                 publish(layout, record)
             except BaseException:
-                for staging, target in built:
-                    shutil.rmtree(staging, ignore_errors=True)
-                    if read_latest_number(layout) != version:
+                if read_latest_number(layout) != version:  # not published: undo it all
+                    _remove_if_exists(layout.version_record(version))
+                    for staging, target in built:
+                        shutil.rmtree(staging, ignore_errors=True)
                         shutil.rmtree(target, ignore_errors=True)
                 raise
             collect_garbage(layout, self.manifest.retention)
