@@ -315,7 +315,7 @@ class StateEngine:
                 key_bytes = _serialize_key(view, query.key)
                 owner = view.partitioner.partition(key_bytes, n)
                 result.add_result(
-                    owner, self._run_key_fast(view, record, owner, query, key_bytes, request)
+                    owner, self._run_partition(view, record, owner, query, request, key_bytes)
                 )
                 return result
             if view.routes_keys and isinstance(query, MultiKeyQuery):
@@ -331,39 +331,6 @@ class StateEngine:
             result.add_result(p, self._run_partition(view, record, p, query, request))
         return result
 
-    def _run_key_fast(
-        self,
-        view: _StoreView,
-        record: VersionRecord | None,
-        p: int,
-        query: KeyQuery,
-        key_bytes: bytes,
-        request: StateQueryRequest,
-    ) -> QueryResult[Any]:
-        """The hot path of a routed KeyQuery: the key is serialized once, for routing
-        and for the lookup."""
-        started = time.perf_counter_ns()
-        entry, failure = self._prepare(view, record, p, query, request)
-        if failure is not None:
-            return failure
-        assert entry is not None
-        trace = Trace(request.execution_info_enabled)
-        try:
-            layers = entry.layers
-            assert isinstance(layers, TypedKeyValueLayer)
-            t0 = time.perf_counter_ns() if trace.enabled else 0
-            value = layers.key_query_fast(key_bytes, query.is_skip_cache, trace)
-            if trace.enabled:
-                trace.add(layers.name, t0, f"KeyQuery with serdes {layers._serdes}")
-        except IqkitError as exc:
-            return self._store_exception(view, p, entry.position, exc, trace)
-        if trace.enabled:
-            self._engine_line(trace, started, view, p, record)
-            return QueryResult.for_result(
-                value, position=entry.position, execution_info=trace.lines
-            )
-        return QueryResult.for_result(value, position=entry.position)
-
     def _run_partition(
         self,
         view: _StoreView,
@@ -371,7 +338,10 @@ class StateEngine:
         p: int,
         query: Any,
         request: StateQueryRequest,
+        key_bytes: bytes | None = None,
     ) -> QueryResult[Any]:
+        """Checks, then execution through the partition's layers. ``key_bytes``: a
+        routed KeyQuery whose key was already serialized (for routing), the hot path."""
         started = time.perf_counter_ns()
         entry, failure = self._prepare(view, record, p, query, request)
         if failure is not None:
@@ -379,12 +349,22 @@ class StateEngine:
         assert entry is not None
         trace = Trace(request.execution_info_enabled)
         try:
-            value = entry.layers.execute(query, trace)
+            if key_bytes is not None:
+                layers = entry.layers
+                assert isinstance(layers, TypedKeyValueLayer)
+                value = layers.execute_key(key_bytes, query.is_skip_cache, trace)
+            else:
+                value = entry.layers.execute(query, trace)
         except IqkitError as exc:
             return self._store_exception(view, p, entry.position, exc, trace)
         if trace.enabled:
-            self._engine_line(trace, started, view, p, record)
-        return QueryResult.for_result(value, position=entry.position, execution_info=trace.lines)
+            version = record.version if record is not None else None
+            detail = f"store {view.manifest.name!r} partition {p} at version {version}"
+            trace.add("StateEngine", started, detail)
+            return QueryResult.for_result(
+                value, position=entry.position, execution_info=trace.lines
+            )
+        return QueryResult.for_result(value, position=entry.position)
 
     def _prepare(
         self,
@@ -476,17 +456,6 @@ class StateEngine:
             f"store {view.manifest.name!r} partition {p}: {type(exc).__name__}: {exc}",
             position=position,
             execution_info=trace.lines,
-        )
-
-    @staticmethod
-    def _engine_line(
-        trace: Trace, started: int, view: _StoreView, p: int, record: VersionRecord | None
-    ) -> None:
-        version = record.version if record is not None else None
-        trace.add(
-            "StateEngine",
-            started,
-            f"store {view.manifest.name!r} partition {p} at version {version}",
         )
 
     # -- lag -----------------------------------------------------------------------------

@@ -287,13 +287,20 @@ class TypedKeyValueLayer(_TypedLayer):
             RawScanQuery: self._raw_scan,
         }
 
-    def key_query_fast(self, key_bytes: bytes, skip_cache: bool, trace: Trace) -> Any:
-        """KeyQuery when the engine already serialized the key (to route it)."""
+    def execute_key(self, key_bytes: bytes, skip_cache: bool, trace: Trace) -> Any:
+        """A KeyQuery whose key the engine already serialized (to route it)."""
+        t0 = _clock(trace)
         raw = self.inner.get(keyspace.DATA_PREFIX + key_bytes, trace, skip_cache)
-        return None if raw is None else self.value_serde.deserialize(raw)
+        value = None if raw is None else self.value_serde.deserialize(raw)
+        if trace.enabled:
+            trace.add(self.name, t0, f"KeyQuery with serdes {self._serdes}")
+        return value
 
     def _key(self, query: KeyQuery, trace: Trace) -> Any:
-        return self.key_query_fast(self.serialize_key(query.key), query.is_skip_cache, trace)
+        raw = self.inner.get(
+            keyspace.kv_key(self.serialize_key(query.key)), trace, query.is_skip_cache
+        )
+        return None if raw is None else self.value_serde.deserialize(raw)
 
     def _multi_key(self, query: MultiKeyQuery, trace: Trace) -> dict[Any, Any]:
         keys = list(query.keys)

@@ -54,8 +54,6 @@ __all__ = [
 _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
 _DOUBLE = struct.Struct(">d")
-_pack_i32, _unpack_i32 = _INT32.pack, _INT32.unpack
-_pack_i64, _unpack_i64 = _INT64.pack, _INT64.unpack
 _pack_f64, _unpack_f64 = _DOUBLE.pack, _DOUBLE.unpack
 
 
@@ -272,62 +270,55 @@ def _parse_int(serde: Serde, text: str, lo: int, hi: int) -> int:
     return value
 
 
-class Int32Serde(Serde):
+class _BigEndianIntSerde(Serde):
+    """Fixed-width big-endian two's complement; subclasses set the width."""
+
+    __slots__ = ()
+    CODE: ClassVar[str]
+    WIDTH: ClassVar[int]
+    MIN: ClassVar[int]
+    MAX: ClassVar[int]
+    _STRUCT: ClassVar[struct.Struct]
+
+    def serialize(self, value: Any) -> bytes:
+        if type(value) is not int:
+            value = _as_int(self, value)
+        try:
+            return self._STRUCT.pack(value)
+        except struct.error:
+            raise self._value_error(value, f"out of range [{self.MIN}, {self.MAX}]") from None
+
+    def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
+        return _unpack_fixed(self, datas, offset, self.CODE, self.WIDTH)
+
+    def deserialize(self, data: bytes) -> int:
+        try:
+            return self._STRUCT.unpack(data)[0]
+        except (struct.error, TypeError):
+            raise self._malformed(data, f"expected exactly {self.WIDTH} bytes") from None
+
+    def parse_text(self, text: str) -> int:
+        return _parse_int(self, text, self.MIN, self.MAX)
+
+
+class Int32Serde(_BigEndianIntSerde):
     """4-byte big-endian two's complement, like Kafka's ``IntegerSerializer``."""
 
     __slots__ = ()
     name: ClassVar[str] = "int32"
+    CODE, WIDTH, _STRUCT = "i", 4, _INT32
     MIN: ClassVar[int] = -(2**31)
     MAX: ClassVar[int] = 2**31 - 1
 
-    def serialize(self, value: Any) -> bytes:
-        if type(value) is not int:
-            value = _as_int(self, value)
-        try:
-            return _pack_i32(value)
-        except struct.error:
-            raise self._value_error(value, f"out of range [{self.MIN}, {self.MAX}]") from None
 
-    def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
-        return _unpack_fixed(self, datas, offset, "i", 4)
-
-    def deserialize(self, data: bytes) -> int:
-        try:
-            return _unpack_i32(data)[0]
-        except (struct.error, TypeError):
-            raise self._malformed(data, "expected exactly 4 bytes") from None
-
-    def parse_text(self, text: str) -> int:
-        return _parse_int(self, text, self.MIN, self.MAX)
-
-
-class Int64Serde(Serde):
+class Int64Serde(_BigEndianIntSerde):
     """8-byte big-endian two's complement, like Kafka's ``LongSerializer``."""
 
     __slots__ = ()
     name: ClassVar[str] = "int64"
+    CODE, WIDTH, _STRUCT = "q", 8, _INT64
     MIN: ClassVar[int] = -(2**63)
     MAX: ClassVar[int] = 2**63 - 1
-
-    def serialize(self, value: Any) -> bytes:
-        if type(value) is not int:
-            value = _as_int(self, value)
-        try:
-            return _pack_i64(value)
-        except struct.error:
-            raise self._value_error(value, f"out of range [{self.MIN}, {self.MAX}]") from None
-
-    def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
-        return _unpack_fixed(self, datas, offset, "q", 8)
-
-    def deserialize(self, data: bytes) -> int:
-        try:
-            return _unpack_i64(data)[0]
-        except (struct.error, TypeError):
-            raise self._malformed(data, "expected exactly 8 bytes") from None
-
-    def parse_text(self, text: str) -> int:
-        return _parse_int(self, text, self.MIN, self.MAX)
 
 
 # --- double ---------------------------------------------------------------------------
