@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import StoreExistsError, StoreNotFoundError, UnknownStoreError
 from ..query.position import Position
+from ..query.window import to_epoch_millis
 from . import keyspace, rocks
 from .layout import StoreLayout
 from .locking import CommitLock
@@ -52,17 +53,6 @@ def list_store_names(root: str | os.PathLike[str]) -> list[str]:
     except FileNotFoundError:
         return []
     return sorted(e for e in entries if os.path.isfile(os.path.join(root, e, MANIFEST_FILE)))
-
-
-def to_epoch_ms(value: int | datetime, what: str) -> int:
-    """Epoch milliseconds from an int or a datetime (naive datetimes are UTC)."""
-    if isinstance(value, datetime):
-        from ..query.window import to_epoch_millis
-
-        return to_epoch_millis(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise TypeError(f"{what} must be epoch milliseconds (int) or a datetime, got {value!r}")
 
 
 def create_store(
@@ -427,7 +417,7 @@ class StoreWriter:
     def _window_start(self, window_start: int | datetime | None) -> int:
         if window_start is None:
             raise ValueError(f"store {self.manifest.name!r} is a window store: pass window_start=")
-        return to_epoch_ms(window_start, "window_start")
+        return to_epoch_millis(window_start, f"store {self.manifest.name!r}: window_start")
 
     def _no_window(self, window_start: object) -> None:
         if window_start is not None:
