@@ -28,9 +28,11 @@ from rocksdict import (
     BlockBasedOptions,
     Cache,
     Checkpoint,
+    IngestExternalFileOptions,
     Options,
     Rdict,
     ReadOptions,
+    SstFileWriter,
     WriteBatch,
 )
 
@@ -50,11 +52,13 @@ __all__ = [
     "classify",
     "close_quietly",
     "database_exists",
+    "ingest",
     "new_write_batch",
     "open_for_read",
     "open_for_write",
     "scan",
     "scan_chunks",
+    "write_sst",
 ]
 
 #: One block cache shared by every partition a process reads: with one RocksDB per
@@ -127,6 +131,37 @@ def open_for_write(path: str | os.PathLike[str], *, create: bool) -> Rdict:
 def new_write_batch() -> WriteBatch:
     """A raw-mode batch: puts and deletes applied in one atomic ``write``."""
     return WriteBatch(raw_mode=True)
+
+
+def write_sst(path: str | os.PathLike[str], rows: Iterator[tuple[bytes, bytes]]) -> int:
+    """Write ``rows`` (keys strictly increasing in byte order) to an SST file at ``path``;
+    return the number of rows. ``SstFileWriter`` needs the same raw mode as the database
+    (quirk: with default options it would pickle) and refuses out-of-order keys."""
+    writer = SstFileWriter(_options(create=True))
+    count = 0
+    try:
+        writer.open(os.fspath(path))
+        for key, value in rows:
+            writer[key] = value
+            count += 1
+        if count:
+            writer.finish()
+    except Exception as exc:
+        raise classify(exc, path) from exc
+    return count
+
+
+def ingest(db: Rdict, paths: list[str] | tuple[str, ...] | Iterator[str]) -> None:
+    """Ingest SST files into ``db``, moving (hard-linking) rather than copying them;
+    ingested keys are newer than what ``db`` holds (global sequence numbers)."""
+    opts = IngestExternalFileOptions()
+    opts.set_move_files(True)
+    opts.set_allow_global_seqno(True)
+    opts.set_allow_blocking_flush(True)
+    try:
+        db.ingest_external_file([os.fspath(p) for p in paths], opts)
+    except Exception as exc:
+        raise classify(exc, getattr(db, "path", lambda: "?")()) from exc
 
 
 def checkpoint(db: Rdict, dest: str | os.PathLike[str]) -> None:

@@ -11,11 +11,8 @@ of the commit, publishes nothing: readers keep seeing the previous version.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import socket
-import time
 import uuid
 from collections.abc import Mapping
 from datetime import datetime
@@ -27,23 +24,14 @@ from ..errors import StoreExistsError, StoreNotFoundError, UnknownStoreError
 from ..query.position import Position
 from ..query.window import to_epoch_millis
 from . import keyspace, rocks
+from .commit import build_partition, publish_partitions, remove_if_exists
 from .layout import StoreLayout
 from .locking import CommitLock
 from .manifest import DEFAULT_RETENTION, StoreManifest
-from .names import COMMIT_KEY, MANIFEST_FILE
-from .partition import encode_commit_record, parse_commit_record
+from .names import MANIFEST_FILE
 from .partitioners import get_partitioner
 from .serdes import Serde, get_serde
-from .versions import VersionRecord, collect_garbage, publish, read_latest_number, read_version
-
-#: Compact a partition after a commit once level 0 holds this many files: every commit
-#: adds one small SST, and many L0 files slow every read (Kafka's bulk-loading lesson).
-_L0_COMPACTION_TRIGGER = 8
-
-
-def _remove_if_exists(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+from .versions import read_latest_number, read_version
 
 
 def list_store_names(root: str | os.PathLike[str]) -> list[str]:
@@ -268,9 +256,9 @@ class StoreWriter:
             version = (latest or 0) + 1
             # A record for ``version`` can only be debris of a commit that crashed before
             # LATEST: remove it first, so nothing can mistake it for a version.
-            _remove_if_exists(layout.version_record(version))
+            remove_if_exists(layout.version_record(version))
             token = uuid.uuid4().hex[:10]
-            built: list[tuple[Path, Path]] = []
+            built: dict[int, Path] = {}
             try:
                 for p, buf in sorted(self._buffers.items()):
                     source_dir = (
@@ -279,76 +267,31 @@ class StoreWriter:
                         else None
                     )
                     staging = layout.staging_dir(p, version, token)
-                    target = layout.partition_version_dir(p, version)
                     staging.parent.mkdir(parents=True, exist_ok=True)
-                    built.append((staging, target))
-                    self._build_partition(source_dir, staging, buf, version)
-                for staging, target in built:
-                    if target.exists():  # left by a commit that crashed before publishing
-                        shutil.rmtree(target)
-                    os.rename(staging, target)
-                source_end = self._source_end
-                if previous is not None and previous.source_end is not None:
-                    source_end = Position.from_map(previous.source_end).merge(source_end)
-                record = VersionRecord(
-                    version=version,
-                    partitions={
-                        **(previous.partitions if previous else {}),
-                        **{p: version for p in self._buffers},
-                    },
-                    source_end=source_end.to_map() if source_end is not None else None,
-                    metadata={
-                        **self._metadata,
-                        "writer": {
-                            "who": self._who,
-                            "pid": os.getpid(),
-                            "host": socket.gethostname(),
-                        },
-                        "partitions_written": sorted(self._buffers),
-                    },
-                )
-                publish(layout, record)
+                    built[p] = staging
+                    build_partition(
+                        source_dir,
+                        staging,
+                        version=version,
+                        batch=buf.batch,
+                        position=buf.position,
+                        counts={"puts": buf.puts, "deletes": buf.deletes},
+                    )
             except BaseException:
-                if read_latest_number(layout) != version:  # not published: undo it all
-                    _remove_if_exists(layout.version_record(version))
-                    for staging, target in built:
-                        shutil.rmtree(staging, ignore_errors=True)
-                        shutil.rmtree(target, ignore_errors=True)
+                for staging in built.values():
+                    shutil.rmtree(staging, ignore_errors=True)
                 raise
-            collect_garbage(layout, self.manifest.retention)
+            publish_partitions(
+                layout,
+                self.manifest,
+                previous=previous,
+                version=version,
+                built=built,
+                source_end=self._source_end,
+                metadata=self._metadata,
+                who=self._who,
+            )
         return version
-
-    def _build_partition(
-        self, source_dir: Path | None, staging: Path, buf: _PartitionBuffer, version: int
-    ) -> None:
-        if source_dir is not None:
-            published = rocks.open_for_read(source_dir)
-            try:
-                rocks.checkpoint(published, staging)
-            finally:
-                rocks.close_quietly(published)
-        db = rocks.open_for_write(staging, create=source_dir is None)
-        try:
-            previous = parse_commit_record(db.get(COMMIT_KEY), os.fspath(staging))
-            position = buf.position.merge(previous.get("position"))
-            record = {
-                "version": version,
-                "position": position,
-                "committed_at": time.time(),
-                "puts": buf.puts,
-                "deletes": buf.deletes,
-            }
-            # The commit record rides in the same WriteBatch as the data: both or neither.
-            buf.batch.put(COMMIT_KEY, encode_commit_record(record))
-            db.write(buf.batch)
-            db.flush(True)  # durable at commit (Kafka KAFKA-20663's lesson)
-            l0 = db.property_int_value("rocksdb.num-files-at-level0") or 0
-            if l0 >= _L0_COMPACTION_TRIGGER:
-                db.compact_range(None, None)
-        except Exception as exc:
-            raise rocks.classify(exc, staging) from exc
-        finally:
-            rocks.close_quietly(db)
 
     # -- helpers -------------------------------------------------------------------------
     def _check_open(self) -> None:

@@ -90,7 +90,7 @@ CHILD = r"""
 import os, signal, sys
 root, first, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 import iqkit
-from iqkit.store import rocks, versions, writer
+from iqkit.store import commit, rocks, versions
 
 KEYS = [f"k{i}" for i in range(50)]
 armed = False
@@ -152,7 +152,7 @@ elif point == "mid-rename":  # partitions 0, 1 renamed to <version>/, 2, 3 still
             die()
         real_rename(src, dst)
 
-    writer.os = Proxy(os, rename=rename)
+    commit.os = Proxy(os, rename=rename)
 elif point == "before-latest":  # record <version>.json written, LATEST's temp file too
     real_atomic_write_text = versions.atomic_write_text
 
@@ -167,14 +167,14 @@ elif point == "before-latest":  # record <version>.json written, LATEST's temp f
 
     versions.atomic_write_text = atomic_write_text
 elif point == "before-gc":  # published, retention not run
-    real_collect_garbage = writer.collect_garbage
+    real_collect_garbage = commit.collect_garbage
 
     def collect_garbage(layout, retain):
         if armed:
             die()
         return real_collect_garbage(layout, retain)
 
-    writer.collect_garbage = collect_garbage
+    commit.collect_garbage = collect_garbage
 elif point == "mid-gc":  # expired records unlinked, their folders not removed
     real_live = versions.live_leased_versions
 

@@ -108,7 +108,7 @@ def test_a_failure_while_publishing_leaves_the_previous_version_and_no_debris(ro
     def failing_publish(layout, record):
         raise OSError("disk full (injected)")
 
-    monkeypatch.setattr("iqkit.store.writer.publish", failing_publish)
+    monkeypatch.setattr("iqkit.store.commit.publish", failing_publish)
     with pytest.raises(OSError, match="injected"), iqkit.StoreWriter(root, "s") as w:
         w.put("a", 2)
     monkeypatch.undo()

@@ -1,0 +1,128 @@
+"""The two halves of every commit, shared by ``StoreWriter`` (one process) and job commits
+(Spark tasks build partitions, the driver publishes):
+
+* ``build_partition``: a new partition folder, as a checkpoint (hard links) of the
+  partition's current folder or empty, plus one atomic ``WriteBatch`` (or ingested SST
+  files) holding the data *and* the partition's commit record, flushed.
+* ``publish_partitions``: under the store's commit lock, move built folders into place
+  and publish the version record, then ``LATEST``; on any failure, undo everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..query.position import Position
+from . import rocks
+from .layout import StoreLayout
+from .manifest import StoreManifest
+from .names import COMMIT_KEY
+from .partition import encode_commit_record, parse_commit_record
+from .versions import VersionRecord, collect_garbage, publish, read_latest_number
+
+#: Compact a partition after a commit once level 0 holds this many files: every commit
+#: adds one small SST, and many L0 files slow every read (Kafka's bulk-loading lesson).
+L0_COMPACTION_TRIGGER = 8
+
+
+def remove_if_exists(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def build_partition(
+    source_dir: Path | None,
+    staging: Path,
+    *,
+    version: int,
+    batch: rocks.WriteBatch | None = None,
+    sst_files: Sequence[str] = (),
+    position: Position | None = None,
+    counts: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """Build ``staging`` from ``source_dir`` (or empty) plus the data; return the
+    partition's commit record. ``position`` is merged into the previous one."""
+    if source_dir is not None:
+        published = rocks.open_for_read(source_dir)
+        try:
+            rocks.checkpoint(published, staging)
+        finally:
+            rocks.close_quietly(published)
+    db = rocks.open_for_write(staging, create=source_dir is None)
+    try:
+        if sst_files:
+            rocks.ingest(db, sst_files)
+        previous = parse_commit_record(db.get(COMMIT_KEY), os.fspath(staging))
+        merged = (position or Position.empty()).merge(previous.get("position"))
+        record = {"version": version, "position": merged, "committed_at": time.time()}
+        record.update(counts or {})
+        batch = batch if batch is not None else rocks.new_write_batch()
+        # The commit record rides in the same WriteBatch as the data: both or neither.
+        batch.put(COMMIT_KEY, encode_commit_record(record))
+        db.write(batch)
+        db.flush(True)  # durable at commit (Kafka KAFKA-20663's lesson)
+        l0 = db.property_int_value("rocksdb.num-files-at-level0") or 0
+        if l0 >= L0_COMPACTION_TRIGGER:
+            db.compact_range(None, None)
+        return record
+    except Exception as exc:
+        raise rocks.classify(exc, staging) from exc
+    finally:
+        rocks.close_quietly(db)
+
+
+def publish_partitions(
+    layout: StoreLayout,
+    manifest: StoreManifest,
+    *,
+    previous: VersionRecord | None,
+    version: int,
+    built: Mapping[int, Path],
+    source_end: Position | None,
+    metadata: Mapping[str, Any],
+    who: str,
+    replace_all: bool = False,
+) -> VersionRecord:
+    """Move ``built`` (partition → staging folder) into place and publish ``version``.
+
+    Must run under the commit lock with ``version == LATEST + 1``. ``replace_all``
+    (an overwrite) publishes only the built partitions; otherwise untouched partitions
+    keep their folders. Source end offsets only grow: they merge with the previous ones.
+    """
+    moved: list[Path] = []
+    try:
+        for p, staging in sorted(built.items()):
+            target = layout.partition_version_dir(p, version)
+            if target.exists():  # left by a commit that crashed before publishing
+                shutil.rmtree(target)
+            os.rename(staging, target)
+            moved.append(target)
+        if previous is not None and previous.source_end is not None:
+            source_end = Position.from_map(previous.source_end).merge(source_end)
+        kept = {} if replace_all or previous is None else previous.partitions
+        record = VersionRecord(
+            version=version,
+            partitions={**kept, **{p: version for p in built}},
+            source_end=source_end.to_map() if source_end is not None else None,
+            metadata={
+                **metadata,
+                "writer": {"who": who, "pid": os.getpid(), "host": socket.gethostname()},
+                "partitions_written": sorted(built),
+            },
+        )
+        publish(layout, record)
+    except BaseException:
+        if read_latest_number(layout) != version:  # not published: undo it all
+            remove_if_exists(layout.version_record(version))
+            for path in [*built.values(), *moved]:
+                shutil.rmtree(path, ignore_errors=True)
+        raise
+    collect_garbage(layout, manifest.retention)
+    return record
