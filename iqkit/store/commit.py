@@ -37,6 +37,14 @@ def remove_if_exists(path: Path) -> None:
         os.unlink(path)
 
 
+def remove_tree_or_file(path: Path) -> None:
+    """Remove a folder tree or a file, whichever ``path`` is (leftovers of any kind)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        remove_if_exists(path)
+
+
 def build_partition(
     source_dir: Path | None,
     staging: Path,

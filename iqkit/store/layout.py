@@ -8,6 +8,8 @@ from pathlib import Path
 
 from ..query.request import validate_store_name
 from .names import (
+    JOB_STAGING_PREFIX,
+    JOBS_DIR,
     LATEST_FILE,
     LEASES_DIR,
     LOCK_FILE,
@@ -65,6 +67,13 @@ class StoreLayout:
     @property
     def leases_dir(self) -> Path:
         return self.store_dir / LEASES_DIR
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.store_dir / JOBS_DIR
+
+    def job_staging_dir(self, partition: int, job_id: str, attempt: str) -> Path:
+        return self.partition_dir(partition) / f"{JOB_STAGING_PREFIX}{job_id}-{attempt}"
 
     @property
     def lock_file(self) -> Path:

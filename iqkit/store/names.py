@@ -38,6 +38,11 @@ VERSIONS_DIR = "versions"
 PARTITIONS_DIR = "partitions"
 #: Readers' leases on the versions they have open: ``leases/<reader>.<n>``.
 LEASES_DIR = "leases"
+#: Running job commits (e.g. a Spark write) hold a lease here: ``jobs/<job id>``.
+JOBS_DIR = "jobs"
+#: Prefix of the folders a job's tasks build: ``partitions/<p>/.job-<job id>-<attempt>``.
+#: Retention removes them only once the job's lease is gone (it finished or died).
+JOB_STAGING_PREFIX = ".job-"
 #: The writers' commit lock; its content says who holds it.
 LOCK_FILE = "writer.lock"
 #: Prefix of folders a commit builds before it publishes them (removed if it fails).

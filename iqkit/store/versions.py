@@ -25,11 +25,12 @@ import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..errors import StoreCorruptedError
 from .layout import StoreLayout, atomic_write_text
-from .names import STAGING_PREFIX
+from .names import JOB_STAGING_PREFIX, STAGING_PREFIX
 
 
 @dataclass(frozen=True)
@@ -132,15 +133,18 @@ def publish(layout: StoreLayout, record: VersionRecord) -> None:
 
 
 # -- readers' leases -----------------------------------------------------------------------
-class ReaderLease:
-    """A reader's claim on one version: retention will not delete what it names."""
+class Lease:
+    """A claim held by a live process: a file it holds a shared ``flock`` on.
 
-    __slots__ = ("_fd", "path", "version")
+    The kernel drops the lock when the holder dies, so a collector tells live leases
+    from stale ones by trying an exclusive lock (``live_lease_names``).
+    """
 
-    def __init__(self, layout: StoreLayout, version: int, reader_id: str) -> None:
-        layout.leases_dir.mkdir(parents=True, exist_ok=True)
-        self.version = version
-        self.path = layout.leases_dir / f"{reader_id}.{version}"
+    __slots__ = ("_fd", "path")
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self._fd: int | None = None
         while True:
             fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
@@ -166,22 +170,25 @@ class ReaderLease:
         self._fd = None
 
 
-def new_reader_id() -> str:
-    return f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+class ReaderLease(Lease):
+    """A reader's claim on one version: retention will not delete what it names."""
+
+    __slots__ = ("version",)
+
+    def __init__(self, layout: StoreLayout, version: int, reader_id: str) -> None:
+        self.version = version
+        super().__init__(layout.leases_dir / f"{reader_id}.{version}")
 
 
-def live_leased_versions(layout: StoreLayout) -> set[int]:
-    """Versions some live reader holds a lease on; stale leases are removed on the way."""
-    leased: set[int] = set()
+def live_lease_names(folder: Path) -> set[str]:
+    """Names of the leases in ``folder`` whose holders are alive; stale ones are removed."""
+    live: set[str] = set()
     try:
-        names = os.listdir(layout.leases_dir)
+        names = os.listdir(folder)
     except FileNotFoundError:
-        return leased
+        return live
     for name in names:
-        _, _, version = name.rpartition(".")
-        if not version.isdigit():
-            continue
-        path = layout.leases_dir / name
+        path = folder / name
         try:
             fd = os.open(path, os.O_RDWR)
         except FileNotFoundError:
@@ -189,13 +196,23 @@ def live_leased_versions(layout: StoreLayout) -> set[int]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            leased.add(int(version))  # a live reader holds it
+            live.add(name)  # a live holder has it
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # its holder died: the lease is stale
         finally:
             os.close(fd)
-    return leased
+    return live
+
+
+def new_reader_id() -> str:
+    return f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def live_leased_versions(layout: StoreLayout) -> set[int]:
+    """Versions some live reader holds a lease on; stale leases are removed on the way."""
+    versions = (name.rpartition(".")[2] for name in live_lease_names(layout.leases_dir))
+    return {int(v) for v in versions if v.isdigit()}
 
 
 # -- retention -----------------------------------------------------------------------------
@@ -231,6 +248,11 @@ def _remove_stale_temp_files(layout: StoreLayout) -> None:
             if name.startswith(".") and name.endswith(".tmp"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(folder / name)
+
+
+def _job_of(folder_name: str) -> str:
+    """``.job-<job id>-<attempt>`` → ``<job id>``."""
+    return folder_name[len(JOB_STAGING_PREFIX) :].partition("-")[0]
 
 
 def _leased_folders(layout: StoreLayout, leased: set[int]) -> set[tuple[int, int]]:
@@ -270,16 +292,24 @@ def _remove_unreferenced_folders(
     if not layout.partitions_dir.exists():
         return
     latest = read_latest_number(layout) or 0
+    live_jobs = live_lease_names(layout.jobs_dir)
     for pname in os.listdir(layout.partitions_dir):
         if not pname.isdigit():
             continue
         p = int(pname)
         pdir = layout.partition_dir(p)
         for fname in os.listdir(pdir):
-            stale_staging = fname.startswith(STAGING_PREFIX)
+            stale_staging = fname.startswith(STAGING_PREFIX) or (
+                fname.startswith(JOB_STAGING_PREFIX) and _job_of(fname) not in live_jobs
+            )
             # Folders above LATEST were left by a commit that crashed before publishing.
             unreferenced = fname.isdigit() and (
                 int(fname) > latest or (p, int(fname)) not in referenced
             )
             if stale_staging or unreferenced:
-                shutil.rmtree(pdir / fname, ignore_errors=True)
+                target = pdir / fname
+                if target.is_dir():
+                    shutil.rmtree(target, ignore_errors=True)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        target.unlink()

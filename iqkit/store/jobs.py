@@ -1,0 +1,264 @@
+"""Job commits: partitions built by many processes, published once by one.
+
+A distributed write (a Spark job) cannot use one ``StoreWriter``: each task builds the
+store partitions it owns, in its own process, and only the driver knows when the whole
+job has succeeded. So the commit is split the way Spark's own state store checkpoint v2
+splits it:
+
+1. The driver opens a ``JobCommit``: it pins the base version, picks a job id and takes
+   a *job lease* (``jobs/<id>``), which keeps retention away from the job's folders.
+2. Each task attempt calls ``stage_partition(spec, p, rows, attempt=...)``: it builds
+   ``partitions/<p>/.job-<id>-<attempt>`` (a checkpoint of the base folder, or empty
+   for an overwrite; plus the rows and the partition's commit record) and returns a
+   ``StagedPartition``. Failed, retried or speculative attempts leave folders nobody
+   will ever publish.
+3. The driver, once the job succeeded, calls ``publish(staged)`` with exactly one staged
+   folder per partition: under the commit lock it checks nothing else was committed
+   since the base version, moves the folders into place and publishes the version.
+   Everything else the job built is removed; a job that dies leaves folders that
+   retention removes once its lease is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ..errors import IqkitError, StoreNotFoundError, UnknownStoreError
+from ..query.position import Position
+from . import rocks
+from .commit import build_partition, publish_partitions, remove_if_exists, remove_tree_or_file
+from .layout import StoreLayout
+from .locking import CommitLock
+from .manifest import StoreManifest
+from .names import JOB_STAGING_PREFIX
+from .versions import Lease, read_latest_number, read_version
+
+MODES = ("upsert", "overwrite")
+
+
+class StoreConflictError(IqkitError):
+    """Another commit landed while a job was writing; the job published nothing."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a task needs to build its partitions (picklable, sent to executors)."""
+
+    root: str
+    store: str
+    job_id: str
+    mode: str
+    #: The version the job builds on (None: the store had no version).
+    base_version: int | None
+    #: partition -> folder version in the base version (upsert builds on these).
+    base_partitions: dict[int, int]
+    manifest: StoreManifest
+
+    @property
+    def planned_version(self) -> int:
+        return (self.base_version or 0) + 1
+
+
+@dataclass(frozen=True)
+class StagedPartition:
+    """One partition a task built, waiting for the driver to publish it."""
+
+    partition: int
+    path: str
+    attempt: str
+    puts: int = 0
+    deletes: int = 0
+    position: dict[str, dict[int, int]] = field(default_factory=dict)
+
+
+def stage_partition(
+    spec: JobSpec,
+    partition: int,
+    rows: Iterable[tuple[bytes, bytes | None]],
+    *,
+    attempt: str,
+    position: Position | None = None,
+    sorted_unique: bool = False,
+) -> StagedPartition:
+    """Build partition ``partition`` from ``rows`` of (RocksDB key, value or None=delete).
+
+    ``sorted_unique``: the keys arrive strictly increasing with no deletes, and the
+    partition is built from empty (an overwrite or a new partition) — then the rows go
+    through an SST file ingested into the new database, RocksDB's bulk-load path, instead
+    of a write batch.
+    """
+    layout = StoreLayout.of(spec.root, spec.store)
+    staging = layout.job_staging_dir(partition, spec.job_id, attempt)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    source_dir = None
+    if spec.mode == "upsert" and partition in spec.base_partitions:
+        source_dir = layout.partition_version_dir(partition, spec.base_partitions[partition])
+    try:
+        if sorted_unique and source_dir is None:
+            sst = staging.with_name(staging.name + ".sst")
+            puts = rocks.write_sst(sst, ((k, v) for k, v in rows if v is not None))
+            try:
+                record = build_partition(
+                    None,
+                    staging,
+                    version=spec.planned_version,
+                    sst_files=[os.fspath(sst)] if puts else [],
+                    position=position,
+                    counts={"puts": puts, "deletes": 0},
+                )
+            finally:
+                remove_if_exists(sst)
+        else:
+            batch = rocks.new_write_batch()
+            puts = deletes = 0
+            for key, value in rows:
+                if value is None:
+                    batch.delete(key)
+                    deletes += 1
+                else:
+                    batch.put(key, value)
+                    puts += 1
+            record = build_partition(
+                source_dir,
+                staging,
+                version=spec.planned_version,
+                batch=batch,
+                position=position,
+                counts={"puts": puts, "deletes": deletes},
+            )
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return StagedPartition(
+        partition=partition,
+        path=os.fspath(staging),
+        attempt=attempt,
+        puts=record.get("puts", 0),
+        deletes=record.get("deletes", 0),
+        position=record["position"].to_map(),
+    )
+
+
+class JobCommit:
+    """The driver's side of a job commit (see the module docstring)."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        store: str,
+        *,
+        mode: str = "upsert",
+        who: str = "job",
+        lock_timeout: float = 60.0,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self._layout = StoreLayout.of(root, store)
+        try:
+            manifest = StoreManifest.read(self._layout)
+        except StoreNotFoundError:
+            from .writer import list_store_names
+
+            raise UnknownStoreError(store, list_store_names(root)) from None
+        base = read_latest_number(self._layout)
+        record = read_version(self._layout, base) if base is not None else None
+        self.job_id = uuid.uuid4().hex[:16]
+        self._lease: Lease | None = Lease(self._layout.jobs_dir / self.job_id)
+        self._who = who
+        self._lock_timeout = lock_timeout
+        self.spec = JobSpec(
+            root=os.fspath(root),
+            store=store,
+            job_id=self.job_id,
+            mode=mode,
+            base_version=base,
+            base_partitions=dict(record.partitions) if record else {},
+            manifest=manifest,
+        )
+        self.version: int | None = None
+
+    def __enter__(self) -> JobCommit:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None or self.version is None:
+            self.abort()
+
+    def publish(
+        self,
+        staged: Iterable[StagedPartition],
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        source_end: Position | None = None,
+    ) -> int:
+        """Publish one staged folder per partition as the store's next version."""
+        if self._lease is None:
+            raise RuntimeError(f"job {self.job_id} on store {self.spec.store!r} is finished")
+        chosen: dict[int, Path] = {}
+        for s in staged:
+            if s.partition in chosen:
+                raise ValueError(f"job {self.job_id}: partition {s.partition} staged twice")
+            chosen[s.partition] = Path(s.path)
+        missing = [os.fspath(p) for p in chosen.values() if not p.is_dir()]
+        if missing:
+            raise StoreNotFoundError(f"job {self.job_id}: staged folders are missing: {missing}")
+        layout = self._layout
+        try:
+            with CommitLock(layout, who=self._who, timeout=self._lock_timeout):
+                latest = read_latest_number(layout)
+                if latest != self.spec.base_version:
+                    raise StoreConflictError(
+                        f"store {self.spec.store!r} changed while the job ran (version "
+                        f"{self.spec.base_version} -> {latest}); nothing was published, "
+                        "run the job again"
+                    )
+                version = self.spec.planned_version
+                remove_if_exists(layout.version_record(version))  # debris, never published
+                previous = read_version(layout, latest) if latest is not None else None
+                publish_partitions(
+                    layout,
+                    self.spec.manifest,
+                    previous=previous,
+                    version=version,
+                    built=chosen,
+                    source_end=source_end,
+                    metadata={**(metadata or {}), "job": self.job_id, "mode": self.spec.mode},
+                    who=self._who,
+                    replace_all=self.spec.mode == "overwrite",
+                )
+        finally:
+            self.abort()  # the job's other folders, and its lease
+        self.version = version
+        return version
+
+    def abort(self) -> None:
+        """Remove every folder this job built that was not published; drop the lease."""
+        layout = self._layout
+        prefix = f"{JOB_STAGING_PREFIX}{self.job_id}-"
+        if layout.partitions_dir.exists():
+            for pname in os.listdir(layout.partitions_dir):
+                pdir = layout.partitions_dir / pname
+                for fname in os.listdir(pdir) if pdir.is_dir() else ():
+                    if fname.startswith(prefix):
+                        remove_tree_or_file(pdir / fname)
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+
+    def __repr__(self) -> str:
+        state = "open" if self._lease is not None else "finished"
+        return f"JobCommit({self.spec.store!r}, job={self.job_id}, {self.spec.mode}, {state})"

@@ -1,0 +1,169 @@
+"""Job commits: partitions staged by task attempts, published once by the driver."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import request
+
+import iqkit
+from iqkit import FailureReason
+from iqkit.store.jobs import JobCommit, StoreConflictError, stage_partition
+from iqkit.store.keyspace import kv_key
+from iqkit.store.layout import StoreLayout
+from iqkit.store.partitioners import murmur2_partition
+from iqkit.store.serdes import get_serde
+
+STRING, INT64 = get_serde("string"), get_serde("int64")
+
+
+def rows_for(partition, items, n=4):
+    """(RocksDB key, value) rows of the items that murmur2 routes to ``partition``."""
+    out = [
+        (kv_key(STRING.serialize(k)), None if v is None else INT64.serialize(v))
+        for k, v in items
+        if murmur2_partition(STRING.serialize(k), n) == partition
+    ]
+    return sorted(out)
+
+
+ITEMS = [(f"user-{i}", i) for i in range(40)]
+
+
+def get(engine, key):
+    only = engine.query(request("s", iqkit.KeyQuery.with_key(key))).only_partition_result()
+    return None if only is None else only.result
+
+
+def job_folders(root):
+    return (
+        [f for f in (root / "s" / "partitions").rglob(".job-*")]
+        if (root / "s" / "partitions").exists()
+        else []
+    )
+
+
+@pytest.fixture
+def store(root):
+    iqkit.create_store(root, "s", partitions=4, value_serde="int64")
+    return root
+
+
+def test_staged_partitions_publish_as_one_version(store):
+    with JobCommit(store, "s") as job:
+        staged = [
+            stage_partition(
+                job.spec,
+                p,
+                rows_for(p, ITEMS),
+                attempt=f"a{p}",
+                position=iqkit.Position.from_map({"in": {0: 39}}),
+            )
+            for p in range(4)
+        ]
+        assert all(os.path.isdir(s.path) for s in staged)
+        version = job.publish(staged, metadata={"spark_batch_id": 0})
+    assert version == 1
+    assert job_folders(store) == []
+    with iqkit.open(store) as engine:
+        assert [get(engine, k) for k, _ in ITEMS] == [v for _, v in ITEMS]
+        r = engine.query(request("s", iqkit.RawScanQuery.scan()))
+        assert {p: q.position.to_map() for p, q in r.partition_results.items()} == {
+            p: {"in": {0: 39}} for p in range(4)
+        }
+
+
+def test_upsert_builds_on_the_base_and_overwrite_replaces(store):
+    with iqkit.StoreWriter(store, "s") as w:
+        for k, v in ITEMS:
+            w.put(k, v)
+    changed = [("user-1", 100), ("user-2", None)]
+    owner = murmur2_partition(b"user-1", 4)
+    with JobCommit(store, "s", mode="upsert") as job:
+        job.publish([stage_partition(job.spec, owner, rows_for(owner, changed), attempt="x")])
+    with iqkit.open(store) as engine:
+        assert get(engine, "user-1") == 100
+        assert get(engine, "user-3") == 3  # everything else kept
+    with JobCommit(store, "s", mode="overwrite") as job:
+        job.publish(
+            [
+                stage_partition(
+                    job.spec,
+                    0,
+                    rows_for(0, [(k, -v) for k, v in ITEMS]),
+                    attempt="y",
+                )
+            ]
+        )
+    with iqkit.open(store) as engine:
+        r = engine.query(request("s", iqkit.RangeQuery.with_no_bounds()))
+        assert r.partition_results[0].is_success
+        assert all(
+            r.partition_results[p].failure_reason is FailureReason.NOT_PRESENT for p in (1, 2, 3)
+        )
+        with r.partition_results[0].result as it:
+            assert all(kv.value <= 0 for kv in it)
+
+
+def test_only_the_published_attempt_survives(store):
+    with JobCommit(store, "s") as job:
+        first = stage_partition(job.spec, 0, rows_for(0, ITEMS), attempt="0")
+        retry = stage_partition(job.spec, 0, rows_for(0, ITEMS), attempt="1")  # speculative
+        job.publish([retry])
+    assert job_folders(store) == []
+    assert not os.path.exists(first.path)
+    assert (StoreLayout.of(store, "s").partition_version_dir(0, 1)).is_dir()
+
+
+def test_a_commit_during_the_job_is_a_conflict_and_nothing_is_published(store):
+    job = JobCommit(store, "s")
+    staged = stage_partition(job.spec, 0, rows_for(0, ITEMS), attempt="0")
+    with iqkit.StoreWriter(store, "s") as w:
+        w.put("other", 1)
+    assert os.path.isdir(staged.path)  # the writer's retention left the live job alone
+    with pytest.raises(
+        StoreConflictError, match=r"changed while the job ran \(version None -> 1\)"
+    ):
+        job.publish([staged])
+    assert job_folders(store) == []
+    with iqkit.open(store) as engine:
+        assert engine.version("s") == 1
+
+
+def test_an_aborted_job_leaves_nothing(store):
+    with pytest.raises(RuntimeError, match="task failed"), JobCommit(store, "s") as job:
+        stage_partition(job.spec, 1, rows_for(1, ITEMS), attempt="0")
+        raise RuntimeError("task failed")
+    assert job_folders(store) == []
+    assert not (store / "s" / "LATEST").exists()
+
+
+def test_folders_of_a_dead_job_are_collected(store):
+    dead = StoreLayout.of(store, "s").job_staging_dir(2, "deadbeef", "0")
+    dead.mkdir(parents=True)
+    (dead.parent / ".job-deadbeef-1.sst").write_bytes(b"x")
+    with iqkit.StoreWriter(store, "s") as w:
+        w.put("a", 1)
+    assert job_folders(store) == []
+
+
+def test_sorted_rows_are_bulk_loaded_through_an_sst_file(store):
+    with JobCommit(store, "s", mode="overwrite") as job:
+        staged = [
+            stage_partition(job.spec, p, rows_for(p, ITEMS), attempt="0", sorted_unique=True)
+            for p in range(4)
+        ]
+        job.publish(staged)
+    assert sum(s.puts for s in staged) == len(ITEMS)
+    with iqkit.open(store) as engine:
+        assert [get(engine, k) for k, _ in ITEMS] == [v for _, v in ITEMS]
+
+
+def test_unsorted_rows_for_the_sst_path_fail_cleanly(store):
+    with JobCommit(store, "s", mode="overwrite") as job:
+        rows = list(reversed(rows_for(0, ITEMS)))
+        with pytest.raises(iqkit.IqkitError):
+            stage_partition(job.spec, 0, rows, attempt="0", sorted_unique=True)
+    assert job_folders(store) == []
+    assert not (store / "s" / "LATEST").exists()
