@@ -115,12 +115,16 @@ def publish_partitions(
         if previous is not None and previous.source_end is not None:
             source_end = Position.from_map(previous.source_end).merge(source_end)
         kept = {} if replace_all or previous is None else previous.partitions
+        # Streaming sinks' last batch ids carry forward, so any later version knows them.
+        sinks = {**(previous.metadata.get("sinks", {}) if previous else {})}
+        sinks.update(metadata.get("sinks", {}))
         record = VersionRecord(
             version=version,
             partitions={**kept, **{p: version for p in built}},
             source_end=source_end.to_map() if source_end is not None else None,
             metadata={
                 **metadata,
+                **({"sinks": sinks} if sinks else {}),
                 "writer": {"who": who, "pid": os.getpid(), "host": socket.gethostname()},
                 "partitions_written": sorted(built),
             },

@@ -1,0 +1,247 @@
+"""write_store: DataFrames into stores, queried back through the engine (real Spark)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from conftest_helpers import kv_rows
+from pyspark.sql import functions as F
+
+import iqkit
+from iqkit import FailureReason, KeyQuery, StateQueryRequest
+from iqkit.spark import write_store
+from iqkit.store.partitioners import murmur2_partition
+
+
+def get(engine, store, key):
+    only = engine.query(
+        StateQueryRequest.in_store(store).with_query(KeyQuery.with_key(key))
+    ).only_partition_result()
+    return None if only is None else only.result
+
+
+def job_debris(root):
+    return list(root.rglob(".job-*"))
+
+
+def test_batch_write_then_query(spark, tmp_path):
+    root = tmp_path / "stores"
+    df = spark.createDataFrame(
+        [(f"c{i}", i, float(i) / 2) for i in range(200)],
+        "customer string, orders int, total double",
+    )
+    version = write_store(df, root, "totals", key="customer", partitions=4)
+    assert version == 1
+    with iqkit.open(root) as engine:
+        assert get(engine, "totals", "c7") == {"orders": 7, "total": 3.5}
+        assert engine.manifest("totals").partitioner == "murmur2"
+        rows = kv_rows(engine, "totals")
+    assert len(rows) == 200
+    for p, key, _ in rows:  # each key sits where Kafka's partitioner puts it
+        assert p == murmur2_partition(key.encode(), 4)
+    assert job_debris(root) == []
+
+
+def test_single_value_column_and_upsert_then_overwrite(spark, tmp_path):
+    root = tmp_path / "stores"
+    df = spark.createDataFrame([(i, i * 10) for i in range(50)], "id int, amount long")
+    write_store(df, root, "amounts", key="id", value="amount", partitions=3)
+    update = spark.createDataFrame([(1, 111), (99, 990)], "id int, amount long")
+    write_store(update, root, "amounts", key="id", value="amount", partitions=3)
+    with iqkit.open(root) as engine:
+        m = engine.manifest("amounts")
+        assert (m.key_serde, m.value_serde) == ("int32", "int64")
+        assert [get(engine, "amounts", k) for k in (1, 2, 99)] == [111, 20, 990]
+    write_store(update, root, "amounts", key="id", value="amount", partitions=3, mode="overwrite")
+    with iqkit.open(root) as engine:
+        assert [get(engine, "amounts", k) for k in (1, 2, 99)] == [111, None, 990]
+        assert len(kv_rows(engine, "amounts")) == 2
+
+
+def test_later_rows_of_a_key_win(spark, tmp_path):
+    root = tmp_path / "stores"
+    df = spark.createDataFrame([("a", 1), ("b", 2), ("a", 3)], "k string, v long").coalesce(1)
+    write_store(df, root, "s", key="k", value="v", partitions=2)
+    with iqkit.open(root) as engine:
+        assert get(engine, "s", "a") == 3
+
+
+def test_composite_keys_use_the_ordered_serde(spark, tmp_path):
+    root = tmp_path / "stores"
+    df = spark.createDataFrame(
+        [("eu", "ann", 1), ("eu", "bob", 2), ("us", "cat", 3)], "region string, user string, n long"
+    )
+    write_store(df, root, "ck", key=["region", "user"], value="n", partitions=2)
+    with iqkit.open(root) as engine:
+        assert engine.manifest("ck").key_serde == "ordered"
+        assert get(engine, "ck", ("eu", "bob")) == 2
+        r = engine.query(
+            StateQueryRequest.in_store("ck").with_query(iqkit.PrefixScanQuery.with_prefix(("eu",)))
+        )
+        found = sorted(
+            kv.key for qr in r.partition_results.values() if qr.is_success for kv in qr.result
+        )
+    assert found == [("eu", "ann"), ("eu", "bob")]
+
+
+def test_window_store_from_a_windowed_aggregation(spark, tmp_path):
+    root = tmp_path / "stores"
+    t0 = dt.datetime(2026, 1, 1, 0, 0, tzinfo=dt.UTC)
+    clicks = spark.createDataFrame(
+        [("ann", t0 + dt.timedelta(minutes=m)) for m in (0, 1, 6, 7, 8, 12)] + [("bob", t0)],
+        "user string, ts timestamp",
+    )
+    counts = clicks.groupBy(F.window("ts", "5 minutes"), "user").agg(F.count("*").alias("clicks"))
+    write_store(counts, root, "clicks", key="user", value="clicks", window="window", partitions=2)
+    start = int(t0.timestamp() * 1000)
+    with iqkit.open(root) as engine:
+        assert engine.manifest("clicks").window_size_ms == 300_000
+        q = iqkit.WindowKeyQuery.with_key_and_window_start_range("ann", start, start + 3_600_000)
+        r = engine.query(StateQueryRequest.in_store("clicks").with_query(q))
+        got = [
+            (kv.key.start - start, kv.value)
+            for qr in r.partition_results.values()
+            if qr.is_success
+            for kv in qr.result
+        ]
+    assert sorted(got) == [(0, 2), (300_000, 3), (600_000, 1)]
+
+
+def test_bad_input_is_refused_before_anything_is_written(spark, tmp_path):
+    root = tmp_path / "stores"
+    df = spark.createDataFrame([("a", 1), (None, 2)], "k string, v long")
+    with pytest.raises(ValueError, match="store 's': key column 'k' holds null keys"):
+        write_store(df, root, "s", key="k", value="v", partitions=2)
+    with pytest.raises(ValueError, match="key column 'nope' is not in the DataFrame"):
+        write_store(df, root, "s", key="nope", partitions=2)
+    with pytest.raises(
+        ValueError, match="value column 'k' of type string does not fit the 'int64' serde"
+    ):
+        write_store(df, root, "s2", key="v", value="k", value_serde="int64", partitions=2)
+    with pytest.raises(ValueError, match="window column 'v' must be Spark's window struct"):
+        write_store(df, root, "s3", key="k", value="v", window="v", partitions=2)
+    assert not (root / "s" / "LATEST").exists()
+    good = spark.createDataFrame([("a", 1)], "k string, v long")
+    write_store(good, root, "s", key="k", value="v", partitions=2)
+    with pytest.raises(
+        ValueError,
+        match=r"store 's' exists with other settings: partitions=2 \(the DataFrame needs 3\)",
+    ):
+        write_store(good, root, "s", key="k", value="v", partitions=3)
+
+
+def _stages_of_last_job(spark, group):
+    tracker = spark.sparkContext.statusTracker()
+    job = max(tracker.getJobIdsForGroup(group))
+    return len(tracker.getJobInfo(job).stageIds)
+
+
+def test_mark_as_partitioned_writes_without_a_shuffle_and_fans_out(spark, tmp_path):
+    root = tmp_path / "stores"
+    rows = [("in", p, o, f"k{p}-{o}") for p in range(3) for o in range(5)]
+    # parallelize splits the list in order: Spark partition p holds input partition p
+    df = spark.createDataFrame(
+        spark.sparkContext.parallelize(rows, 3),
+        "topic string, partition int, offset long, k string",
+    )
+    sc = spark.sparkContext
+    sc.setJobGroup("explicit-write", "mark_as_partitioned")
+    write_store(
+        df, root, "byp", key="k", value="offset", partitions=3, mark_as_partitioned="partition"
+    )
+    no_shuffle = _stages_of_last_job(spark, "explicit-write")
+    sc.setJobGroup("hashed-write", "murmur2")
+    write_store(df, root, "hashed", key="k", value="offset", partitions=3)
+    with_shuffle = _stages_of_last_job(spark, "hashed-write")
+    sc.setJobGroup("other", "other")
+    assert (no_shuffle, with_shuffle) == (1, 2)  # the write job: one stage, or map + reduce
+    with iqkit.open(root) as engine:
+        assert engine.manifest("byp").partitioner == "explicit"
+        r = engine.query(StateQueryRequest.in_store("byp").with_query(KeyQuery.with_key("k2-4")))
+        assert sorted(r.partition_results) == [0, 1, 2]  # key queries fan out
+        assert r.partition_results[2].result == 4
+        assert r.partition_results[0].result is None
+        positions = {p: q.position.to_map() for p, q in r.partition_results.items()}
+    assert positions[2]["in"][2] == 4
+
+
+def test_mark_as_partitioned_refuses_a_column_out_of_range(spark, tmp_path):
+    df = spark.createDataFrame([("a", 5)], "k string, p int")
+    with pytest.raises(ValueError, match=r"must hold integers in \[0, 3\); found 5"):
+        write_store(df, tmp_path, "s", key="k", value="p", partitions=3, mark_as_partitioned="p")
+
+
+def test_mark_as_partitioned_detects_input_that_is_not_partitioned(spark, tmp_path):
+    df = spark.createDataFrame(
+        [(f"k{i}", i % 2) for i in range(40)], "k string, p int"
+    ).repartition(4)
+    with pytest.raises(ValueError, match="more than one Spark partition"):
+        write_store(df, tmp_path, "s", key="k", value="p", partitions=2, mark_as_partitioned="p")
+    assert job_debris(tmp_path) == []
+    assert not (tmp_path / "s" / "LATEST").exists()
+
+
+def test_a_failed_task_is_retried_and_the_job_publishes_exactly_once(spark, tmp_path):
+    root = tmp_path / "stores"
+    first = spark.createDataFrame([(f"k{i}", i) for i in range(100)], "k string, v long")
+    write_store(first, root, "s", key="k", value="v", partitions=4)
+    marker = tmp_path / "fail-once"
+    marker.write_text("x")
+    second = spark.createDataFrame([(f"k{i}", i + 1000) for i in range(100)], "k string, v long")
+    version = write_store(
+        second, root, "s", key="k", value="v", partitions=4, _fail_task_once=str(marker)
+    )
+    assert not marker.exists()  # a task attempt really failed
+    assert version == 2
+    with iqkit.open(root) as engine:
+        assert engine.versions("s") == [1, 2]
+        assert [get(engine, "s", f"k{i}") for i in range(0, 100, 9)] == [
+            i + 1000 for i in range(0, 100, 9)
+        ]
+    with iqkit.open(root, as_of=1) as engine:
+        assert get(engine, "s", "k5") == 5
+    assert job_debris(root) == []
+
+
+def test_a_job_that_fails_leaves_the_previous_version(spark, tmp_path):
+    root = tmp_path / "stores"
+    write_store(
+        spark.createDataFrame([("a", 1)], "k string, v long"),
+        root,
+        "s",
+        key="k",
+        value="v",
+        partitions=2,
+    )
+    bad = spark.createDataFrame([("a", 2), ("b", 3)], "k string, v long").withColumn(
+        "v", F.when(F.col("k") == "b", F.raise_error("boom")).otherwise(F.col("v"))
+    )
+    with pytest.raises(Exception, match="boom"):
+        write_store(bad, root, "s", key="k", value="v", partitions=2)
+    with iqkit.open(root) as engine:
+        assert engine.version("s") == 1
+        assert get(engine, "s", "a") == 1
+    assert job_debris(root) == []
+
+
+def test_not_present_partitions_after_a_small_upsert(spark, tmp_path):
+    root = tmp_path / "stores"
+    write_store(
+        spark.createDataFrame([("a", 1)], "k string, v long"),
+        root,
+        "s",
+        key="k",
+        value="v",
+        partitions=8,
+    )
+    with iqkit.open(root) as engine:
+        r = engine.query(
+            StateQueryRequest.in_store("s").with_query(iqkit.RangeQuery.with_no_bounds())
+        )
+    owner = murmur2_partition(b"a", 8)
+    assert {
+        p
+        for p, q in r.partition_results.items()
+        if q.is_failure and q.failure_reason is FailureReason.NOT_PRESENT
+    } == set(range(8)) - {owner}
