@@ -1,7 +1,18 @@
 """Spark writes iqkit stores: batch (``write_store``), Structured Streaming
-(``store_sink``), and the ``iqkit`` Spark data source. Needs PySpark 4 and Java 17+."""
+(``store_sink``), a local Kafka-shaped source (``LocalKafkaTopic``) and the ``iqkit``
+Spark data source. Needs PySpark 4 and Java 17+."""
 
 from .batch import write_store
+from .kafka_local import KAFKA_SCHEMA, LocalKafkaTopic, RecordMetadata, kafka_schema
 from .streaming import SourceEndOffsetsListener, last_committed_batch, store_sink
 
-__all__ = ["SourceEndOffsetsListener", "last_committed_batch", "store_sink", "write_store"]
+__all__ = [
+    "KAFKA_SCHEMA",
+    "LocalKafkaTopic",
+    "RecordMetadata",
+    "SourceEndOffsetsListener",
+    "kafka_schema",
+    "last_committed_batch",
+    "store_sink",
+    "write_store",
+]

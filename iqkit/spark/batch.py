@@ -109,7 +109,12 @@ def write_store(
         writer = _stage_partitions_fn(job.spec, position, _fail_task_once)
         rows = ordered.mapInArrow(writer, _STAGED_SCHEMA).collect()
         staged = _one_per_partition(rows, plan, store)
-        if mode == "overwrite":
+        # Partitions no row reached: an overwrite empties them; and in a murmur2 store,
+        # whose every partition reads every input partition, they applied this input too,
+        # so their positions advance (else bounds and lag would count records that could
+        # never reach them).
+        advance = position is not None and plan.partition_column is None
+        if mode == "overwrite" or advance:
             for p in sorted(set(range(partitions)) - {s.partition for s in staged}):
                 staged.append(stage_partition(job.spec, p, [], attempt="driver", position=position))
         spark = df.sparkSession
