@@ -3,15 +3,18 @@
 Spark data source. Needs PySpark 4 and Java 17+."""
 
 from .batch import write_store
+from .datasource import IqkitDataSource, register
 from .kafka_local import KAFKA_SCHEMA, LocalKafkaTopic, RecordMetadata, kafka_schema
 from .streaming import SourceEndOffsetsListener, last_committed_batch, store_sink
 
 __all__ = [
     "KAFKA_SCHEMA",
+    "IqkitDataSource",
     "LocalKafkaTopic",
     "RecordMetadata",
     "SourceEndOffsetsListener",
     "kafka_schema",
+    "register",
     "last_committed_batch",
     "store_sink",
     "write_store",

@@ -1,0 +1,534 @@
+"""spark.read.format("iqkit"): schema rules, one input partition per store partition,
+filter pushdown proven by the input partitions Spark plans and by the reader's trace files
+(one per store partition actually read, naming the IQv2 query it ran), pinned versions.
+
+Every test reads real stores written with ``iqkit.create_store``/``StoreWriter`` through a
+real local Spark session; expected rows come from the engine or from what was written.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+
+import iqkit
+from iqkit import KeyQuery, PrefixScanQuery, RangeQuery, WindowKeyQuery
+from iqkit.spark.datasource import FILTER_PUSHDOWN_CONF, IqkitReader, register
+from iqkit.store.layout import StoreLayout
+
+N_PARTITIONS = 4
+CUSTOMERS = [f"cust-{i:02d}" for i in range(40)]
+
+
+def order(i: int) -> dict:
+    return {"customer": CUSTOMERS[i], "total": i * 10, "tags": ["a", "b"][: i % 3]}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def iqkit_format(spark):
+    register(spark)
+    spark.conf.set(FILTER_PUSHDOWN_CONF, "true")  # what register() does; explicit here
+    yield
+
+
+@pytest.fixture(scope="module")
+def orders_root(tmp_path_factory) -> Path:
+    """string -> json, murmur2, 4 partitions, 40 customers (+ two odd values)."""
+    root = tmp_path_factory.mktemp("orders") / "stores"
+    iqkit.create_store(root, "orders", partitions=N_PARTITIONS)
+    with iqkit.StoreWriter(root, "orders") as w:
+        for i in range(len(CUSTOMERS)):
+            w.put(CUSTOMERS[i], order(i), source=("orders", 0, i))
+        w.put("odd-scalar", 7)  # not a JSON object
+        w.put("odd-types", {"customer": 5, "total": "many"})  # members of the wrong type
+    return root
+
+
+def reader(spark, root, store, **options):
+    r = spark.read.format("iqkit").option("store", store)
+    for name, value in options.items():
+        r = r.option(name, value)
+    return r.load(str(root))
+
+
+def owner(root, store, key) -> int:
+    with iqkit.open(root) as engine:
+        return engine.partition_for_key(store, key)
+
+
+def traces(folder: Path) -> list[dict]:
+    if not folder.exists():
+        return []
+    return sorted(
+        (json.loads(p.read_text()) for p in folder.glob("*.json")),
+        key=lambda t: t["partition"],
+    )
+
+
+def clear(folder: Path) -> None:
+    for f in folder.glob("*.json"):
+        f.unlink()
+
+
+def keys_of(df) -> list:
+    return sorted(row["key"] for row in df.collect())
+
+
+def expected_orders() -> dict[str, dict]:
+    out = {c: order(i) for i, c in enumerate(CUSTOMERS)}
+    out["odd-scalar"] = 7
+    out["odd-types"] = {"customer": 5, "total": "many"}
+    return out
+
+
+# -- full reads --------------------------------------------------------------------------------
+def test_kv_json_store_reads_every_record_with_its_partition(spark, orders_root):
+    df = reader(spark, orders_root, "orders")
+    assert df.schema.simpleString() == "struct<partition:int,key:string,value:string>"
+    assert df.rdd.getNumPartitions() == N_PARTITIONS
+    rows = df.collect()
+    expected = expected_orders()
+    assert sorted(r["key"] for r in rows) == sorted(expected)
+    for r in rows:
+        assert json.loads(r["value"]) == expected[r["key"]]
+        assert r["partition"] == owner(orders_root, "orders", r["key"])
+
+
+def test_value_schema_expands_json_objects_into_columns(spark, orders_root):
+    df = reader(spark, orders_root, "orders", value_schema="customer string, total bigint")
+    assert df.columns == ["partition", "key", "customer", "total"]
+    assert df.schema["total"].dataType.simpleString() == "bigint"
+    got = {r["key"]: (r["customer"], r["total"]) for r in df.collect()}
+    for i, c in enumerate(CUSTOMERS):
+        assert got[c] == (c, i * 10)
+    # PERMISSIVE like from_json: a non-object is all nulls, a mistyped member is null and a
+    # string column receives a non-string member as its JSON text.
+    assert got["odd-scalar"] == (None, None)
+    assert got["odd-types"] == ("5", None)
+
+
+def test_value_schema_with_nested_types(spark, orders_root):
+    df = reader(spark, orders_root, "orders", value_schema="tags array<string>, missing double")
+    got = {r["key"]: (r["tags"], r["missing"]) for r in df.collect()}
+    assert got["cust-02"] == (["a", "b"], None)
+    assert got["cust-01"] == (["a"], None)
+
+
+@pytest.mark.parametrize(
+    ("key_serde", "value_serde", "items", "schema"),
+    [
+        (
+            "int32",
+            "int64",
+            [(-5, -(2**40)), (0, 0), (7, 2**40), (2**31 - 1, 1)],
+            "struct<partition:int,key:int,value:bigint>",
+        ),
+        (
+            "int64",
+            "int32",
+            [(-(2**62), -1), (3, 3), (2**62, 2**31 - 1)],
+            "struct<partition:int,key:bigint,value:int>",
+        ),
+        (
+            "bytes",
+            "double",
+            [(b"\x00", -1.5), (b"ab", 2.25), (b"\xff\x01", 1e300)],
+            "struct<partition:int,key:binary,value:double>",
+        ),
+        (
+            "double",
+            "string",
+            [(-0.5, "neg"), (3.25, "pos"), (1e-9, "tiny")],
+            "struct<partition:int,key:double,value:string>",
+        ),
+    ],
+)
+def test_scalar_serdes_map_to_spark_types(spark, root, key_serde, value_serde, items, schema):
+    iqkit.create_store(root, "s", partitions=3, key_serde=key_serde, value_serde=value_serde)
+    with iqkit.StoreWriter(root, "s") as w:
+        for k, v in items:
+            w.put(k, v)
+    df = reader(spark, root, "s")
+    assert df.schema.simpleString() == schema
+    assert df.rdd.getNumPartitions() == 3
+    got = sorted((r["key"], r["value"]) for r in df.collect())
+    assert got == sorted(items)
+    for r in df.collect():
+        assert r["partition"] == owner(root, "s", r["key"])
+
+
+def test_window_store_reads_windows_as_timestamps(spark, root):
+    iqkit.create_store(root, "clicks", partitions=2, kind="window", window_size_ms=60_000)
+    t0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+    written = {}
+    with iqkit.StoreWriter(root, "clicks") as w:
+        for i, user in enumerate(["ann", "bob", "cy"]):
+            for minute in range(3):
+                start = int(t0.timestamp() * 1000) + minute * 60_000
+                value = {"clicks": i * 10 + minute}
+                w.put(user, value, window_start=start)
+                written[(user, start)] = value
+    df = reader(spark, root, "clicks")
+    assert df.schema.simpleString() == (
+        "struct<partition:int,key:string,window_start:timestamp,window_end:timestamp,value:string>"
+    )
+    assert df.rdd.getNumPartitions() == 2
+    rows = df.collect()
+    assert len(rows) == len(written)
+    for r in rows:
+        start_ms = int(r["window_start"].replace(tzinfo=UTC).timestamp() * 1000)
+        end_ms = int(r["window_end"].replace(tzinfo=UTC).timestamp() * 1000)
+        assert end_ms - start_ms == 60_000
+        assert json.loads(r["value"]) == written[(r["key"], start_ms)]
+        assert r["partition"] == owner(root, "clicks", r["key"])
+
+
+def test_window_store_pushdown_key_and_window_start(spark, root, tmp_path):
+    iqkit.create_store(root, "clicks", partitions=4, kind="window", window_size_ms=1000)
+    with iqkit.StoreWriter(root, "clicks") as w:
+        for user in ("ann", "bob", "cy", "dee"):
+            for s in range(10):
+                w.put(user, s, window_start=s * 1000)
+    trace_dir = tmp_path / "trace"
+    df = reader(spark, root, "clicks", _trace_dir=str(trace_dir))
+    lo = datetime.fromtimestamp(3, UTC)
+    hi = datetime.fromtimestamp(6, UTC)
+    sel = df.filter((F.col("key") == "bob") & (F.col("window_start") > lo))
+    sel = sel.filter(F.col("window_start") <= hi)
+    assert sel.rdd.getNumPartitions() == 1
+    got = sorted((r["key"], r["window_start"].second, r["value"]) for r in sel.collect())
+    assert got == [("bob", 4, "4"), ("bob", 5, "5"), ("bob", 6, "6")]
+    (t,) = traces(trace_dir)
+    assert t["partition"] == owner(root, "clicks", "bob")
+    assert t["queries"] == [repr(WindowKeyQuery.with_key_and_window_start_range("bob", 3000, 6000))]
+    # window_start alone: every partition, a WindowRangeQuery over the time range
+    every = df.filter(F.col("window_start") >= datetime.fromtimestamp(8, UTC))
+    assert sorted((r["key"], r["value"]) for r in every.collect()) == sorted(
+        (u, str(s)) for u in ("ann", "bob", "cy", "dee") for s in (8, 9)
+    )
+
+
+def test_an_empty_store_is_an_empty_dataframe(spark, root):
+    iqkit.create_store(root, "empty", partitions=3, key_serde="int64", value_serde="string")
+    df = reader(spark, root, "empty")
+    assert df.schema.simpleString() == "struct<partition:int,key:bigint,value:string>"
+    assert df.collect() == []
+
+
+def test_partitions_without_data_read_as_no_rows(spark, root):
+    iqkit.create_store(root, "sparse", partitions=4, partitioner="explicit")
+    with iqkit.StoreWriter(root, "sparse") as w:
+        w.put("a", 1, partition=2)
+    df = reader(spark, root, "sparse")
+    assert df.rdd.getNumPartitions() == 4
+    assert [(r["partition"], r["key"], r["value"]) for r in df.collect()] == [(2, "a", "1")]
+
+
+# -- pushdown ----------------------------------------------------------------------------------
+def test_key_equality_reads_exactly_one_store_partition(spark, orders_root, tmp_path):
+    trace_dir = tmp_path / "trace"
+    df = reader(spark, orders_root, "orders", _trace_dir=str(trace_dir))
+    one = df.filter(F.col("key") == "cust-07")
+    assert one.rdd.getNumPartitions() == 1  # partitions() planned one input partition
+    rows = one.collect()
+    assert [(r["partition"], r["key"]) for r in rows] == [
+        (owner(orders_root, "orders", "cust-07"), "cust-07")
+    ]
+    assert json.loads(rows[0]["value"]) == order(7)
+    (t,) = traces(trace_dir)  # one store partition was opened, with a point lookup
+    assert t["partition"] == owner(orders_root, "orders", "cust-07")
+    assert t["queries"] == [repr(KeyQuery.with_key("cust-07"))]
+    assert t["rows"] == 1
+
+
+def test_key_equality_on_a_missing_key_is_empty(spark, orders_root):
+    df = reader(spark, orders_root, "orders").filter(F.col("key") == "nobody")
+    assert df.rdd.getNumPartitions() == 1
+    assert df.collect() == []
+
+
+def test_key_in_reads_only_the_owning_partitions(spark, orders_root, tmp_path):
+    trace_dir = tmp_path / "trace"
+    wanted = ["cust-01", "cust-02", "cust-03", "cust-04", "nobody"]
+    df = reader(spark, orders_root, "orders", _trace_dir=str(trace_dir))
+    sel = df.filter(F.col("key").isin(wanted))
+    owners = {owner(orders_root, "orders", k) for k in wanted}
+    assert sel.rdd.getNumPartitions() == len(owners)
+    assert keys_of(sel) == ["cust-01", "cust-02", "cust-03", "cust-04"]
+    read = traces(trace_dir)
+    assert {t["partition"] for t in read} == owners
+    for t in read:
+        (q,) = t["queries"]
+        assert q.startswith(("KeyQuery(", "MultiKeyQuery("))
+
+
+def test_startswith_is_a_prefix_scan(spark, orders_root, tmp_path):
+    trace_dir = tmp_path / "trace"
+    df = reader(spark, orders_root, "orders", _trace_dir=str(trace_dir))
+    sel = df.filter(F.col("key").startswith("cust-1"))
+    assert keys_of(sel) == [f"cust-1{i}" for i in range(10)]
+    read = traces(trace_dir)
+    assert len(read) == N_PARTITIONS
+    assert all(t["queries"] == [repr(PrefixScanQuery.with_prefix("cust-1"))] for t in read)
+    assert sum(t["rows"] for t in read) == 10
+
+
+def test_ranges_on_string_keys(spark, orders_root, tmp_path):
+    trace_dir = tmp_path / "trace"
+    df = reader(spark, orders_root, "orders", _trace_dir=str(trace_dir))
+    sel = df.filter((F.col("key") > "cust-05") & (F.col("key") <= "cust-12"))
+    assert keys_of(sel) == [f"cust-{i:02d}" for i in range(6, 13)]
+    read = traces(trace_dir)
+    assert all(t["queries"] == [repr(RangeQuery.with_range("cust-05", "cust-12"))] for t in read)
+    # open-ended and strict bounds
+    assert keys_of(df.filter(F.col("key") >= "odd")) == ["odd-scalar", "odd-types"]
+    assert keys_of(df.filter(F.col("key") < "cust-02")) == ["cust-00", "cust-01"]
+    assert keys_of(df.filter((F.col("key") > "x") & (F.col("key") < "a"))) == []
+
+
+def test_partition_filter_prunes_input_partitions(spark, orders_root, tmp_path):
+    trace_dir = tmp_path / "trace"
+    df = reader(spark, orders_root, "orders", _trace_dir=str(trace_dir))
+    p2 = df.filter(F.col("partition") == 2)
+    assert p2.rdd.getNumPartitions() == 1
+    rows = p2.collect()
+    assert rows and {r["partition"] for r in rows} == {2}
+    expected = sorted(k for k in expected_orders() if owner(orders_root, "orders", k) == 2)
+    assert sorted(r["key"] for r in rows) == expected
+    assert [t["partition"] for t in traces(trace_dir)] == [2]
+    two = df.filter(F.col("partition").isin(0, 3))
+    assert two.rdd.getNumPartitions() == 2
+    assert {r["partition"] for r in two.collect()} == {0, 3}
+    assert df.filter(F.col("partition") >= 3).rdd.getNumPartitions() == 1
+
+
+def test_key_and_partition_filters_combine(spark, orders_root):
+    home = owner(orders_root, "orders", "cust-07")
+    df = reader(spark, orders_root, "orders")
+    other = (home + 1) % N_PARTITIONS
+    assert df.filter((F.col("key") == "cust-07") & (F.col("partition") == other)).collect() == []
+    hit = df.filter((F.col("key") == "cust-07") & (F.col("partition") == home))
+    assert [r["key"] for r in hit.collect()] == ["cust-07"]
+
+
+def test_filters_on_values_are_left_to_spark_and_correct(spark, orders_root):
+    df = reader(spark, orders_root, "orders", value_schema="customer string, total bigint")
+    sel = df.filter((F.col("total") > 300) & F.col("key").startswith("cust-3"))
+    assert keys_of(sel) == [f"cust-{i}" for i in range(31, 40)]
+    assert keys_of(df.filter(F.col("total").isNull())) == ["odd-scalar", "odd-types"]
+    raw = reader(spark, orders_root, "orders")
+    assert keys_of(raw.filter(F.col("value").contains('"total":390'))) == ["cust-39"]
+    # NOT and OR are Spark's too
+    assert len(raw.filter(F.col("key") != "cust-00").collect()) == len(expected_orders()) - 1
+    either = raw.filter((F.col("key") == "cust-00") | (F.col("value") == "7"))
+    assert keys_of(either) == ["cust-00", "odd-scalar"]
+
+
+def test_int_keys_point_lookups_pushed_ranges_left_to_spark(spark, root, tmp_path):
+    iqkit.create_store(root, "ints", partitions=4, key_serde="int32", value_serde="int64")
+    with iqkit.StoreWriter(root, "ints") as w:
+        for k in range(-10, 11):
+            w.put(k, k * 100)
+    trace_dir = tmp_path / "trace"
+    df = reader(spark, root, "ints", _trace_dir=str(trace_dir))
+    five = df.filter(F.col("key") == 5)
+    assert five.rdd.getNumPartitions() == 1
+    assert [(r["key"], r["value"]) for r in five.collect()] == [(5, 500)]
+    assert [t["queries"] for t in traces(trace_dir)] == [[repr(KeyQuery.with_key(5))]]
+    # big-endian int32 bytes do not sort negatives first: a range is Spark's job, and right
+    between = df.filter((F.col("key") > -3) & (F.col("key") <= 2))
+    assert sorted(r["key"] for r in between.collect()) == [-2, -1, 0, 1, 2]
+
+
+def test_explicit_store_key_lookup_reads_every_partition_and_is_right(spark, root):
+    iqkit.create_store(root, "placed", partitions=3, partitioner="explicit")
+    with iqkit.StoreWriter(root, "placed") as w:
+        w.put("a", 1, partition=0)
+        w.put("b", 2, partition=2)
+        w.put("a", 3, partition=2)  # explicit stores may hold one key in several places
+    sel = reader(spark, root, "placed").filter(F.col("key") == "a")
+    assert sel.rdd.getNumPartitions() == 3  # no function of the key says where it lives
+    assert sorted((r["partition"], r["value"]) for r in sel.collect()) == [(0, "1"), (2, "3")]
+
+
+def test_ordered_keys_with_declared_columns(spark, root, tmp_path):
+    iqkit.create_store(
+        root,
+        "by_region",
+        partitions=3,
+        key_serde="ordered",
+        properties={"key_columns": ["region", "customer"], "key_types": ["string", "bigint"]},
+    )
+    data = {(r, c): {"n": i} for i, (r, c) in enumerate((r, c) for r in "ab" for c in range(5))}
+    with iqkit.StoreWriter(root, "by_region") as w:
+        for k, v in data.items():
+            w.put(k, v)
+    trace_dir = tmp_path / "trace"
+    df = reader(spark, root, "by_region", _trace_dir=str(trace_dir))
+    assert df.schema.simpleString() == (
+        "struct<partition:int,region:string,customer:bigint,value:string>"
+    )
+    got = {(r["region"], r["customer"]): json.loads(r["value"]) for r in df.collect()}
+    assert got == data
+    clear(trace_dir)
+    point = df.filter((F.col("region") == "b") & (F.col("customer") == 3))
+    assert point.rdd.getNumPartitions() == 1
+    assert [(r["region"], r["customer"]) for r in point.collect()] == [("b", 3)]
+    (t,) = traces(trace_dir)
+    assert t["queries"] == [repr(KeyQuery.with_key(("b", 3)))]
+    clear(trace_dir)
+    lead = df.filter(F.col("region") == "a")
+    assert sorted(r["customer"] for r in lead.collect()) == [0, 1, 2, 3, 4]
+    assert {q for t in traces(trace_dir) for q in t["queries"]} == {
+        repr(PrefixScanQuery.with_prefix(("a",)))
+    }
+
+
+def test_ordered_single_column_ranges(spark, root):
+    iqkit.create_store(
+        root,
+        "seq",
+        partitions=2,
+        key_serde="ordered",
+        value_serde="string",
+        properties={"key_columns": ["n"], "key_types": ["bigint"]},
+    )
+    with iqkit.StoreWriter(root, "seq") as w:
+        for n in range(-20, 21, 5):
+            w.put(n, f"v{n}")
+    df = reader(spark, root, "seq")
+    assert df.columns == ["partition", "n", "value"]
+    sel = df.filter((F.col("n") >= -10) & (F.col("n") < 10))
+    assert sorted(r["n"] for r in sel.collect()) == [-10, -5, 0, 5]
+
+
+def test_ordered_keys_without_columns_are_json_text(spark, root):
+    iqkit.create_store(root, "tuples", partitions=2, key_serde="ordered")
+    with iqkit.StoreWriter(root, "tuples") as w:
+        w.put(("eu", "ann"), 1)
+        w.put(("us", 7, b"\x01"), 2)
+        w.put("plain", 3)
+    df = reader(spark, root, "tuples")
+    assert df.schema.simpleString() == "struct<partition:int,key:string,value:string>"
+    got = sorted((r["key"], r["value"]) for r in df.collect())
+    assert got == [('"plain"', "3"), ('["eu","ann"]', "1"), ('["us",7,"0x01"]', "2")]
+    assert keys_of(df.filter(F.col("key") == '["eu","ann"]')) == ['["eu","ann"]']
+
+
+# -- versions, errors, configuration ---------------------------------------------------------
+def test_as_of_reads_an_older_version(spark, root):
+    iqkit.create_store(root, "v", partitions=2)
+    with iqkit.StoreWriter(root, "v") as w:
+        w.put("a", 1)
+        w.put("b", 1)
+    with iqkit.StoreWriter(root, "v") as w:
+        w.put("a", 2)
+        w.delete("b")
+        w.put("c", 2)
+    latest = {r["key"]: r["value"] for r in reader(spark, root, "v").collect()}
+    assert latest == {"a": "2", "c": "2"}
+    old = {r["key"]: r["value"] for r in reader(spark, root, "v", as_of=1).collect()}
+    assert old == {"a": "1", "b": "1"}
+    pinned = reader(spark, root, "v", as_of=1).filter(F.col("key") == "b")
+    assert [r["value"] for r in pinned.collect()] == ["1"]
+
+
+def test_as_of_a_version_that_does_not_exist_fails_naming_the_retained_ones(spark, root):
+    iqkit.create_store(root, "v", partitions=1)
+    with iqkit.StoreWriter(root, "v") as w:
+        w.put("a", 1)
+    with pytest.raises(Exception, match=r"no version 9 \(retained: 1\)"):
+        reader(spark, root, "v", as_of=9).collect()
+
+
+def test_every_partition_reads_the_version_resolved_at_planning(spark, root):
+    """The driver resolves the version once when Spark plans the read; tasks that run
+    after a new commit still read the planned version, all of them the same one."""
+    iqkit.create_store(root, "moving", partitions=3)
+    keys = [f"k{i}" for i in range(12)]
+    with iqkit.StoreWriter(root, "moving") as w:
+        for k in keys:
+            w.put(k, 1)
+    planned = reader(spark, root, "moving").rdd  # planning happens here, tasks run later
+    assert planned.getNumPartitions() == 3
+    with iqkit.StoreWriter(root, "moving") as w:  # a commit lands "mid-job"
+        for k in keys:
+            w.put(k, 2)
+    assert sorted((r["key"], r["value"]) for r in planned.collect()) == [
+        (k, "1") for k in sorted(keys)
+    ]
+    assert {r["value"] for r in reader(spark, root, "moving").collect()} == {"2"}
+
+    # the same mechanism without Spark around it: the reader object carries the version
+    schema = reader(spark, root, "moving").schema
+    direct = IqkitReader({"path": str(root), "store": "moving"}, schema)
+    assert direct.version == 2
+    parts = direct.partitions()
+    with iqkit.StoreWriter(root, "moving") as w:
+        w.put("k0", 3)
+    rows = [row for part in parts for row in direct.read(part)]
+    assert {r[2] for r in rows} == {"2"} and len(rows) == len(keys)
+
+
+def test_a_user_given_schema_picks_columns_and_decodes_json_members(spark, orders_root):
+    df = (
+        spark.read.format("iqkit")
+        .schema("key string, total bigint, customer string")
+        .option("store", "orders")
+        .load(str(orders_root))
+    )
+    got = {r["key"]: (r["total"], r["customer"]) for r in df.collect()}
+    assert got["cust-03"] == (30, "cust-03")
+    assert len(got) == len(expected_orders())
+
+
+def test_unknown_store_names_it_with_a_hint(spark, orders_root):
+    with pytest.raises(Exception, match=r"unknown store 'ordrs'; did you mean 'orders'\?"):
+        reader(spark, orders_root, "ordrs")
+
+
+def test_missing_store_option_lists_the_stores(spark, orders_root):
+    with pytest.raises(Exception, match=r"option 'store' is required \(stores under .*: orders"):
+        spark.read.format("iqkit").load(str(orders_root))
+
+
+def test_root_option_is_accepted(spark, orders_root):
+    df = spark.read.format("iqkit").option("store", "orders").option("root", str(orders_root))
+    assert df.load().count() == len(expected_orders())
+
+
+def test_an_unreadable_partition_fails_the_read_with_the_reason(spark, root):
+    iqkit.create_store(root, "broken", partitions=2)
+    with iqkit.StoreWriter(root, "broken") as w:
+        for k in ("a", "b", "c", "d"):
+            w.put(k, 1)
+    (StoreLayout.of(root, "broken").partition_version_dir(1, 1) / "CURRENT").unlink()
+    with pytest.raises(Exception, match=r"store 'broken' partition 1 .*STORE_EXCEPTION"):
+        reader(spark, root, "broken").collect()
+    # the healthy partition alone still reads
+    assert reader(spark, root, "broken").filter(F.col("partition") == 0).count() > 0
+
+
+def test_pushdown_conf_off_needs_the_scan_only_reader(spark, orders_root):
+    spark.conf.set(FILTER_PUSHDOWN_CONF, "false")
+    try:
+        with pytest.raises(Exception, match="DATA_SOURCE_PUSHDOWN_DISABLED"):
+            reader(spark, orders_root, "orders").filter(F.col("key") == "cust-07").collect()
+        plain = reader(spark, orders_root, "orders", pushdown="false")
+        sel = plain.filter(F.col("key") == "cust-07")
+        assert sel.rdd.getNumPartitions() == N_PARTITIONS  # nothing pushed
+        assert keys_of(sel) == ["cust-07"]
+    finally:
+        spark.conf.set(FILTER_PUSHDOWN_CONF, "true")
+
+
+def test_bad_value_schema_fails_at_load(spark, orders_root, root):
+    with pytest.raises(Exception, match=r"value_schema' repeats column\(s\) key"):
+        reader(spark, orders_root, "orders", value_schema="key string, total bigint")
+    iqkit.create_store(root, "nums", partitions=1, value_serde="int64")
+    with pytest.raises(Exception, match=r"needs a store with json values; store 'nums'"):
+        reader(spark, root, "nums", value_schema="total bigint")
