@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import request
+from helpers import request
 
 import iqkit
 from iqkit import FailureReason, KeyQuery, Position, PositionBound

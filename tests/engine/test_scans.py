@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
-from conftest import request, rows
+from helpers import request, rows
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

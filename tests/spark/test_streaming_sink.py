@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest_helpers import kv_rows
+from helpers import kv_rows
 from pyspark.sql import functions as F
 
 import iqkit

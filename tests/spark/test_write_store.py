@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from conftest_helpers import kv_rows
+from helpers import kv_rows
 from pyspark.sql import functions as F
 
 import iqkit

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import request
+from helpers import request
 
 import iqkit
 from iqkit import FailureReason

@@ -7,7 +7,7 @@ import os
 import time
 
 import pytest
-from conftest import request
+from helpers import request
 
 import iqkit
 from iqkit.store.layout import StoreLayout

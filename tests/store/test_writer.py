@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from conftest import request, tree_digest
+from helpers import request, tree_digest
 
 import iqkit
 from iqkit.store import versions as versions_module
