@@ -39,6 +39,7 @@ from ..store.manifest import StoreManifest
 from ..store.partitioners import get_partitioner
 from ..store.serdes import get_serde
 from ..store.writer import create_store
+from .progress import WriteProgress
 from .schema import KAFKA_COLUMNS, ColumnPlan, plan_columns
 
 _ENCODED_SCHEMA = "__p int, __k binary, __v binary, __seq long"
@@ -63,6 +64,7 @@ def write_store(
     retention: int | None = None,
     metadata: dict[str, Any] | None = None,
     source_end: Position | None = None,
+    progress: bool = True,
     _fail_task_once: str | None = None,
 ) -> int:
     """Write ``df`` into store ``store`` under ``root``; return the published version.
@@ -79,6 +81,7 @@ def write_store(
     Kafka-shaped input (``topic``, ``partition``, ``offset`` columns) advances the
     positions of the written partitions to the highest offsets in ``df``.
     ``root`` must be a path every executor can see (a shared or local filesystem).
+    ``progress``: show a progress bar (tasks, then partitions and rows written).
     ``_fail_task_once``: tests only — a marker file whose presence makes one task attempt
     fail after staging its first partition (the marker is consumed).
     """
@@ -103,9 +106,11 @@ def write_store(
     if plan.partition_column is None:
         encoded = encoded.repartition(min(partitions, _parallelism(df)), "__p")
     ordered = encoded.sortWithinPartitions("__p", "__k", "__seq")
-    with JobCommit(
-        root, store, mode=mode, who=f"spark:{df.sparkSession.sparkContext.appName}"
-    ) as job:
+    sc = df.sparkSession.sparkContext
+    with (
+        WriteProgress(sc, store, enabled=progress) as bar,
+        JobCommit(root, store, mode=mode, who=f"spark:{sc.appName}") as job,
+    ):
         writer = _stage_partitions_fn(job.spec, position, _fail_task_once)
         rows = ordered.mapInArrow(writer, _STAGED_SCHEMA).collect()
         staged = _one_per_partition(rows, plan, store)
@@ -117,16 +122,18 @@ def write_store(
         if mode == "overwrite" or advance:
             for p in sorted(set(range(partitions)) - {s.partition for s in staged}):
                 staged.append(stage_partition(job.spec, p, [], attempt="driver", position=position))
-        spark = df.sparkSession
-        return job.publish(
+        written = sum(s.puts for s in staged)
+        version = job.publish(
             staged,
             source_end=source_end,
             metadata={
                 **(metadata or {}),
-                "spark_app_id": spark.sparkContext.applicationId,
-                "rows_written": sum(s.puts for s in staged),
+                "spark_app_id": sc.applicationId,
+                "rows_written": written,
             },
         )
+        bar.finish(partitions=len(staged), rows=written, version=version)
+        return version
 
 
 # -- driver-side checks ------------------------------------------------------------------------

@@ -83,6 +83,7 @@ def store_sink(
             mark_as_partitioned=mark_as_partitioned,
             metadata={"sinks": {name: batch_id}, "spark_batch_id": batch_id},
             source_end=end,
+            progress=False,  # one bar per micro-batch would flood the output
         )
 
     return sink

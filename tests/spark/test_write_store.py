@@ -245,3 +245,13 @@ def test_not_present_partitions_after_a_small_upsert(spark, tmp_path):
         for p, q in r.partition_results.items()
         if q.is_failure and q.failure_reason is FailureReason.NOT_PRESENT
     } == set(range(8)) - {owner}
+
+
+def test_progress_reports_what_was_written(spark, tmp_path, capsys):
+    df = spark.createDataFrame([(f"k{i}", i) for i in range(30)], "k string, v long")
+    write_store(df, tmp_path, "s", key="k", value="v", partitions=3)
+    err = capsys.readouterr().err
+    assert "iqkit write 's'" in err
+    assert "rows=30" in err and "version=1" in err
+    write_store(df, tmp_path, "s", key="k", value="v", partitions=3, progress=False)
+    assert "iqkit write" not in capsys.readouterr().err
