@@ -40,7 +40,7 @@ from .query import (
     StateQueryResult,
 )
 from .store.layers import ReadCache, Trace, TypedKeyValueLayer, TypedWindowLayer, build_layers
-from .store.layout import StoreLayout, validate_store_name
+from .store.layout import StoreLayout, list_store_names, validate_store_name
 from .store.manifest import StoreManifest
 from .store.partition import RocksDBPartition
 from .store.partitioners import get_partitioner
@@ -53,7 +53,6 @@ from .store.versions import (
     read_latest_number,
     read_version,
 )
-from .store.writer import list_store_names
 
 Layers = TypedKeyValueLayer | TypedWindowLayer
 

@@ -34,7 +34,7 @@ from ..errors import IqkitError, StoreNotFoundError, UnknownStoreError
 from ..query.position import Position
 from . import rocks
 from .commit import build_partition, publish_partitions, remove_if_exists, remove_tree_or_file
-from .layout import StoreLayout
+from .layout import StoreLayout, list_store_names
 from .locking import CommitLock
 from .manifest import StoreManifest
 from .names import JOB_STAGING_PREFIX
@@ -166,8 +166,6 @@ class JobCommit:
         try:
             manifest = StoreManifest.read(self._layout)
         except StoreNotFoundError:
-            from .writer import list_store_names
-
             raise UnknownStoreError(store, list_store_names(root)) from None
         base = read_latest_number(self._layout)
         record = read_version(self._layout, base) if base is not None else None

@@ -20,6 +20,15 @@ from .names import (
 )
 
 
+def list_store_names(root: str | os.PathLike[str]) -> list[str]:
+    """Names of the stores under ``root`` (folders holding a manifest)."""
+    try:
+        entries = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return sorted(e for e in entries if os.path.isfile(os.path.join(root, e, MANIFEST_FILE)))
+
+
 @dataclass(frozen=True)
 class StoreLayout:
     """Paths of one store. Pure path arithmetic: creates nothing."""

@@ -25,22 +25,12 @@ from ..query.position import Position
 from ..query.window import to_epoch_millis
 from . import keyspace, rocks
 from .commit import build_partition, publish_partitions, remove_if_exists
-from .layout import StoreLayout
+from .layout import StoreLayout, list_store_names
 from .locking import CommitLock
 from .manifest import DEFAULT_RETENTION, StoreManifest
-from .names import MANIFEST_FILE
 from .partitioners import get_partitioner
 from .serdes import Serde, get_serde
 from .versions import read_latest_number, read_version
-
-
-def list_store_names(root: str | os.PathLike[str]) -> list[str]:
-    """Names of the stores under ``root`` (folders holding a manifest)."""
-    try:
-        entries = os.listdir(root)
-    except FileNotFoundError:
-        return []
-    return sorted(e for e in entries if os.path.isfile(os.path.join(root, e, MANIFEST_FILE)))
 
 
 def create_store(
