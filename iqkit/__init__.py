@@ -51,6 +51,19 @@ from .store.writer import StoreWriter, create_store
 
 __version__ = "0.1.0"
 
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext iqkit``: register the ``%iq`` magics (see ``iqkit.jupyter``)."""
+    from .jupyter import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: object) -> None:
+    from .jupyter import unload_ipython_extension as unload
+
+    unload(ipython)
+
 __all__ = [
     "EngineClosedError",
     "FailureReason",
@@ -86,6 +99,8 @@ __all__ = [
     "__version__",
     "create_store",
     "get_serde",
+    "load_ipython_extension",
     "murmur2",
     "open",
+    "unload_ipython_extension",
 ]

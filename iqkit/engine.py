@@ -459,17 +459,23 @@ class StateEngine:
 
     # -- lag -----------------------------------------------------------------------------
     def lags(
-        self, end: Position | Mapping[str, Any] | None = None
+        self,
+        end: Position | Mapping[str, Any] | None = None,
+        *,
+        stores: Iterable[str] | None = None,
     ) -> dict[str, dict[int, LagInfo]]:
         """Per store and partition, how far the store is behind its source.
 
         ``end`` (one Position for every store, or a dict store → Position) gives log-end
         offsets; otherwise each store's recorded source end offsets are used. A store
         whose end is unknown reports ``end_position=None`` and ``offset_lag=None``.
+        ``stores`` limits the answer to those stores (an unknown name raises
+        ``UnknownStoreError``); by default every store is reported.
         """
         self._check_open()
         out: dict[str, dict[int, LagInfo]] = {}
-        for name in self.store_names():
+        names = self.store_names() if stores is None else list(stores)
+        for name in names:
             view = self._view(name)
             record = view.current()
             store_end = _end_for_store(end, name, record)

@@ -1,0 +1,112 @@
+"""The normalised ``%iq`` command: what the user asked for, independent of how it was typed.
+
+The magic's parser (``parse.py``) turns a line into an :class:`IQCommand`; the widget panel
+builds one from its fields; the session (``session.py``) executes it. ``to_line()`` goes
+the other way, so the panel can show the ``%iq`` line that does the same thing and a
+result can say how it was made. Values stay as the user's text (keys, bounds, times):
+typing them needs the store's serdes, which is the session's job, not the parser's.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, fields, replace
+
+__all__ = ["ACTIONS", "QUERY_ACTIONS", "IQCommand"]
+
+#: Sub-commands that run a state query and return an ``IQResult``.
+QUERY_ACTIONS = ("get", "range", "prefix", "window", "windows", "scan")
+#: Every sub-command, in the order ``%iq help`` lists them.
+ACTIONS = (
+    "open",
+    "stores",
+    *QUERY_ACTIONS,
+    "lag",
+    "trace",
+    "sql",
+    "panel",
+    "help",
+)
+
+
+@dataclass(frozen=True)
+class IQCommand:
+    """One ``%iq`` invocation. Field names follow the long option names."""
+
+    action: str
+    store: str | None = None
+    #: ``get``/``window``: key texts (``:name`` binds a notebook variable).
+    keys: tuple[str, ...] = ()
+    #: ``range --from/--to`` (key texts) and ``window(s) --from/--to`` (times).
+    lower: str | None = None
+    upper: str | None = None
+    prefix: str | None = None
+    partitions: tuple[int, ...] | None = None
+    #: ``--bound`` texts, each ``topic:p=o,p=o`` or ``:name`` (a Position variable).
+    bounds: tuple[str, ...] = ()
+    active: bool = False
+    trace: bool = False
+    desc: bool = False
+    skip_cache: bool = False
+    limit: int | None = None
+    as_name: str | None = None
+    as_of: int | None = None
+    #: ``open PATH``, ``help CMD``.
+    path: str | None = None
+    sql: str | None = None
+
+    @property
+    def is_query(self) -> bool:
+        return self.action in QUERY_ACTIONS
+
+    def with_changes(self, **changes: object) -> IQCommand:
+        return replace(self, **changes)
+
+    def to_line(self) -> str:
+        """The ``%iq`` line that parses back into this command (cell SQL excepted)."""
+        words = ["%iq", self.action]
+        if self.action in ("open", "help") and self.path:
+            words.append(self.path)
+        if self.store is not None:
+            words.append(self.store)
+        words += self.keys
+        if self.prefix is not None:
+            words.append(self.prefix)
+        if self.lower is not None:
+            words += ["--from", self.lower]
+        if self.upper is not None:
+            words += ["--to", self.upper]
+        if self.partitions is not None:
+            words += ["--partitions", ",".join(str(p) for p in self.partitions)]
+        for bound in self.bounds:
+            words += ["--bound", bound]
+        for flag in ("active", "trace", "desc"):
+            if getattr(self, flag):
+                words.append(f"--{flag}")
+        if self.skip_cache:
+            words.append("--skip-cache")
+        if self.limit is not None:
+            words += ["--limit", str(self.limit)]
+        if self.as_of is not None:
+            words += ["--as-of", str(self.as_of)]
+        if self.as_name is not None:
+            words += ["--as", self.as_name]
+        line = " ".join(_quote(w) for w in words)
+        if self.action == "sql" and self.sql:
+            sql = " ".join(self.sql.split())
+            line = f"{line} {sql}" if "\n" not in self.sql else f"%{line}\n{self.sql}"
+        return line
+
+    def __repr__(self) -> str:
+        set_fields = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)
+            if getattr(self, f.name) != f.default
+        ]
+        return f"IQCommand({', '.join(set_fields)})"
+
+
+def _quote(word: str) -> str:
+    # '%iq' and ':name' need no quoting; shlex.quote would wrap ':x' needlessly? It does
+    # not, but it does quote '%'-free words with JSON brackets, which is what we want.
+    return word if word.startswith("%") else shlex.quote(word)

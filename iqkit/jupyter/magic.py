@@ -1,0 +1,116 @@
+"""The ``%iq`` / ``%%iq`` magics: a thin layer over parse → session → result.
+
+``IQMagics`` parses the line (``parse.py``), hands the :class:`IQCommand` to its
+:class:`IQSession` and returns what comes back; IPython displays it. Settings are
+traitlets, so ``%config IQMagics.displaylimit = 20`` works and ``%config IQMagics``
+lists them. The same method is registered as ``%iq`` and ``%iqkit`` (the long alias,
+for notebooks where ``iq`` is taken).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import (
+    Magics,
+    line_cell_magic,
+    magics_class,
+    needs_local_scope,
+    no_var_expand,
+)
+from traitlets import Bool, Int, TraitError, Unicode, observe, validate
+from traitlets.config import Configurable
+
+from .parse import overview, parse_line
+from .session import IQSession
+
+__all__ = ["IQMagics"]
+
+
+@magics_class
+class IQMagics(Magics, Configurable):
+    """Interactive queries over iqkit stores (see ``%iq help``)."""
+
+    displaylimit = Int(
+        10, help="Rows a result shows (0 = all); the result object always holds them all."
+    ).tag(config=True)
+    autolimit = Int(
+        100_000,
+        help="Rows a query reads when no --limit is given (0 = no limit): keeps an "
+        "accidental scan of a huge store from filling the kernel's memory.",
+    ).tag(config=True)
+    root = Unicode(
+        None,
+        allow_none=True,
+        help="The stores' root folder (default: $IQKIT_ROOT, else ./stores).",
+    ).tag(config=True)
+    progress = Bool(True, help="Show a progress bar when reading takes over 0.5 s.").tag(
+        config=True
+    )
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        # The session exists before traitlets loads the config, because loading it fires
+        # the observers below (on %reload_ext the shell's config already holds values).
+        self.session = IQSession()
+        Configurable.__init__(self, config=shell.config if shell is not None else None)
+        Magics.__init__(self, shell=shell, **kwargs)
+        self.session.display_limit = self.displaylimit
+        self.session.autolimit = self.autolimit
+        self.session.progress = self.progress
+        # Magics.__init__ already appends self to shell.configurables (%config sees it).
+
+    @validate("displaylimit", "autolimit")
+    def _non_negative(self, proposal: Any) -> int:
+        if proposal["value"] < 0:
+            raise TraitError(f"{proposal['trait'].name} must be >= 0 (0 = no limit)")
+        return proposal["value"]
+
+    @observe("displaylimit", "autolimit", "progress")
+    def _sync_setting(self, change: Any) -> None:
+        name = "display_limit" if change["name"] == "displaylimit" else change["name"]
+        setattr(self.session, name, change["new"])
+
+    @observe("root")
+    def _sync_root(self, change: Any) -> None:
+        # Set the root without opening: a configured root that does not exist yet must not
+        # break %load_ext; the first query reports it.
+        self.session.set_root(change["new"])
+
+    @no_var_expand
+    @needs_local_scope
+    @line_cell_magic("iq")
+    @line_cell_magic("iqkit")
+    def iq(self, line: str, cell: str | None = None, local_ns: dict[str, Any] | None = None) -> Any:
+        command = parse_line(line, cell)
+        namespace = dict(self.shell.user_ns) if self.shell is not None else {}
+        namespace.update(local_ns or {})
+        try:
+            result = self.session.execute(command, namespace)
+        except (ValueError, TypeError) as exc:
+            # The engine and serdes report a value of the wrong type or shape (a ``:var``
+            # key the store's serde cannot take, a version not retained) as ValueError /
+            # TypeError: for the user they are usage errors, shown as one line.
+            raise UsageError(f"%iq {command.action}: {exc}") from None
+        if command.as_name and self.shell is not None:
+            self.shell.user_ns[command.as_name] = result
+        return result
+
+    iq.__doc__ = overview()
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def load(shell: Any) -> IQMagics:
+    """Register a fresh ``IQMagics`` (replacing one already loaded: ``%reload_ext``)."""
+    unload(shell)
+    magics = IQMagics(shell)
+    shell.register_magics(magics)
+    return magics
+
+
+def unload(shell: Any) -> None:
+    for old in [c for c in shell.configurables if isinstance(c, IQMagics)]:
+        old.close()
+        shell.configurables.remove(old)

@@ -1,0 +1,325 @@
+"""``%iq`` line → :class:`IQCommand`: tokenising, sub-command parsers, option checks.
+
+Every mistake becomes one ``UsageError`` line (IPython prints those without a
+traceback and still fails the cell), with a did-you-mean hint for a misspelt
+sub-command or flag. Parsing needs no store: values stay text until the session types
+them with the store's serdes.
+
+Quoting: tokens are split like a shell but quotes are kept inside a token
+(``shlex`` with ``posix=False``), then one pair of surrounding quotes is removed. So
+``"alice smith"`` is one key and JSON such as ``[1,"a"]`` keeps its inner quotes, which
+POSIX shell splitting would strip.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from argparse import SUPPRESS, ArgumentParser
+from collections.abc import Sequence
+
+from IPython.core.error import UsageError
+
+from ..query.position import Position
+from .command import ACTIONS, IQCommand
+
+__all__ = [
+    "command_help",
+    "overview",
+    "parse_bound",
+    "parse_line",
+    "parse_partitions",
+    "split_words",
+]
+
+_SUMMARIES = {
+    "open": "open PATH — query the stores under PATH (default $IQKIT_ROOT or ./stores)",
+    "stores": "stores — every store: kind, partitions, serdes, version, rows, position, lag",
+    "get": "get STORE KEY [KEY ...] — key lookup (several keys: a multi-key query)",
+    "range": "range STORE [--from LO] [--to HI] — keys in [LO, HI], either end open",
+    "prefix": "prefix STORE PREFIX — keys starting with PREFIX (KIP-614)",
+    "window": "window STORE KEY --from T --to T — one key's windows starting in [T, T]",
+    "windows": "windows STORE --from T --to T — all windows starting in [T, T]",
+    "scan": "scan STORE — every record (use --limit, --desc)",
+    "lag": "lag [STORE] — how far each partition is behind its source",
+    "trace": "trace — the execution trace of the last result",
+    "sql": "sql [--as NAME] QUERY — DuckDB over stores, named results and DataFrames",
+    "panel": "panel — the interactive query builder",
+    "help": "help [COMMAND] — this overview, or one command's options",
+}
+
+
+class _Parser(ArgumentParser):
+    """argparse that raises a one-line ``UsageError`` naming the ``%iq`` command, instead
+    of printing usage and calling ``sys.exit`` (which would kill nothing but confuse)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message} (see %iq help {self.prog.split()[-1]})")
+
+
+def _query_options(p: _Parser, *, order: bool = True) -> None:
+    p.add_argument("--partitions", metavar="LIST", help="only these partitions: 0,2 or 0-3")
+    p.add_argument(
+        "--bound",
+        action="append",
+        default=[],
+        metavar="BOUND",
+        help="position bound: topic:0=5,1=3 (several topics: ';' or repeat) or :var",
+    )
+    p.add_argument("--active", action="store_true", help="require the latest version")
+    p.add_argument("--trace", action="store_true", help="show the execution trace")
+    if order:
+        p.add_argument("--desc", action="store_true", help="descending key order")
+    p.add_argument(
+        "--limit", metavar="N", type=_non_negative_int, help="stop after N rows (0 = all)"
+    )
+    p.add_argument("--as", dest="as_name", metavar="NAME", help="name the result (for %%iq sql)")
+    p.add_argument(
+        "--as-of", dest="as_of", metavar="VERSION", type=_non_negative_int, help="read this version"
+    )
+    p.add_argument("--skip-cache", action="store_true", help="bypass the cache layer")
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"expected a number >= 0, got {value}")
+    return value
+
+
+_non_negative_int.__name__ = "number"  # argparse shows it: "invalid number value: 'x'"
+
+
+def _build_parsers() -> dict[str, _Parser]:
+    parsers: dict[str, _Parser] = {}
+
+    def new(name: str) -> _Parser:
+        p = _Parser(prog=f"%iq {name}", description=_SUMMARIES[name], add_help=False)
+        parsers[name] = p
+        return p
+
+    new("open").add_argument("path", metavar="PATH", nargs="?", help="the stores' root folder")
+    new("stores")
+    p = new("get")
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("keys", nargs="+", metavar="KEY", help="typed by the store's key serde")
+    _query_options(p, order=False)
+    p = new("range")
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("--from", dest="lower", metavar="LO", help="lowest key (inclusive)")
+    p.add_argument("--to", dest="upper", metavar="HI", help="highest key (inclusive)")
+    _query_options(p)
+    p = new("prefix")
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("prefix", metavar="PREFIX")
+    _query_options(p)
+    p = new("window")
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("keys", nargs=1, metavar="KEY")
+    p.add_argument("--from", dest="lower", metavar="T", required=True, help="earliest window start")
+    p.add_argument("--to", dest="upper", metavar="T", required=True, help="latest window start")
+    _query_options(p)
+    p = new("windows")
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("--from", dest="lower", metavar="T", required=True, help="earliest window start")
+    p.add_argument("--to", dest="upper", metavar="T", required=True, help="latest window start")
+    _query_options(p)
+    p = new("scan")
+    p.add_argument("store", metavar="STORE")
+    _query_options(p)
+    new("lag").add_argument("store", metavar="STORE", nargs="?")
+    new("trace")
+    new("sql").add_argument("--as", dest="as_name", metavar="NAME", help="name the result")
+    new("panel")
+    new("help").add_argument("path", nargs="?", metavar="COMMAND")
+    return parsers
+
+
+_PARSERS = _build_parsers()
+
+
+def split_words(line: str) -> list[str]:
+    """Shell-like split that keeps inner quotes (see the module docstring)."""
+    try:
+        lexer = shlex.shlex(line, posix=False)
+        lexer.whitespace_split = True
+        lexer.commenters = ""
+        words = list(lexer)
+    except ValueError as exc:  # "No closing quotation"
+        raise UsageError(f"%iq: {exc}: {line.strip()!r}") from None
+    return [_unquote(w) for w in words]
+
+
+def _unquote(word: str) -> str:
+    if len(word) >= 2 and word[0] == word[-1] and word[0] in "'\"":
+        return word[1:-1]
+    return word
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def parse_line(line: str, cell: str | None = None) -> IQCommand:
+    """Parse one ``%iq`` line (and a ``%%iq`` cell body, used as SQL)."""
+    stripped = line.strip()
+    if not stripped:
+        if cell is not None and cell.strip():
+            raise UsageError("%%iq needs a command on its first line, e.g. %%iq sql")
+        return IQCommand("help")
+    action, _, rest = stripped.partition(" ")
+    action = action.lower()
+    if action not in ACTIONS:
+        raise UsageError(
+            f"%iq: unknown command {action!r}{_did_you_mean(action, ACTIONS)} (see %iq help)"
+        )
+    if action == "sql":
+        return _parse_sql(rest, cell)
+    if cell is not None and cell.strip():
+        raise UsageError(f"%%iq {action} takes no cell body (only %%iq sql does)")
+    parser = _PARSERS[action]
+    words = split_words(rest)
+    ns, extra = parser.parse_known_args(words)
+    if extra:
+        _reject_extra(parser, extra)
+    values = {k: v for k, v in vars(ns).items() if v is not SUPPRESS}
+    if "keys" in values:
+        values["keys"] = tuple(values["keys"])
+    if "partitions" in values:
+        values["partitions"] = (
+            None if values["partitions"] is None else parse_partitions(values["partitions"])
+        )
+    if "bound" in values:
+        bounds = tuple(values.pop("bound"))
+        for b in bounds:
+            _check_bound_syntax(b)
+        values["bounds"] = bounds
+    if action == "help" and values.get("path") and values["path"] not in ACTIONS:
+        topic = values["path"]
+        raise UsageError(
+            f"%iq help: unknown command {topic!r}{_did_you_mean(topic, ACTIONS)}"
+        )
+    return IQCommand(action, **values)
+
+
+def _reject_extra(parser: _Parser, extra: list[str]) -> None:
+    word = extra[0]
+    if word.startswith("-") and not _looks_numeric(word):
+        flags = [o for a in parser._actions for o in a.option_strings]
+        raise UsageError(
+            f"{parser.prog}: unknown option {word!r}{_did_you_mean(word, flags)} "
+            f"(see %iq help {parser.prog.split()[-1]})"
+        )
+    raise UsageError(
+        f"{parser.prog}: unexpected argument {word!r} (see %iq help {parser.prog.split()[-1]})"
+    )
+
+
+def _looks_numeric(word: str) -> bool:
+    return re.fullmatch(r"-\d+(\.\d*)?", word) is not None
+
+
+_SQL_AS = re.compile(r"^\s*--as(?:\s+|=)(\S+)\s*")
+
+
+def _parse_sql(rest: str, cell: str | None) -> IQCommand:
+    """``sql [--as NAME] QUERY``: the query is taken verbatim (no shell splitting, so SQL
+    quotes, ``--`` comments and ``$params`` arrive untouched)."""
+    as_name = None
+    m = _SQL_AS.match(rest)
+    if m:
+        as_name = m.group(1)
+        rest = rest[m.end() :]
+        if not as_name.isidentifier():
+            raise UsageError(f"%iq sql: --as needs a Python identifier, got {as_name!r}")
+    elif rest.lstrip().startswith("--as"):
+        raise UsageError("%iq sql: --as needs a name: %iq sql --as NAME SELECT ...")
+    parts = [rest.strip(), (cell or "").strip()]
+    query = "\n".join(p for p in parts if p)
+    if not query:
+        raise UsageError("%iq sql: no query given: %iq sql SELECT ... or a %%iq sql cell")
+    return IQCommand("sql", sql=query, as_name=as_name)
+
+
+_RANGE = re.compile(r"^(\d+)-(\d+)$")
+
+
+def parse_partitions(text: str) -> tuple[int, ...]:
+    """``"0,2"`` / ``"0-3"`` / ``"0,2-3"`` → sorted partition numbers."""
+    out: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        if part.isdigit():
+            out.add(int(part))
+            continue
+        m = _RANGE.match(part)
+        if m and int(m.group(1)) <= int(m.group(2)):
+            out.update(range(int(m.group(1)), int(m.group(2)) + 1))
+            continue
+        raise UsageError(
+            f"%iq: --partitions expects partition numbers like 0,2 or 0-3, got {text!r}"
+        )
+    return tuple(sorted(out))
+
+
+_BOUND_PART = re.compile(r"^\s*(\d+)\s*=\s*(-?\d+)\s*$")
+
+
+def _check_bound_syntax(text: str) -> None:
+    if text.startswith(":"):
+        if not text[1:].isidentifier():
+            raise UsageError(f"%iq: --bound :NAME needs a variable name, got {text!r}")
+        return
+    parse_bound(text)
+
+
+def parse_bound(text: str) -> Position:
+    """``"orders:0=5,1=3;payments:0=2"`` → a Position (offsets are the last applied)."""
+    position = Position.empty()
+    for topic_part in filter(None, (t.strip() for t in text.split(";"))):
+        topic, sep, offsets = topic_part.rpartition(":")
+        if not sep or not topic or not offsets:
+            raise UsageError(_bound_error(text))
+        for item in offsets.split(","):
+            m = _BOUND_PART.match(item)
+            if not m:
+                raise UsageError(_bound_error(text))
+            try:
+                position = position.with_component(topic, int(m.group(1)), int(m.group(2)))
+            except ValueError as exc:
+                raise UsageError(f"%iq: --bound {text!r}: {exc}") from None
+    if position.is_empty:
+        raise UsageError(_bound_error(text))
+    return position
+
+
+def _bound_error(text: str) -> str:
+    return (
+        f"%iq: --bound expects topic:partition=offset,... (e.g. orders:0=5,1=3) "
+        f"or :variable, got {text!r}"
+    )
+
+
+def overview() -> str:
+    """The text of ``%iq help`` (and of ``%iq?``)."""
+    lines = ["%iq COMMAND [ARGS] [OPTIONS]   (x = %iq ... keeps the result)", ""]
+    lines += [f"  {_SUMMARIES[a]}" for a in ACTIONS]
+    lines += [
+        "",
+        "Query options (get, range, prefix, window, windows, scan):",
+        "  --partitions 0,2   --bound topic:0=5,1=3 | :var   --active   --trace",
+        "  --desc   --limit N   --as NAME   --as-of VERSION   --skip-cache",
+        "Keys are typed by the store's key serde (42 is an int in an int32 store);",
+        "JSON literals give tuples and records; :name uses a notebook variable.",
+        "%iq help COMMAND shows one command's options.",
+    ]
+    return "\n".join(lines)
+
+
+def command_help(action: str) -> str:
+    return _PARSERS[action].format_help()
+

@@ -1,0 +1,312 @@
+"""Executing :class:`IQCommand`s: what one notebook has open, and how a command runs.
+
+An ``IQSession`` holds the root, its engine (opened lazily, reopened by ``open``), the
+last result (for ``%iq trace``), results named with ``--as``, and a private DuckDB
+session. The magic owns one; the panel shares it. Nothing here is class-level state:
+two shells get two sessions.
+
+Decisions (see docs/DECISIONS.md, "Jupyter"):
+* The engine always records the execution trace (about a microsecond per layer), so
+  ``%iq trace`` and per-partition timings work for every result; ``--trace`` only opens
+  the trace section in the output.
+* Results are materialised (rows read into Arrow) and iterators closed before the
+  command returns, so nothing keeps a partition open between cells. ``autolimit``
+  (default 100,000 rows) keeps an accidental ``scan`` of a huge store from filling the
+  kernel's memory; the result says it was truncated, and ``--limit 0`` reads everything.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from ..engine import StateEngine
+from ..engine import open as open_engine
+from ..errors import IqkitError, UnknownStoreError
+from ..query import (
+    KeyQuery,
+    MultiKeyQuery,
+    PrefixScanQuery,
+    Query,
+    RangeQuery,
+    StateQueryRequest,
+    WindowKeyQuery,
+    WindowRangeQuery,
+)
+from ..store.manifest import StoreManifest
+from .command import IQCommand
+from .messages import Message
+from .parse import command_help, overview
+from .values import bound_value, key_value, time_value
+
+__all__ = ["DEFAULT_ROOT", "IQSession", "default_root"]
+
+DEFAULT_ROOT = "stores"
+#: A window-store scan asks for every window start in this range (epoch ms).
+_ALL_TIME = (-(2**62), 2**62)
+
+
+def default_root() -> str:
+    """``$IQKIT_ROOT``, else ``./stores``."""
+    return os.environ.get("IQKIT_ROOT") or DEFAULT_ROOT
+
+
+class IQSession:
+    """The state behind ``%iq`` in one notebook (see the module docstring)."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        *,
+        display_limit: int = 10,
+        autolimit: int = 100_000,
+        progress: bool = True,
+    ) -> None:
+        self._root = os.fspath(root) if root is not None else None
+        self._engine: StateEngine | None = None
+        self._sql: Any = None
+        self.display_limit = display_limit
+        self.autolimit = autolimit
+        self.progress = progress
+        self.last: Any = None
+        self.named: dict[str, Any] = {}
+
+    # -- root and engine -------------------------------------------------------------------
+    @property
+    def root(self) -> str:
+        return self._root if self._root is not None else default_root()
+
+    @property
+    def engine(self) -> StateEngine:
+        if self._engine is None or self._engine.is_closed:
+            root = self.root
+            if not Path(root).is_dir():
+                raise UsageError(
+                    f"%iq: no stores folder at {root!r}: %iq open PATH, or set IQKIT_ROOT"
+                )
+            self._engine = open_engine(root)
+        return self._engine
+
+    def set_root(self, root: str | os.PathLike[str] | None) -> None:
+        """Use ``root`` from the next command on (``None``: the default root)."""
+        self.close()
+        self._root = os.fspath(root) if root is not None else None
+
+    def open(self, path: str | os.PathLike[str] | None) -> Message:
+        root = os.fspath(path) if path is not None else default_root()
+        if not Path(root).is_dir():
+            raise UsageError(f"%iq open: no such folder {root!r}")
+        self.set_root(root)
+        names = self.engine.store_names()
+        listed = ", ".join(names) if names else "none yet"
+        return Message(f"iqkit: {root} — {len(names)} store(s): {listed}")
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+        if self._sql is not None:
+            self._sql.close()
+            self._sql = None
+
+    def manifest(self, store: str) -> StoreManifest:
+        return self.engine.manifest(store)
+
+    # -- dispatch ----------------------------------------------------------------------------
+    def execute(self, command: IQCommand, namespace: Mapping[str, Any] | None = None) -> Any:
+        """Run one command; user mistakes raise ``UsageError`` (one line in a notebook)."""
+        ns = namespace if namespace is not None else {}
+        try:
+            return self._dispatch(command, ns)
+        except UnknownStoreError as exc:
+            raise UsageError(f"%iq {command.action}: {exc}") from None
+        except IqkitError as exc:
+            raise UsageError(f"%iq {command.action}: {exc}") from None
+
+    def _dispatch(self, command: IQCommand, ns: Mapping[str, Any]) -> Any:
+        action = command.action
+        if command.is_query:
+            result = self.query(command, ns)
+            self.last = result
+            if command.as_name:
+                self._name(command.as_name, result)
+            return result
+        if action == "open":
+            return self.open(command.path)
+        if action == "stores":
+            from .result import stores_frame
+
+            return stores_frame(self.engine)
+        if action == "lag":
+            return self.lag(command.store)
+        if action == "trace":
+            if self.last is None:
+                raise UsageError("%iq trace: no result yet; run a query first")
+            return self.last.trace
+        if action == "sql":
+            return self.sql(command, ns)
+        if action == "help":
+            return Message(command_help(command.path) if command.path else overview())
+        if action == "panel":
+            from .panel import IQPanel
+
+            return IQPanel(self, namespace=ns)
+        raise UsageError(f"%iq: {action!r} is not implemented")  # pragma: no cover
+
+    def _name(self, name: str, result: Any) -> None:
+        self.named[name] = result
+        if self._sql is not None:
+            self._sql.register(name, result)
+
+    # -- queries ---------------------------------------------------------------------------
+    def request(
+        self, command: IQCommand, namespace: Mapping[str, Any], manifest: StoreManifest
+    ) -> StateQueryRequest[Any]:
+        """The IQv2 request a query command stands for (typed with the store's serdes)."""
+        request = StateQueryRequest.in_store(manifest.name).with_query(
+            self._query(command, namespace, manifest)
+        )
+        if command.partitions is not None:
+            request = request.with_partitions(command.partitions)
+        if command.bounds:
+            request = request.with_position_bound(bound_value(command.bounds, namespace))
+        if command.active:
+            request = request.require_active()
+        return request.enable_execution_info()
+
+    def _query(
+        self, command: IQCommand, ns: Mapping[str, Any], manifest: StoreManifest
+    ) -> Query[Any]:
+        action = command.action
+        window_store = manifest.kind == "window"
+        query: Any
+        if action == "get":
+            keys = [key_value(k, manifest, ns) for k in command.keys]
+            query = KeyQuery.with_key(keys[0]) if len(keys) == 1 else MultiKeyQuery.with_keys(keys)
+            return query.skip_cache() if command.skip_cache else query
+        if action == "range":
+            lo = None if command.lower is None else key_value(command.lower, manifest, ns)
+            hi = None if command.upper is None else key_value(command.upper, manifest, ns)
+            query = RangeQuery.with_range(lo, hi)
+        elif action == "prefix":
+            query = PrefixScanQuery.with_prefix(key_value(command.prefix or "", manifest, ns))
+        elif action == "window":
+            query = WindowKeyQuery.with_key_and_window_start_range(
+                key_value(command.keys[0], manifest, ns),
+                time_value(command.lower or "", ns),
+                time_value(command.upper or "", ns),
+            )
+        elif action == "windows":
+            query = WindowRangeQuery.with_window_start_range(
+                time_value(command.lower or "", ns), time_value(command.upper or "", ns)
+            )
+        elif window_store:  # scan of a window store: every window
+            query = WindowRangeQuery.with_window_start_range(*_ALL_TIME)
+        else:
+            query = RangeQuery.with_no_bounds()
+        return query.with_descending_keys() if command.desc else query
+
+    def query(self, command: IQCommand, namespace: Mapping[str, Any]) -> Any:
+        """Run a query command and collect its rows into an ``IQResult``."""
+        from ..tables import collect
+        from .result import IQResult
+
+        store = command.store or ""
+        pinned = command.as_of is not None
+        engine = open_engine(self.root, as_of={store: command.as_of}) if pinned else self.engine
+        try:
+            manifest = engine.manifest(store)
+            request = self.request(command, namespace, manifest)
+            limit = self.autolimit if command.limit is None else command.limit
+            started = time.perf_counter_ns()
+            result = engine.query(request)
+            engine_ns = time.perf_counter_ns() - started
+            with self._progress_bar(store) as advance:
+                collected = collect(result, manifest, limit=limit or None, progress=advance)
+            lags = self._lags_getter(store) if not pinned else None
+        finally:
+            if pinned:
+                engine.close()
+        return IQResult(
+            request,
+            result,
+            manifest,
+            collected,
+            engine_ns=engine_ns,
+            lags=lags,
+            line=command.to_line(),
+            display_limit=self.display_limit,
+            show_trace=command.trace,
+        )
+
+    def _lags_getter(self, store: str) -> Callable[[], Any]:
+        engine = self.engine
+
+        def lags() -> Any:
+            return engine.lags(stores=[store])[store]
+
+        return lags
+
+    def _progress_bar(self, store: str) -> AbstractContextManager[Callable[[int], None] | None]:
+        if not self.progress:
+            return nullcontext(None)
+        return _RowsProgress(store)
+
+    # -- other commands ----------------------------------------------------------------------
+    def lag(self, store: str | None) -> Any:
+        from .result import lag_frame
+
+        engine = self.engine
+        if store is not None:
+            engine.manifest(store)  # unknown store → UnknownStoreError with a hint
+            return lag_frame(engine.lags(stores=[store]))
+        return lag_frame(engine.lags())
+
+    @property
+    def sql_session(self) -> Any:
+        if self._sql is None:
+            from ..sql import SQLSession
+
+            self._sql = SQLSession(engine=lambda: self.engine)
+            for name, value in self.named.items():
+                self._sql.register(name, value)
+        return self._sql
+
+    def sql(self, command: IQCommand, namespace: Mapping[str, Any]) -> Any:
+        frame = self.sql_session.query(command.sql or "", namespace=namespace)
+        if command.as_name:
+            self._name(command.as_name, frame)
+        return frame
+
+    def __repr__(self) -> str:
+        state = "open" if self._engine is not None and not self._engine.is_closed else "idle"
+        return f"IQSession(root={self.root!r}, {state}, named={sorted(self.named)})"
+
+
+class _RowsProgress:
+    """A tqdm bar (a widget in Jupyter, text elsewhere) that appears only when reading
+    takes longer than half a second, so quick lookups print nothing."""
+
+    def __init__(self, store: str) -> None:
+        self.store = store
+        self._bar: Any = None
+        self._done = 0
+
+    def __enter__(self) -> Callable[[int], None]:
+        from tqdm.auto import tqdm
+
+        self._bar = tqdm(desc=f"reading {self.store}", unit=" rows", delay=0.5, leave=False)
+        return self._advance
+
+    def _advance(self, rows_so_far: int) -> None:
+        self._bar.update(rows_so_far - self._done)
+        self._done = rows_so_far
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._bar.close()
