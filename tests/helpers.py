@@ -39,3 +39,39 @@ def kv_rows(engine: iqkit.StateEngine, store: str) -> list[tuple[int, object, ob
             with qr.result as it:
                 out.extend((p, kv.key, kv.value) for kv in it)
     return out
+
+
+#: The records behind the notebook test stores (see ``write_notebook_stores``).
+NOTEBOOK_TOTALS = {
+    "alice": {"customer": "alice", "total": 42, "orders": 3},
+    "bob": {"customer": "bob", "total": 13, "orders": 2},
+    "carol": {"customer": "carol", "total": 7, "orders": 1},
+    "dave": {"customer": "dave", "total": 99, "orders": 5},
+    "erin": {"customer": "erin", "total": 0, "orders": 0},
+    "alfred": {"customer": "alfred", "total": 5, "orders": 1},
+}
+
+
+def write_notebook_stores(root: Path) -> None:
+    """'totals' (kv, string → json, 4 partitions; source topic 'orders', 2 partitions,
+    end offsets recorded), 'counts' (int32 → int64, 2 partitions) and 'clicks' (window
+    store, 60 s windows, string → int64, minutes 0..4 for alice and 0..1 for bob)."""
+    iqkit.create_store(root, "totals", partitions=4, value_serde="json")
+    with iqkit.StoreWriter(root, "totals") as w:
+        for offset, (key, value) in enumerate(NOTEBOOK_TOTALS.items()):
+            w.put(key, value, source=("orders", offset % 2, offset))
+        w.record_source_end({"orders": {0: 20, 1: 20}})
+    iqkit.create_store(
+        root, "counts", partitions=2, key_serde="int32", value_serde="int64"
+    )
+    with iqkit.StoreWriter(root, "counts") as w:
+        for k in range(-5, 20):
+            w.put(k, k * k)
+    iqkit.create_store(
+        root, "clicks", partitions=2, kind="window", window_size_ms=60_000, value_serde="int64"
+    )
+    with iqkit.StoreWriter(root, "clicks") as w:
+        for minute in range(5):
+            w.put("alice", minute + 1, window_start=minute * 60_000)
+        for minute in range(2):
+            w.put("bob", 10 * (minute + 1), window_start=minute * 60_000)

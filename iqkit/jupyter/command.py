@@ -9,7 +9,6 @@ typing them needs the store's serdes, which is the session's job, not the parser
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, fields, replace
 
 __all__ = ["ACTIONS", "QUERY_ACTIONS", "IQCommand"]
@@ -91,7 +90,7 @@ class IQCommand:
             words += ["--as-of", str(self.as_of)]
         if self.as_name is not None:
             words += ["--as", self.as_name]
-        line = " ".join(_quote(w) for w in words)
+        line = " ".join(words[:1] + [_quote(w) for w in words[1:]])
         if self.action == "sql" and self.sql:
             sql = " ".join(self.sql.split())
             line = f"{line} {sql}" if "\n" not in self.sql else f"%{line}\n{self.sql}"
@@ -107,6 +106,8 @@ class IQCommand:
 
 
 def _quote(word: str) -> str:
-    # '%iq' and ':name' need no quoting; shlex.quote would wrap ':x' needlessly? It does
-    # not, but it does quote '%'-free words with JSON brackets, which is what we want.
-    return word if word.startswith("%") else shlex.quote(word)
+    """Quote the way ``parse.split_words`` reads: one pair of surrounding quotes, the
+    inside kept verbatim (so JSON such as ``[1, "a"]`` survives in single quotes)."""
+    if word and not any(c in word for c in " \t\r\n'\""):
+        return word
+    return f"'{word}'" if "'" not in word else f'"{word}"'

@@ -1,0 +1,205 @@
+"""``%iq`` through a real IPython ``InteractiveShell`` over real stores on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from helpers import NOTEBOOK_TOTALS, request
+from IPython.core.error import UsageError
+
+import iqkit
+from iqkit.jupyter.magic import IQMagics
+from iqkit.jupyter.messages import Message
+from iqkit.jupyter.testing import IQTestShell, new_shell
+
+
+def run(shell, line: str):
+    return shell.run_cell(line).result
+
+
+def magics(shell) -> list[IQMagics]:
+    return [c for c in shell.configurables if isinstance(c, IQMagics)]
+
+
+# -- loading and configuration ---------------------------------------------------------------
+def test_load_registers_iq_and_the_long_alias_and_reload_is_idempotent(shell, nb_root):
+    assert shell.find_line_magic("iq") is not None
+    assert shell.find_cell_magic("iq") is not None
+    assert shell.find_line_magic("iqkit") is not None
+    shell.run_cell("%config IQMagics.displaylimit = 3")
+    shell.run_line_magic("reload_ext", "iqkit")
+    shell.run_line_magic("reload_ext", "iqkit")
+    assert len(magics(shell)) == 1
+    assert magics(shell)[0].displaylimit == 3  # the shell's config survives a reload
+    assert run(shell, "%iqkit get totals alice").rows["total"].tolist() == [42]
+
+
+def test_config_traits_reach_the_session(shell):
+    shell.run_cell("%config IQMagics.displaylimit = 2")
+    shell.run_cell("%config IQMagics.autolimit = 3")
+    session = magics(shell)[0].session
+    assert (session.display_limit, session.autolimit) == (2, 3)
+    r = run(shell, "%iq scan totals")
+    assert len(r.rows) == 3 and r.truncated
+    assert run(shell, "%iq scan totals --limit 0").rows.shape[0] == len(NOTEBOOK_TOTALS)
+    html = run(shell, "%iq scan totals --limit 0")._repr_html_()
+    assert "displaylimit" in html  # the footer says how to see more than 2 rows
+
+
+def test_negative_limits_are_refused_by_the_trait(shell):
+    before = magics(shell)[0].displaylimit
+    shell.run_cell("%config IQMagics.displaylimit = -1")  # %config logs the TraitError
+    assert magics(shell)[0].displaylimit == before
+
+
+def test_help_and_question_mark(shell):
+    text = repr(run(shell, "%iq help"))
+    assert "get STORE KEY" in text and "--bound" in text
+    assert "--from LO" in repr(run(shell, "%iq help range"))
+    assert isinstance(run(shell, "%iq"), Message)
+    assert "prefix STORE PREFIX" in shell.find_line_magic("iq").__doc__
+
+
+# -- queries -----------------------------------------------------------------------------------
+def test_get_matches_the_python_api(shell, nb_root):
+    r = run(shell, "%iq get totals alice")
+    assert r.rows[["customer", "total", "orders"]].to_dict("records") == [NOTEBOOK_TOTALS["alice"]]
+    with iqkit.open(nb_root) as engine:
+        api = engine.query(request("totals", iqkit.KeyQuery.with_key("alice")))
+        (p,) = [p for p, q in api.partition_results.items() if q.result is not None]
+    assert r.rows["partition"].tolist() == [p]
+    assert r.rows["key"].tolist() == ["alice"]
+
+
+def test_multi_get_and_typed_keys(shell):
+    r = run(shell, "%iq get totals alice dave nobody")
+    assert sorted(r.rows["key"]) == ["alice", "dave"]
+    r = run(shell, "%iq get counts -3 7")
+    assert dict(zip(r.rows["key"], r.rows["value"], strict=True)) == {-3: 9, 7: 49}
+    shell.user_ns["k"] = 4
+    assert run(shell, "%iq get counts :k").rows["value"].tolist() == [16]
+
+
+def test_range_prefix_desc_and_partitions(shell):
+    r = run(shell, "%iq range counts --from 3 --to 6")
+    assert sorted(r.rows["key"]) == [3, 4, 5, 6]
+    r = run(shell, "%iq prefix totals al")
+    assert sorted(r.rows["key"]) == ["alfred", "alice"]
+    r = run(shell, "%iq scan counts --desc --partitions 1")
+    assert set(r.rows["partition"]) == {1}
+    keys = r.rows["key"].tolist()
+    assert keys == sorted(keys, key=lambda k: k.to_bytes(4, "big", signed=True), reverse=True)
+    assert set(r.partitions["partition"]) == {1}
+
+
+def test_window_and_windows(shell):
+    r = run(shell, "%iq window clicks alice --from 0 --to 120000")
+    assert r.rows["value"].tolist() == [1, 2, 3]
+    assert r.rows["window_start"].tolist() == [
+        pd.Timestamp(ms, unit="ms", tz="UTC") for ms in (0, 60_000, 120_000)
+    ]
+    r = run(shell, "%iq window clicks alice --from 0 --to 1970-01-01T00:02 --desc")
+    assert r.rows["value"].tolist() == [3, 2, 1]
+    r = run(shell, "%iq windows clicks --from 60000 --to 60000")
+    assert sorted(r.rows["value"]) == [2, 20]
+    assert len(run(shell, "%iq scan clicks").rows) == 7
+
+
+def test_assignment_semicolon_and_as(shell):
+    shell.run_cell("x = %iq get totals bob")
+    assert shell.user_ns["x"].rows["total"].tolist() == [13]
+    assert shell.run_cell("%iq get totals bob;").result is None
+    run(shell, "%iq scan totals --as everyone")
+    assert len(shell.user_ns["everyone"].rows) == len(NOTEBOOK_TOTALS)
+
+
+def test_bound_active_and_as_of_failures_are_results(shell, nb_root):
+    r = run(shell, "%iq scan totals --bound orders:0=999")
+    assert set(r.partitions["status"]) == {"failed"}
+    assert set(r.partitions["failure_reason"]) == {"NOT_UP_TO_BOUND"}
+    with iqkit.StoreWriter(nb_root, "totals") as w:
+        w.put("zoe", {"customer": "zoe", "total": 1, "orders": 1})
+    r = run(shell, "%iq get totals zoe --as-of 1 --active")
+    assert "NOT_ACTIVE" in set(r.partitions["failure_reason"])
+    assert run(shell, "%iq get totals zoe").rows["total"].tolist() == [1]
+    assert run(shell, "%iq get totals zoe --as-of 1").rows.empty
+
+
+def test_bound_from_a_previous_result_reads_your_writes(shell):
+    shell.run_cell("first = %iq scan totals")
+    r = run(shell, "%iq scan totals --bound :first")
+    assert not r.failures
+    assert r.position == shell.user_ns["first"].position
+
+
+def test_trace_is_the_last_results(shell):
+    with pytest.raises(UsageError, match="no result yet"):
+        run(shell, "%iq trace")
+    run(shell, "%iq get totals alice --trace")
+    trace = run(shell, "%iq trace")
+    assert {"RocksDBLayer", "CachingLayer", "TypedKeyValueLayer"} <= set(trace["layer"])
+    assert (trace["nanoseconds"] > 0).all()
+
+
+def test_stores_and_lag(shell, nb_root):
+    stores = run(shell, "%iq stores")
+    assert sorted(stores["name"]) == ["clicks", "counts", "totals"]
+    row = stores.set_index("name").loc["clicks"]
+    assert (row["kind"], row["partitions"]) == ("window", 2)
+    lag = run(shell, "%iq lag totals")
+    with iqkit.open(nb_root) as engine:
+        expected = engine.lags()["totals"]
+    total = sum(info.offset_lag for info in expected.values())
+    assert lag["lag"].sum() == total > 0
+    assert set(lag["store"]) == {"totals"}
+    everything = run(shell, "%iq lag")
+    only_totals = everything[everything["store"] == "totals"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(only_totals, lag.reset_index(drop=True))
+
+
+def test_open_switches_root(shell, tmp_path: Path):
+    other = tmp_path / "other"
+    iqkit.create_store(other, "solo", partitions=1)
+    assert "1 store(s): solo" in repr(run(shell, f"%iq open {other}"))
+    assert list(run(shell, "%iq stores")["name"]) == ["solo"]
+
+
+# -- errors: one line, cell fails --------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("%iq get totls alice", "did you mean 'totals'"),
+        ("%iq get counts abc", "key 'abc' does not fit store 'counts' (key serde int32)"),
+        ("%iq scan totals --bound orders:x", "--bound expects topic:partition=offset"),
+        ("%iq scan totals --partitons 1", "did you mean '--partitions'"),
+        ("%iq get totals :missing", "no variable 'missing'"),
+        ("%iq lag nope", "no store 'nope'"),
+        ("%iq open /definitely/not/here", "no such folder"),
+        ("%iq get totals alice --as-of 99", "99"),
+    ],
+)
+def test_user_errors_are_usage_errors(shell, line, message):
+    with pytest.raises(UsageError) as err:
+        shell.run_cell(line)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_root_is_one_line(tmp_path: Path):
+    sh = new_shell(root=str(tmp_path / "absent"))
+    try:
+        with pytest.raises(UsageError, match=r"no stores folder at .*absent.*%iq open PATH"):
+            sh.run_cell("%iq stores")
+    finally:
+        IQTestShell.clear_instance()
+
+
+def test_iqkit_root_environment_variable(monkeypatch, nb_root):
+    monkeypatch.setenv("IQKIT_ROOT", str(nb_root))
+    sh = new_shell(progress=False)
+    try:
+        assert len(sh.run_cell("%iq stores").result) == 3
+    finally:
+        IQTestShell.clear_instance()

@@ -1,0 +1,173 @@
+"""``%iq`` line parsing and value typing: pure functions, no shell, no store."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from IPython.core.error import UsageError
+
+from iqkit import Position, PositionBound, StoreManifest
+from iqkit.jupyter.command import ACTIONS, IQCommand
+from iqkit.jupyter.parse import parse_bound, parse_line, parse_partitions, split_words
+from iqkit.jupyter.values import bound_value, key_value, time_value
+
+
+def manifest(key_serde: str) -> StoreManifest:
+    return StoreManifest(
+        name="s", kind="kv", partitions=2, key_serde=key_serde, value_serde="json",
+        partitioner="murmur2",
+    )
+
+
+def test_get_with_every_query_option():
+    cmd = parse_line(
+        "get totals alice bob --partitions 0,2-3 --bound orders:0=5,1=3 --bound :b "
+        "--active --trace --limit 5 --as x --as-of 2 --skip-cache"
+    )
+    assert cmd == IQCommand(
+        "get", store="totals", keys=("alice", "bob"), partitions=(0, 2, 3),
+        bounds=("orders:0=5,1=3", ":b"), active=True, trace=True, limit=5, as_name="x",
+        as_of=2, skip_cache=True,
+    )
+
+
+def test_range_prefix_window_windows_scan():
+    assert parse_line("range t --from a --to c --desc") == IQCommand(
+        "range", store="t", lower="a", upper="c", desc=True
+    )
+    assert parse_line("range t") == IQCommand("range", store="t")
+    assert parse_line("prefix t al") == IQCommand("prefix", store="t", prefix="al")
+    assert parse_line("window c alice --from 0 --to now") == IQCommand(
+        "window", store="c", keys=("alice",), lower="0", upper="now"
+    )
+    assert parse_line("windows c --from 0 --to 10") == IQCommand(
+        "windows", store="c", lower="0", upper="10"
+    )
+    assert parse_line("scan t --limit 0") == IQCommand("scan", store="t", limit=0)
+
+
+def test_quotes_keep_json_and_spaces_together():
+    assert split_words('a "b c" [1,"x"] \'[2, "y"]\'') == ["a", "b c", '[1,"x"]', '[2, "y"]']
+    assert parse_line('get t "alice smith" -5').keys == ("alice smith", "-5")
+
+
+def test_sql_is_taken_verbatim_with_cell_body():
+    cmd = parse_line("sql --as j SELECT 'a -- b' AS x, $k -- note")
+    assert cmd == IQCommand("sql", as_name="j", sql="SELECT 'a -- b' AS x, $k -- note")
+    cell = parse_line("sql", "SELECT *\nFROM t")
+    assert cell.sql == "SELECT *\nFROM t"
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("gte t a", "unknown command 'gte'; did you mean 'get'?"),
+        ("get t a --lmit 3", "unknown option '--lmit'; did you mean '--limit'?"),
+        ("get", "the following arguments are required: STORE, KEY"),
+        ("get t a --partitions x", "--partitions expects partition numbers"),
+        ("get t a --partitions 3-1", "--partitions expects partition numbers"),
+        ("get t a --bound orders", "--bound expects topic:partition=offset"),
+        ("get t a --bound orders:0=x", "--bound expects topic:partition=offset"),
+        ("get t a --bound :1x", "--bound :NAME needs a variable name"),
+        ("scan t --limit -1", "invalid number value: '-1'"),
+        ("window c alice --from 0", "the following arguments are required: --to"),
+        ("scan t extra", "unexpected argument 'extra'"),
+        ("sql", "no query given"),
+        ("sql --as 1x SELECT 1", "--as needs a Python identifier"),
+        ("help gett", "unknown command 'gett'; did you mean 'get'?"),
+        ('get t "open', "No closing quotation"),
+    ],
+)
+def test_mistakes_are_one_line_usage_errors(line, message):
+    with pytest.raises(UsageError) as err:
+        parse_line(line)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_only_sql_takes_a_cell_body():
+    with pytest.raises(UsageError, match="takes no cell body"):
+        parse_line("get t a", "more")
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        IQCommand("get", store="totals", keys=("alice", "bob smith", '[1, "a"]')),
+        IQCommand("range", store="t", lower="a", upper="c", desc=True, limit=3),
+        IQCommand("prefix", store="t", prefix="al", partitions=(0, 2), active=True),
+        IQCommand("window", store="c", keys=("alice",), lower="0", upper="now-5m"),
+        IQCommand("scan", store="t-1", bounds=("o:0=1,1=2", ":b"), trace=True, as_name="x"),
+        IQCommand("windows", store="c", lower="0", upper="9", as_of=3, skip_cache=True),
+        IQCommand("lag", store="totals"),
+        IQCommand("open", path="/tmp/some dir"),
+        IQCommand("stores"),
+    ],
+)
+def test_to_line_parses_back_to_the_same_command(cmd):
+    assert parse_line(cmd.to_line().removeprefix("%iq ")) == cmd
+
+
+@given(
+    st.lists(
+        st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=1).filter(
+            lambda s: s.strip() == s and not s.startswith("-") and "'" not in s and '"' not in s
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_any_plain_keys_survive_to_line_and_back(keys):
+    cmd = IQCommand("get", store="s", keys=tuple(keys))
+    assert parse_line(cmd.to_line().removeprefix("%iq ")) == cmd
+
+
+def test_partitions_and_bounds():
+    assert parse_partitions("3, 0,1-2") == (0, 1, 2, 3)
+    assert parse_bound("orders:0=5,1=3;pay:2=-1") == Position.from_map(
+        {"orders": {0: 5, 1: 3}, "pay": {2: -1}}
+    )
+    p = Position.from_map({"o": {0: 9}})
+    ns = {"p": p, "b": PositionBound.at(Position.from_map({"o": {1: 4}})), "m": {"x": {0: 1}}}
+    merged = bound_value(("o:0=3,2=2", ":p", ":b", ":m"), ns)
+    assert merged == PositionBound.at(Position.from_map({"o": {0: 9, 1: 4, 2: 2}, "x": {0: 1}}))
+    with pytest.raises(UsageError, match="no variable 'nope'"):
+        bound_value((":nope",), ns)
+    with pytest.raises(UsageError, match="expected a Position"):
+        bound_value((":x",), {"x": 3})
+
+
+def test_keys_are_typed_by_the_key_serde():
+    assert key_value("42", manifest("int32"), {}) == 42
+    assert key_value("42", manifest("string"), {}) == "42"
+    assert key_value("2.5", manifest("double"), {}) == 2.5
+    assert key_value("0x0aff", manifest("bytes"), {}) == b"\x0a\xff"
+    assert key_value('[1, "a"]', manifest("ordered"), {}) == (1, "a")
+    assert key_value("abc", manifest("ordered"), {}) == "abc"
+    assert key_value('{"a": 1}', manifest("json"), {}) == {"a": 1}
+    assert key_value("alice", manifest("json"), {}) == "alice"
+    assert key_value(":k", manifest("int32"), {"k": 7}) == 7
+    with pytest.raises(UsageError, match=r"key 'x' does not fit store 's' \(key serde int32\)"):
+        key_value("x", manifest("int32"), {})
+
+
+def test_times():
+    now = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+    assert time_value("1714564800000", {}) == 1714564800000
+    assert time_value("2024-05-01T12:00", {}) == now
+    assert time_value("2024-05-01T12:00:00Z", {}) == now
+    assert time_value("now", {}, now=now) == now
+    assert time_value("now-15m", {}, now=now) == datetime(2024, 5, 1, 11, 45, tzinfo=UTC)
+    assert time_value("now+1d", {}, now=now) == datetime(2024, 5, 2, 12, 0, tzinfo=UTC)
+    assert time_value(":t", {"t": 5}) == 5
+    with pytest.raises(UsageError, match="is not epoch milliseconds, ISO-8601"):
+        time_value("yesterday", {})
+
+
+def test_every_action_has_help():
+    for action in ACTIONS:
+        if action != "help":
+            assert parse_line(f"help {action}") == IQCommand("help", path=action)
