@@ -8,13 +8,16 @@ STAMP  := $(VENV)/.installed
 
 test: $(STAMP) check-java
 	$(PY) -m ruff check iqkit tests bench
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider tests notebooks --nbval-lax --nbval-current-env
 
 demo: $(STAMP) check-java
 	$(PY) -m iqkit demo
 
 bench: $(STAMP)
 	$(PY) bench/bench_core.py
+	$(PY) bench/bench_magic.py
+	$(PY) bench/bench_render.py
+	$(PY) bench/bench_sql.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check iqkit tests bench

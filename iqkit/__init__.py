@@ -44,6 +44,10 @@ from .query import (
     WindowKeyQuery,
     WindowRangeQuery,
 )
+
+# Imported eagerly on purpose: `iqkit.sql` must be the function, and importing the
+# submodule later (as `%iq sql` does) would rebind the package attribute to the module.
+from .sql import SQLError, SQLSession, sql
 from .store.manifest import StoreManifest
 from .store.partitioners import murmur2
 from .store.serdes import get_serde
@@ -57,6 +61,13 @@ def load_ipython_extension(ipython: object) -> None:
     from .jupyter import load_ipython_extension as load
 
     load(ipython)
+
+
+def panel(root: object = None, **session_options: object) -> object:
+    """The widget query builder (``iqkit.jupyter.panel.panel``); needs ipywidgets."""
+    from .jupyter.panel import panel as build_panel
+
+    return build_panel(root, **session_options)
 
 
 def unload_ipython_extension(ipython: object) -> None:
@@ -81,6 +92,8 @@ __all__ = [
     "RangeQuery",
     "RawKeyQuery",
     "RawScanQuery",
+    "SQLError",
+    "SQLSession",
     "ResultOrder",
     "StateEngine",
     "StateQueryRequest",
@@ -102,5 +115,7 @@ __all__ = [
     "load_ipython_extension",
     "murmur2",
     "open",
+    "panel",
+    "sql",
     "unload_ipython_extension",
 ]

@@ -75,3 +75,38 @@ def write_notebook_stores(root: Path) -> None:
             w.put("alice", minute + 1, window_start=minute * 60_000)
         for minute in range(2):
             w.put("bob", 10 * (minute + 1), window_start=minute * 60_000)
+
+
+# -- builders for the notebook-result tests (tests/jupyter) --------------------------------
+def write_store(root: Path, name: str, rows, *, partitions: int = 2, **settings) -> None:
+    """``create_store`` plus one commit of ``rows``: ``(key, value)`` or
+    ``(key, value, {put keyword arguments})`` (``partition=``, ``window_start=``,
+    ``source=``)."""
+    iqkit.create_store(root, name, partitions=partitions, **settings)
+    with iqkit.StoreWriter(root, name) as w:
+        for row in rows:
+            key, value, *extra = row
+            w.put(key, value, **(extra[0] if extra else {}))
+
+
+def break_partition(root: Path, name: str, partition: int, version: int = 1) -> None:
+    """Make a published partition unreadable (RocksDB's CURRENT file gone), so queries
+    report STORE_EXCEPTION for it."""
+    from iqkit.store.layout import StoreLayout
+
+    (StoreLayout.of(root, name).partition_version_dir(partition, version) / "CURRENT").unlink()
+
+
+def iq_result(engine, req, *, limit=None, lags=None, **kwargs):
+    """What the %iq session does for a query: run it, collect the rows, wrap them."""
+    import time
+
+    from iqkit.jupyter.result import IQResult
+    from iqkit.tables import collect
+
+    manifest = engine.manifest(req.store_name)
+    t0 = time.perf_counter_ns()
+    result = engine.query(req)
+    engine_ns = time.perf_counter_ns() - t0
+    collected = collect(result, manifest, limit=limit, query=req.query)
+    return IQResult(req, result, manifest, collected, engine_ns=engine_ns, lags=lags, **kwargs)

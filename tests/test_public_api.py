@@ -42,3 +42,13 @@ def test_spec_signatures():
         "STORE_EXCEPTION",
     }  # fmt: skip
     assert {m.name for m in iqkit.ResultOrder} == {"ANY", "ASCENDING", "DESCENDING"}
+
+
+def test_notebook_entry_points():
+    import iqkit.sql  # importing the submodule must not rebind iqkit.sql
+
+    assert callable(iqkit.sql) and iqkit.sql.__module__ == "iqkit.sql"
+    assert {"sql", "panel", "SQLSession", "SQLError", "load_ipython_extension"} <= set(
+        iqkit.__all__
+    )
+    assert issubclass(iqkit.SQLError, iqkit.IqkitError)

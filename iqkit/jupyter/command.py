@@ -107,7 +107,8 @@ class IQCommand:
 
 def _quote(word: str) -> str:
     """Quote the way ``parse.split_words`` reads: one pair of surrounding quotes, the
-    inside kept verbatim (so JSON such as ``[1, "a"]`` survives in single quotes)."""
-    if word and not any(c in word for c in " \t\r\n'\""):
+    inside kept verbatim (so JSON such as ``[1, "a"]`` survives in single quotes). A
+    trailing ';' is quoted too: bare, it would silence the display instead."""
+    if word and not word.endswith(";") and not any(c in word for c in " \t\r\n'\""):
         return word
     return f"'{word}'" if "'" not in word else f'"{word}"'

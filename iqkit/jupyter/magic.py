@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from IPython.core.error import UsageError
 from IPython.core.magic import (
     Magics,
     line_cell_magic,
@@ -85,15 +84,13 @@ class IQMagics(Magics, Configurable):
         command = parse_line(line, cell)
         namespace = dict(self.shell.user_ns) if self.shell is not None else {}
         namespace.update(local_ns or {})
-        try:
-            result = self.session.execute(command, namespace)
-        except (ValueError, TypeError) as exc:
-            # The engine and serdes report a value of the wrong type or shape (a ``:var``
-            # key the store's serde cannot take, a version not retained) as ValueError /
-            # TypeError: for the user they are usage errors, shown as one line.
-            raise UsageError(f"%iq {command.action}: {exc}") from None
+        result = self.session.execute(command, namespace)
         if command.as_name and self.shell is not None:
             self.shell.user_ns[command.as_name] = result
+        # IPython's display hook looks for ';' in the transformed cell, where it sits
+        # inside the magic's line string, so it never silences a magic: we do it here.
+        if cell is None and line.rstrip().endswith(";"):
+            return None
         return result
 
     iq.__doc__ = overview()

@@ -34,13 +34,13 @@ __all__ = [
 ]
 
 _SUMMARIES = {
-    "open": "open PATH — query the stores under PATH (default $IQKIT_ROOT or ./stores)",
+    "open": "open PATH|:var — query the stores under PATH (default $IQKIT_ROOT or ./stores)",
     "stores": "stores — every store: kind, partitions, serdes, version, rows, position, lag",
     "get": "get STORE KEY [KEY ...] — key lookup (several keys: a multi-key query)",
     "range": "range STORE [--from LO] [--to HI] — keys in [LO, HI], either end open",
     "prefix": "prefix STORE PREFIX — keys starting with PREFIX (KIP-614)",
-    "window": "window STORE KEY --from T --to T — one key's windows starting in [T, T]",
-    "windows": "windows STORE --from T --to T — all windows starting in [T, T]",
+    "window": "window STORE KEY --from T1 --to T2 — one key's windows starting in [T1, T2]",
+    "windows": "windows STORE --from T1 --to T2 — every key's windows starting in [T1, T2]",
     "scan": "scan STORE — every record (use --limit, --desc)",
     "lag": "lag [STORE] — how far each partition is behind its source",
     "trace": "trace — the execution trace of the last result",
@@ -167,7 +167,8 @@ def _did_you_mean(word: str, choices: Sequence[str]) -> str:
 
 def parse_line(line: str, cell: str | None = None) -> IQCommand:
     """Parse one ``%iq`` line (and a ``%%iq`` cell body, used as SQL)."""
-    stripped = line.strip()
+    # IPython leaves a trailing ';' (which only silences the display) in the line.
+    stripped = line.strip().removesuffix(";").rstrip()
     if not stripped:
         if cell is not None and cell.strip():
             raise UsageError("%%iq needs a command on its first line, e.g. %%iq sql")

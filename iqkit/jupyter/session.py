@@ -43,7 +43,7 @@ from ..store.manifest import StoreManifest
 from .command import IQCommand
 from .messages import Message
 from .parse import command_help, overview
-from .values import bound_value, key_value, time_value
+from .values import bound_value, key_value, time_value, variable
 
 __all__ = ["DEFAULT_ROOT", "IQSession", "default_root"]
 
@@ -138,7 +138,10 @@ class IQSession:
                 self._name(command.as_name, result)
             return result
         if action == "open":
-            return self.open(command.path)
+            path = command.path
+            if path is not None and path.startswith(":") and path[1:].isidentifier():
+                path = os.fspath(variable(path, ns, "open"))  # %iq open :root
+            return self.open(path)
         if action == "stores":
             from .result import stores_frame
 
@@ -219,19 +222,32 @@ class IQSession:
 
         store = command.store or ""
         pinned = command.as_of is not None
-        engine = open_engine(self.root, as_of={store: command.as_of}) if pinned else self.engine
+        engine: StateEngine | None = None
         try:
-            manifest = engine.manifest(store)
-            request = self.request(command, namespace, manifest)
+            try:
+                # The query model and the serdes report a value of the wrong type or shape
+                # (a ``:var`` key the key serde cannot take, an unretained --as-of version)
+                # as ValueError / TypeError: to a notebook user those are usage errors.
+                # Only this step is guarded, so a bug elsewhere keeps its traceback.
+                engine = (
+                    open_engine(self.root, as_of={store: command.as_of}) if pinned else self.engine
+                )
+                manifest = engine.manifest(store)
+                request = self.request(command, namespace, manifest)
+                started = time.perf_counter_ns()
+                result = engine.query(request)
+                engine_ns = time.perf_counter_ns() - started
+            except (ValueError, TypeError) as exc:
+                raise UsageError(f"%iq {command.action}: {exc}") from None
             limit = self.autolimit if command.limit is None else command.limit
-            started = time.perf_counter_ns()
-            result = engine.query(request)
-            engine_ns = time.perf_counter_ns() - started
             with self._progress_bar(store) as advance:
-                collected = collect(result, manifest, limit=limit or None, progress=advance)
+                collected = collect(
+                    result, manifest, limit=limit or None, progress=advance, query=request
+                )
             lags = self._lags_getter(store) if not pinned else None
+            version = engine.version(store)
         finally:
-            if pinned:
+            if pinned and engine is not None:
                 engine.close()
         return IQResult(
             request,
@@ -243,6 +259,7 @@ class IQSession:
             line=command.to_line(),
             display_limit=self.display_limit,
             show_trace=command.trace,
+            version=version,
         )
 
     def _lags_getter(self, store: str) -> Callable[[], Any]:
@@ -263,10 +280,11 @@ class IQSession:
         from .result import lag_frame
 
         engine = self.engine
-        if store is not None:
-            engine.manifest(store)  # unknown store → UnknownStoreError with a hint
-            return lag_frame(engine.lags(stores=[store]))
-        return lag_frame(engine.lags())
+        names = [store] if store is not None else engine.store_names()
+        # lag_frame needs each store's partitioner to count only the inputs that feed a
+        # partition (an explicit store's partition p reads input partition p only).
+        manifests = {name: engine.manifest(name) for name in names}  # unknown → hint
+        return lag_frame(engine.lags(stores=names), manifests=manifests)
 
     @property
     def sql_session(self) -> Any:

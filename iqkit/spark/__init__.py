@@ -2,6 +2,14 @@
 (``store_sink``), a local Kafka-shaped source (``LocalKafkaTopic``) and the ``iqkit``
 Spark data source. Needs PySpark 4 and Java 17+."""
 
+import os
+import sys
+
+# Spark starts Python workers with $PYSPARK_PYTHON, else whatever `python3` is on PATH,
+# which in a notebook kernel or venv is usually not this interpreter and lacks iqkit
+# ("No module named 'iqkit'" in every task). Default to the interpreter that imported us.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
 from .batch import write_store
 from .datasource import IqkitDataSource, register
 from .kafka_local import KAFKA_SCHEMA, LocalKafkaTopic, RecordMetadata, kafka_schema

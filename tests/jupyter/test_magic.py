@@ -118,7 +118,9 @@ def test_assignment_semicolon_and_as(shell):
 def test_bound_active_and_as_of_failures_are_results(shell, nb_root):
     r = run(shell, "%iq scan totals --bound orders:0=999")
     assert set(r.partitions["status"]) == {"failed"}
-    assert set(r.partitions["failure_reason"]) == {"NOT_UP_TO_BOUND"}
+    # partitions with data are behind the bound; an empty one is NOT_PRESENT
+    assert "NOT_UP_TO_BOUND" in set(r.partitions["failure_reason"])
+    assert set(r.partitions["failure_reason"]) <= {"NOT_UP_TO_BOUND", "NOT_PRESENT"}
     with iqkit.StoreWriter(nb_root, "totals") as w:
         w.put("zoe", {"customer": "zoe", "total": 1, "orders": 1})
     r = run(shell, "%iq get totals zoe --as-of 1 --active")
@@ -128,10 +130,15 @@ def test_bound_active_and_as_of_failures_are_results(shell, nb_root):
 
 
 def test_bound_from_a_previous_result_reads_your_writes(shell):
-    shell.run_cell("first = %iq scan totals")
-    r = run(shell, "%iq scan totals --bound :first")
-    assert not r.failures
+    shell.run_cell("first = %iq get totals alice")
+    r = run(shell, "%iq get totals alice --bound :first")
+    assert not r.failures and r.rows["total"].tolist() == [42]
     assert r.position == shell.user_ns["first"].position
+    # a bound the store has not reached yet fails the partition, as a result
+    later = shell.user_ns["first"].position.with_component("orders", 0, 10_000)
+    shell.user_ns["later"] = later
+    r = run(shell, "%iq get totals alice --bound :later")
+    assert [q.failure_reason.name for q in r.failures.values()] == ["NOT_UP_TO_BOUND"]
 
 
 def test_trace_is_the_last_results(shell):
@@ -175,7 +182,7 @@ def test_open_switches_root(shell, tmp_path: Path):
         ("%iq scan totals --bound orders:x", "--bound expects topic:partition=offset"),
         ("%iq scan totals --partitons 1", "did you mean '--partitions'"),
         ("%iq get totals :missing", "no variable 'missing'"),
-        ("%iq lag nope", "no store 'nope'"),
+        ("%iq lag nope", "unknown store 'nope'"),
         ("%iq open /definitely/not/here", "no such folder"),
         ("%iq get totals alice --as-of 99", "99"),
     ],

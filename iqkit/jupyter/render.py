@@ -1,0 +1,349 @@
+"""How an ``IQResult`` looks: HTML for Jupyter, plain text for terminals and logs.
+
+Every table is written here with ``html.escape`` rather than ``DataFrame.to_html``:
+that is several times slower (see ``bench/bench_render.py``) and escapes nothing inside
+structured values the way we need. Everything that comes from the data or the user —
+keys, values, field names, store names, messages, trace details, the ``%iq`` line — is
+escaped: keys can contain ``<script>``. Charts are plain HTML boxes with inline styles:
+no JavaScript, no matplotlib, nothing a notebook viewer would strip.
+
+The HTML carries timings (it is for people); the text form (``repr``/``str``) does not,
+so nbval can compare it between runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from datetime import date, datetime
+from html import escape
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from .result import IQResult
+
+__all__ = ["clip", "frame_html", "result_html", "result_text", "table_html"]
+
+#: Characters of one cell shown before it is cut with "…" (the data keeps them all).
+CELL_CHARS = 200
+#: Width in pixels of the longest bar of an inline chart.
+BAR_PX = 80
+
+_STYLE = """<style>
+.iqkit-result table{border-collapse:collapse;font-size:12px;margin:4px 0}
+.iqkit-result th,.iqkit-result td{border:1px solid #ddd;padding:2px 6px;text-align:left;
+vertical-align:top;white-space:pre-wrap}
+.iqkit-result th{background:#f4f4f4}
+.iqkit-result td.n{text-align:right;font-variant-numeric:tabular-nums}
+.iqkit-result td.null{color:#999;font-style:italic}
+.iqkit-result .iq-note{color:#555;font-size:12px}
+.iqkit-result summary{cursor:pointer;font-size:12px;color:#333}
+</style>"""
+
+_NULL_CELL = '<td class="null">null</td>'
+_FAILED_ROW = ' style="background:#fdecea"'
+
+
+def clip(text: str, limit: int = CELL_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, ending in "…" when cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# -- cells ---------------------------------------------------------------------------------
+def _plain(value: Any) -> str:
+    """One value as text (not escaped): what a cell shows."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):  # bool too
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ", timespec="milliseconds").replace("+00:00", "Z")
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return repr(bytes(value))
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, ensure_ascii=False, default=_plain)
+    return str(value)
+
+
+def _is_null(value: Any) -> bool:
+    if value is None or value is pd.NA or value is pd.NaT:
+        return True
+    return isinstance(value, float) and value != value  # NaN
+
+
+def _cell(value: Any, numeric: bool) -> str:
+    if _is_null(value):
+        return _NULL_CELL
+    text = escape(clip(_plain(value)))
+    return f'<td class="n">{text}</td>' if numeric else f"<td>{text}</td>"
+
+
+def _column_cells(values: list[Any], kind: str) -> list[str]:
+    """The ``<td>``s of one column; ``kind``: "int", "float", "str" or "any".
+    Type-specific loops because this is the hot path of a 10,000-row render."""
+    null = _NULL_CELL
+    if kind == "int":
+        return [null if v is None else f'<td class="n">{v}</td>' for v in values]
+    if kind == "str":
+        return [
+            null if v is None else f"<td>{escape(v if len(v) <= CELL_CHARS else clip(v))}</td>"
+            for v in values
+        ]
+    if kind == "float":
+        return [_cell(v, True) for v in values]
+    return [_cell(v, False) for v in values]
+
+
+def _arrow_kind(t: pa.DataType) -> str:
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "str"
+    return "any"
+
+
+def _rows_html(header: Sequence[str], columns: list[list[str]], attrs: list[str] | None) -> str:
+    head = "".join(f"<th>{escape(str(h))}</th>" for h in header)
+    if attrs is None:
+        body = "".join(["<tr>" + "".join(cells) + "</tr>" for cells in zip(*columns, strict=True)])
+    else:
+        body = "".join(
+            [
+                f"<tr{a}>" + "".join(cells) + "</tr>"
+                for a, cells in zip(attrs, zip(*columns, strict=True), strict=True)
+            ]
+        )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def table_html(table: pa.Table, limit: int = 0) -> str:
+    """The first ``limit`` rows (0 = all) of an Arrow table as an HTML table."""
+    if limit and table.num_rows > limit:
+        table = table.slice(0, limit)
+    columns = [
+        _column_cells(table.column(i).to_pylist(), _arrow_kind(f.type))
+        for i, f in enumerate(table.schema)
+    ]
+    return _rows_html(table.schema.names, columns, None)
+
+
+def frame_html(
+    frame: pd.DataFrame,
+    *,
+    cells: dict[str, Callable[[Any], str]] | None = None,
+    row_attrs: list[str] | None = None,
+) -> str:
+    """A DataFrame as an HTML table (index left out); ``cells`` overrides how a column's
+    cells are written (must return a full, escaped ``<td>``)."""
+    cells = cells or {}
+    columns = []
+    for name in frame.columns:
+        values = frame[name].tolist()
+        if name in cells:
+            columns.append([cells[name](v) for v in values])
+        else:
+            numeric = pd.api.types.is_numeric_dtype(frame[name].dtype) and not (
+                pd.api.types.is_bool_dtype(frame[name].dtype)
+            )
+            columns.append([_cell(v, numeric) for v in values])
+    return _rows_html([str(c) for c in frame.columns], columns, row_attrs)
+
+
+# -- small charts --------------------------------------------------------------------------
+def _bar_cell(value: Any, largest: int, color: str, unknown: str = "unknown") -> str:
+    """A number with a bar proportional to it (pure HTML)."""
+    if _is_null(value):
+        return f'<td class="null">{escape(unknown)}</td>'
+    value = int(value)
+    width = 0 if largest <= 0 else max(1 if value else 0, round(BAR_PX * value / largest))
+    bar = (
+        f'<span style="display:inline-block;width:{width}px;height:0.75em;'
+        f'background:{color};vertical-align:middle;margin-right:4px"></span>'
+    )
+    return f'<td class="n" style="white-space:nowrap">{bar}{value:,}</td>'
+
+
+def _ms(ns: float) -> str:
+    ms = ns / 1e6
+    if ms < 1:
+        return f"{ms:.3f} ms"
+    if ms < 1000:
+        return f"{ms:.1f} ms"
+    return f"{ms / 1000:.2f} s"
+
+
+# -- the result --------------------------------------------------------------------------
+def _summary(r: IQResult) -> str:
+    failed = len(r.result.partition_results) - r.ok_partitions
+    parts = [
+        f"<b>{escape(r.store)}</b>",
+        escape(r.query_type),
+        f"{len(r):,} row{'s' if len(r) != 1 else ''}",
+        f"partitions {r.ok_partitions} ok / "
+        + (f'<span style="color:#b00020">{failed} failed</span>' if failed else "0 failed"),
+        _ms(r.elapsed_ns),
+    ]
+    if r.version is not None:
+        parts.append(f"version {r.version}")
+    if r.truncated:
+        parts.append(f'<span style="color:#b26a00">truncated at {len(r):,} rows</span>')
+    return '<div class="iq-summary">' + " · ".join(parts) + "</div>"
+
+
+def _rows_section(r: IQResult) -> str:
+    n = len(r)
+    if n == 0:
+        return '<div class="iq-note">No rows.</div>'
+    limit = r.display_limit
+    html = table_html(r.arrow(), limit)
+    notes = []
+    if limit and n > limit:
+        notes.append(
+            f"Showing the first {limit:,} of {n:,} rows. All rows: <code>.rows</code> "
+            "(DataFrame) or <code>.arrow()</code> of the result; show more with "
+            "<code>%config IQMagics.displaylimit = 0</code> (0 = all)."
+        )
+    if r.truncated:
+        notes.append(
+            f"Reading stopped after {n:,} rows (the fetch limit): read more with "
+            "<code>--limit N</code> (<code>--limit 0</code> reads everything)."
+        )
+    if notes:
+        html += '<div class="iq-note">' + "<br>".join(notes) + "</div>"
+    return html
+
+
+def _lags_or_error(r: IQResult) -> tuple[dict[int, Any] | None, str | None]:
+    try:
+        return r.lag_infos, None
+    except Exception as exc:  # display must not fail because lag could not be read
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _partitions_section(r: IQResult, lags: dict[int, Any] | None) -> str:
+    frame = r.partitions
+    if frame.empty:
+        return '<div class="iq-note">The query ran on no partition.</div>'
+    rows = frame["rows"]
+    largest_rows = int(rows.max()) if rows.notna().any() else 0
+    show = pd.DataFrame(
+        {
+            "partition": frame["partition"],
+            "status": frame["status"],
+            "rows": rows,
+        }
+    )
+    cells: dict[str, Callable[[Any], str]] = {
+        "rows": lambda v: _bar_cell(v, largest_rows, "#5b8def", unknown="—"),
+        "status": lambda v: (
+            '<td style="color:#b00020;font-weight:bold">failed</td>'
+            if v == "failed"
+            else f"<td>{escape(str(v))}</td>"
+        ),
+    }
+    if lags is not None:
+        per = [None if (i := lags.get(p)) is None else i.offset_lag for p in frame["partition"]]
+        known = [v for v in per if v is not None]
+        largest_lag = max(known, default=0)
+        show["lag"] = pd.array(per, dtype="Int64")
+        cells["lag"] = lambda v: _bar_cell(v, largest_lag, "#e8a33d")
+    show["elapsed"] = [None if pd.isna(v) else f"{v:.3f} ms" for v in frame["elapsed_ms"]]
+    show["position"] = frame["position"]
+    failures = [
+        None if reason is None else f"{reason}: {message}"
+        for reason, message in zip(frame["failure_reason"], frame["message"], strict=True)
+    ]
+    if any(f is not None for f in failures):
+        show["failure"] = failures
+        cells["failure"] = lambda v: (
+            "<td></td>" if v is None else f'<td style="color:#b00020">{escape(v)}</td>'
+        )
+    attrs = [_FAILED_ROW if s == "failed" else "" for s in frame["status"]]
+    return frame_html(show, cells=cells, row_attrs=attrs)
+
+
+def _trace_section(r: IQResult) -> str:
+    trace = r.trace
+    opened = " open" if r.show_trace else ""
+    if trace.empty:
+        body = (
+            '<div class="iq-note">No execution info: run the query with '
+            "<code>--trace</code> to see each layer and its time.</div>"
+        )
+    else:
+        body = frame_html(trace)
+    return (
+        f"<details{opened}><summary>Execution trace ({len(trace)} steps)</summary>{body}</details>"
+    )
+
+
+def _lag_section(r: IQResult, lags: dict[int, Any] | None, error: str | None) -> str:
+    if error is not None:
+        body = f'<div class="iq-note">Lag unavailable: {escape(error)}</div>'
+        title = "Lag (unavailable)"
+    elif lags is None:
+        return ""
+    else:
+        frame = r.lag
+        body = frame_html(frame)
+        known = [i.offset_lag for i in lags.values()]
+        total = "unknown" if any(v is None for v in known) else f"{sum(known):,} records behind"
+        title = f"Lag ({total})"
+    return f"<details><summary>{escape(title)}</summary>{body}</details>"
+
+
+def result_html(r: IQResult) -> str:
+    """The notebook view of a result: summary, rows, partitions, trace, lag, line."""
+    lags, error = _lags_or_error(r)
+    parts = [
+        '<div class="iqkit-result">',
+        _STYLE,
+        _summary(r),
+        _rows_section(r),
+        _partitions_section(r, lags),
+        _trace_section(r),
+        _lag_section(r, lags, error),
+    ]
+    if r.line:
+        parts.append(f'<div class="iq-note">Equivalent: <code>{escape(r.line)}</code></div>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+# -- text ----------------------------------------------------------------------------------
+def _text_table(frame: pd.DataFrame, width: int = 40) -> list[str]:
+    header = [str(c) for c in frame.columns]
+    columns = [
+        [clip("null" if _is_null(v) else _plain(v), width).replace("\n", " ") for v in frame[c]]
+        for c in frame.columns
+    ]
+    widths = [max([len(h), *map(len, col)]) for h, col in zip(header, columns, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    for cells in zip(*columns, strict=True):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+    return lines
+
+
+def result_text(r: IQResult) -> str:
+    """``repr`` plus the first ``display_limit`` rows and any failure, as plain text
+    (no timings: the same data always prints the same)."""
+    lines = [repr(r)]
+    n = len(r)
+    limit = r.display_limit
+    if n:
+        shown = r.rows if not limit else r.rows.head(limit)
+        lines += _text_table(shown)
+        if len(shown) < n:
+            lines.append(f"… {n - len(shown):,} more rows (.rows has them all)")
+    for p, qr in r.failures.items():
+        lines.append(f"partition {p} failed: {qr.failure_reason.name}: {qr.failure_message}")
+    return "\n".join(lines)

@@ -1,0 +1,462 @@
+"""What a ``%iq`` query returns: :class:`IQResult`, and the frames of ``%iq lag`` and
+``%iq stores``.
+
+An ``IQResult`` keeps the request, the engine's ``StateQueryResult`` and the collected
+rows (Arrow), and derives pandas DataFrames from them on first use (then caches them):
+``.rows``, ``.partitions``, ``.trace``, ``.lag``. Display truncates, the data never
+does: ``.rows`` always holds every row that was read. Rendering is in ``render.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from ..errors import IqkitError
+from ..query import LagInfo, Position, QueryResult, StateQueryRequest, StateQueryResult
+from ..store.manifest import StoreManifest
+from ..store.partitioners import get_partitioner
+from ..tables import Collected, to_pandas
+from . import render
+
+__all__ = ["IQResult", "compact_position", "lag_frame", "parse_trace_line", "stores_frame"]
+
+PARTITION_COLUMNS = [
+    "partition",
+    "status",
+    "failure_reason",
+    "message",
+    "rows",
+    "position",
+    "elapsed_ms",
+]
+TRACE_COLUMNS = ["partition", "step", "layer", "detail", "nanoseconds"]
+LAG_COLUMNS = ["store", "partition", "topic", "input_partition", "current", "end", "lag"]
+STORES_COLUMNS = [
+    "name",
+    "kind",
+    "partitions",
+    "key_serde",
+    "value_serde",
+    "partitioner",
+    "version",
+    "approx_rows",
+    "position",
+    "lag",
+]
+
+_TRACE_LINE = re.compile(r"Handled in (?P<layer>\S+) in (?P<ns>\d+)ns(?::\s?(?P<detail>.*))?", re.S)
+_VERSION = re.compile(r"\bat version (\d+)\b")
+
+LagSource = Mapping[int, LagInfo] | Callable[[], Mapping[int, LagInfo]] | None
+
+
+def compact_position(position: Position | None) -> str:
+    """``orders[0]=17,orders[1]=5``: a position on one line, topics and partitions
+    sorted (empty string for an empty position)."""
+    if position is None:
+        return ""
+    m = position.to_map()
+    return ",".join(f"{t}[{p}]={o}" for t in sorted(m) for p, o in sorted(m[t].items()))
+
+
+def parse_trace_line(line: str) -> tuple[str | None, str, int | None]:
+    """``(layer, detail, nanoseconds)`` of one execution-info line; a line not in the
+    ``"Handled in <layer> in <N>ns: <detail>"`` shape is all detail."""
+    m = _TRACE_LINE.fullmatch(line)
+    if m is None:
+        return None, line, None
+    return m["layer"], m["detail"] or "", int(m["ns"])
+
+
+def _engine_ns(qr: QueryResult[Any]) -> int | None:
+    """The partition's engine time: its ``StateEngine`` trace line(s), if any."""
+    total = None
+    for line in qr.execution_info:
+        layer, _, ns = parse_trace_line(line)
+        if layer == "StateEngine" and ns is not None:
+            total = (total or 0) + ns
+    return total
+
+
+class IQResult:
+    """The result of one ``%iq`` query: rows, per-partition status, trace and lag.
+
+    ``x = %iq range orders --lo a --hi c`` then ``x.rows`` (DataFrame), ``x.arrow()``,
+    ``x.partitions``, ``x.trace``, ``x.lag``, ``x.failures``, ``x.to_duckdb(con, name)``.
+    ``lags`` may be a mapping partition → ``LagInfo`` or a function returning one
+    (called on first use, so a query never waits for lag nobody looks at).
+    """
+
+    def __init__(
+        self,
+        request: StateQueryRequest[Any],
+        result: StateQueryResult[Any],
+        manifest: StoreManifest,
+        collected: Collected,
+        *,
+        engine_ns: int,
+        lags: LagSource = None,
+        line: str | None = None,
+        display_limit: int = 10,
+        show_trace: bool = False,
+        version: int | None = None,
+    ) -> None:
+        if not isinstance(collected, Collected):
+            raise TypeError(f"collected must be a tables.Collected, got {type(collected).__name__}")
+        self.request = request
+        self.result = result
+        self.manifest = manifest
+        self.collected = collected
+        self.engine_ns = int(engine_ns)
+        self.line = line
+        self.display_limit = display_limit
+        self.show_trace = show_trace
+        self._version = version
+        self._lag_source = lags
+        self._lag_infos: dict[int, LagInfo] | None = None
+        self._lag_resolved = lags is None
+        self._cache: dict[str, pd.DataFrame] = {}
+
+    # -- what was asked ------------------------------------------------------------------
+    @property
+    def store(self) -> str:
+        return self.request.store_name
+
+    @property
+    def query(self) -> Any:
+        return self.request.query
+
+    @property
+    def query_type(self) -> str:
+        return type(self.request.query).__name__
+
+    @property
+    def version(self) -> int | None:
+        """The store version served, when known (given, or named by the trace)."""
+        if self._version is not None:
+            return self._version
+        for qr in self.result.partition_results.values():
+            for line in qr.execution_info:
+                m = _VERSION.search(line)
+                if m and line.startswith("Handled in StateEngine"):
+                    return int(m.group(1))
+        return None
+
+    # -- rows ----------------------------------------------------------------------------
+    def arrow(self) -> pa.Table:
+        """The rows as a pyarrow Table (no copy)."""
+        return self.collected.table
+
+    @property
+    def rows(self) -> pd.DataFrame:
+        """The rows as a DataFrame: ints stay ints even with nulls (``Int64``)."""
+        if "rows" not in self._cache:
+            self._cache["rows"] = to_pandas(self.collected.table)
+        return self._cache["rows"]
+
+    def __len__(self) -> int:
+        return self.collected.table.num_rows
+
+    @property
+    def truncated(self) -> bool:
+        """True when the fetch limit stopped reading with rows left."""
+        return self.collected.truncated
+
+    @property
+    def position(self) -> Position:
+        """The merged position of every partition that answered (or failed)."""
+        return self.result.position
+
+    @property
+    def failures(self) -> dict[int, QueryResult[Any]]:
+        """Partition → failed ``QueryResult``."""
+        return {p: r for p, r in self.result.partition_results.items() if r.is_failure}
+
+    @property
+    def ok_partitions(self) -> int:
+        return sum(1 for r in self.result.partition_results.values() if r.is_success)
+
+    @property
+    def elapsed_ns(self) -> int:
+        """Engine time plus the time spent reading rows."""
+        return self.engine_ns + sum(self.collected.read_ns.values())
+
+    # -- per partition -------------------------------------------------------------------
+    @property
+    def partitions(self) -> pd.DataFrame:
+        """One row per partition the query ran on: status, failure, rows, position and
+        elapsed time (engine time from the trace when execution info was on, plus the
+        time spent reading its rows; NA when neither was measured)."""
+        if "partitions" not in self._cache:
+            records = []
+            read_ns = self.collected.read_ns
+            for p, qr in self.result.partition_results.items():
+                engine_ns = _engine_ns(qr)
+                reading = read_ns.get(p)
+                measured = engine_ns is not None or bool(reading)
+                records.append(
+                    {
+                        "partition": p,
+                        "status": "success" if qr.is_success else "failed",
+                        "failure_reason": None if qr.is_success else qr.failure_reason.name,
+                        "message": None if qr.is_success else qr.failure_message,
+                        "rows": self.collected.rows_per_partition.get(p),
+                        "position": compact_position(qr.position),
+                        "elapsed_ms": ((engine_ns or 0) + (reading or 0)) / 1e6
+                        if measured
+                        else None,
+                    }
+                )
+            frame = pd.DataFrame.from_records(records, columns=PARTITION_COLUMNS)
+            self._cache["partitions"] = frame.astype(
+                {"partition": "Int64", "rows": "Int64", "elapsed_ms": "Float64"}
+            )
+        return self._cache["partitions"]
+
+    @property
+    def trace(self) -> pd.DataFrame:
+        """Every partition's execution-info lines, parsed: partition, step (0..n, the
+        order the layers reported, innermost first), layer, detail, nanoseconds."""
+        if "trace" not in self._cache:
+            records = []
+            for p, qr in self.result.partition_results.items():
+                for step, line in enumerate(qr.execution_info):
+                    layer, detail, ns = parse_trace_line(line)
+                    records.append((p, step, layer, detail, ns))
+            frame = pd.DataFrame.from_records(records, columns=TRACE_COLUMNS)
+            self._cache["trace"] = frame.astype(
+                {"partition": "Int64", "step": "Int64", "nanoseconds": "Int64"}
+            )
+        return self._cache["trace"]
+
+    @property
+    def lag_infos(self) -> dict[int, LagInfo] | None:
+        """Partition → ``LagInfo`` for this store (``None`` when not given)."""
+        if not self._lag_resolved:
+            source = self._lag_source
+            infos = source() if callable(source) else source
+            self._lag_infos = None if infos is None else dict(sorted(infos.items()))
+            self._lag_resolved = True
+        return self._lag_infos
+
+    @property
+    def lag(self) -> pd.DataFrame:
+        """One row per input component of each partition (see :func:`lag_frame`)."""
+        if "lag" not in self._cache:
+            infos = self.lag_infos
+            self._cache["lag"] = lag_frame(
+                {} if infos is None else {self.store: infos}, manifests={self.store: self.manifest}
+            )
+        return self._cache["lag"]
+
+    # -- elsewhere -----------------------------------------------------------------------
+    def to_duckdb(self, con: Any, name: str) -> Any:
+        """Register the rows in DuckDB connection ``con`` as view ``name`` (zero-copy,
+        through Arrow); returns the relation ``con.table(name)``."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty str, got {name!r}")
+        con.register(name, self.collected.table)
+        return con.table(name)
+
+    def plot(self, what: str = "rows", **kwargs: Any) -> Any:
+        """A bar chart per partition of ``"rows"`` read or ``"lag"`` (pandas plotting;
+        needs matplotlib, which iqkit does not depend on). Returns the Axes."""
+        if what not in ("rows", "lag"):
+            raise ValueError(f"plot what must be 'rows' or 'lag', got {what!r}")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ImportError("plotting needs matplotlib: pip install matplotlib") from None
+        if what == "rows":
+            data = self.partitions.set_index("partition")["rows"].fillna(0).astype("int64")
+        else:
+            lag = self.lag.dropna(subset=["lag"])
+            data = lag.groupby("partition")["lag"].sum().astype("int64")
+        kwargs.setdefault("title", f"{self.store}: {what} per partition")
+        kwargs.setdefault("xlabel", "partition")
+        kwargs.setdefault("ylabel", what)
+        return data.plot.bar(**kwargs)
+
+    # -- display -------------------------------------------------------------------------
+    def _repr_html_(self) -> str:
+        return render.result_html(self)
+
+    def __repr__(self) -> str:
+        ok = self.ok_partitions
+        failed = len(self.result.partition_results) - ok
+        return (
+            f"IQResult(store={self.store!r}, query={render.clip(repr(self.query), 120)}, "
+            f"rows={len(self)}, partitions={ok} ok/{failed} failed, "
+            f"truncated={self.truncated})"
+        )
+
+    def __str__(self) -> str:
+        return render.result_text(self)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self) if cycle else str(self))
+
+
+# -- %iq lag -------------------------------------------------------------------------------
+def _nullable(value: int | None) -> Any:
+    return pd.NA if value is None else value
+
+
+def _binds_all(
+    store: str, infos: Mapping[int, LagInfo], manifests: Mapping[str, StoreManifest] | None
+) -> bool:
+    """Whether every end component feeds every partition (a ``murmur2`` store) or only
+    input partition == store partition does (``explicit``, co-partitioned: Kafka's rule).
+
+    Known from the manifest when given; otherwise read off the engine's own sums: an
+    ``explicit`` store's ``offset_lag`` counts only the partition's own component."""
+    if manifests is not None and store in manifests:
+        return bool(get_partitioner(manifests[store].partitioner).routes_keys)
+    differs = False
+    for p, info in infos.items():
+        if info.offset_lag is None or info.end_position is None:
+            continue
+        own, every = _sums(info, p)
+        if info.offset_lag != own:
+            return True
+        differs = differs or own != every
+    return not differs
+
+
+def _component_lag(end: int | None, current: int | None) -> int | None:
+    if end is None:
+        return None
+    return max(0, end - (-1 if current is None else current) - 1)
+
+
+def _sums(info: LagInfo, p: int) -> tuple[int, int]:
+    own = every = 0
+    assert info.end_position is not None
+    cur = info.current_position
+    for topic in info.end_position.topics:
+        for in_p, end in info.end_position.partition_positions(topic).items():
+            lag = _component_lag(end, cur.offset(topic, in_p)) or 0
+            every += lag
+            own += lag if in_p == p else 0
+    return own, every
+
+
+def lag_frame(
+    lags: Mapping[str, Mapping[int, LagInfo]],
+    *,
+    manifests: Mapping[str, StoreManifest] | None = None,
+) -> pd.DataFrame:
+    """``engine.lags()`` as a DataFrame: one row per (store, partition, input topic,
+    input partition) — the components the partition has applied and the end offsets
+    that bind it — with ``current`` (last offset applied, NA when none), ``end``
+    (log-end offset) and ``lag`` (``max(0, end - current - 1)``, as ``LagInfo``).
+
+    Unknown is never 0: when a partition's end is unknown, ``end`` and ``lag`` are NA.
+    A partition with no component at all still gets one row (topic NA, ``lag`` its
+    ``offset_lag``). ``manifests`` (store → manifest) says which end components bind an
+    ``explicit`` store's partitions; without it this is inferred from ``offset_lag``.
+    """
+    records = []
+    for store, infos in lags.items():
+        binds_all = _binds_all(store, infos, manifests)
+        for p, info in sorted(infos.items()):
+            current, end = info.current_position, info.end_position
+            components: dict[tuple[str, int], None] = {}
+            if end is not None:
+                for topic in sorted(end.topics):
+                    for in_p in sorted(end.partition_positions(topic)):
+                        if binds_all or in_p == p:
+                            components[(topic, in_p)] = None
+            for topic in sorted(current.topics):
+                for in_p in sorted(current.partition_positions(topic)):
+                    components.setdefault((topic, in_p), None)
+            if not components:
+                records.append((store, p, None, pd.NA, pd.NA, pd.NA, _nullable(info.offset_lag)))
+                continue
+            for topic, in_p in sorted(components):
+                have = current.offset(topic, in_p)
+                end_offset = None if end is None else end.offset(topic, in_p)
+                binds = binds_all or in_p == p
+                lag = _component_lag(end_offset, have) if binds else None
+                records.append(
+                    (store, p, topic, in_p, _nullable(have), _nullable(end_offset), _nullable(lag))
+                )
+    frame = pd.DataFrame.from_records(records, columns=LAG_COLUMNS)
+    return frame.astype(
+        {
+            "store": "object",
+            "partition": "Int64",
+            "topic": "object",
+            "input_partition": "Int64",
+            "current": "Int64",
+            "end": "Int64",
+            "lag": "Int64",
+        }
+    )
+
+
+# -- %iq stores ------------------------------------------------------------------------------
+def _approx_rows(engine: Any, store: str, manifest: StoreManifest) -> int | None:
+    """RocksDB's own estimate of the store's rows (``rocksdb.estimate-num-keys``, read
+    from the partitions the engine keeps open anyway), or ``None``.
+
+    An estimate: it counts keys deleted but not yet compacted away. iqkit's own keys are
+    taken out: one commit record per partition, and a window store keeps two keys per
+    window (the data and the time index).
+    """
+    view_of = getattr(engine, "_view", None)
+    open_partition = getattr(engine, "_open_partition", None)
+    if view_of is None or open_partition is None:  # not a StateEngine
+        return None
+    try:
+        view = view_of(store)
+        record = view.current()
+        if record is None:
+            return 0
+        total = 0
+        for p in sorted(record.partitions):
+            keys = open_partition(view, record, p).partition.approximate_rows()
+            total += max(0, keys - 1)
+    except (IqkitError, AttributeError, OSError):
+        return None
+    return total // 2 if manifest.kind == "window" else total
+
+
+def stores_frame(engine: Any) -> pd.DataFrame:
+    """``%iq stores``: one row per store under the engine's root with its settings, the
+    version served, approximate rows, merged position and total offset lag (NA when the
+    end offsets are unknown)."""
+    names = engine.store_names()
+    lags = engine.lags(stores=names) if names else {}
+    records = []
+    for name in names:
+        manifest = engine.manifest(name)
+        infos = lags.get(name, {})
+        position = Position.empty()
+        for info in infos.values():
+            position = position.merge(info.current_position)
+        known = [i.offset_lag for i in infos.values()]
+        lag = sum(known) if known and all(v is not None for v in known) else None  # type: ignore[arg-type]
+        records.append(
+            (
+                name,
+                manifest.kind,
+                manifest.partitions,
+                manifest.key_serde,
+                manifest.value_serde,
+                manifest.partitioner,
+                _nullable(engine.version(name)),
+                _nullable(_approx_rows(engine, name, manifest)),
+                compact_position(position),
+                _nullable(lag),
+            )
+        )
+    frame = pd.DataFrame.from_records(records, columns=STORES_COLUMNS)
+    return frame.astype(
+        {"partitions": "Int64", "version": "Int64", "approx_rows": "Int64", "lag": "Int64"}
+    )
