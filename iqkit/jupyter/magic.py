@@ -21,6 +21,7 @@ from IPython.core.magic import (
 from traitlets import Bool, Int, TraitError, Unicode, observe, validate
 from traitlets.config import Configurable
 
+from .complete import register_completer
 from .parse import overview, parse_line
 from .session import IQSession
 
@@ -104,6 +105,7 @@ def load(shell: Any) -> IQMagics:
     unload(shell)
     magics = IQMagics(shell)
     shell.register_magics(magics)
+    register_completer(shell)
     return magics
 
 

@@ -26,6 +26,7 @@ from .command import ACTIONS, IQCommand
 
 __all__ = [
     "command_help",
+    "option_flags",
     "overview",
     "parse_bound",
     "parse_line",
@@ -303,6 +304,14 @@ def _bound_error(text: str) -> str:
         f"%iq: --bound expects topic:partition=offset,... (e.g. orders:0=5,1=3) "
         f"or :variable, got {text!r}"
     )
+
+
+def option_flags(action: str) -> list[str]:
+    """The long options a sub-command takes (for tab completion)."""
+    parser = _PARSERS.get(action)
+    if parser is None:
+        return []
+    return [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
 
 
 def overview() -> str:

@@ -210,3 +210,30 @@ def test_iqkit_root_environment_variable(monkeypatch, nb_root):
         assert len(sh.run_cell("%iq stores").result) == 3
     finally:
         IQTestShell.clear_instance()
+
+
+# -- tab completion ------------------------------------------------------------------------------
+# shell.complete() is the public (if "pending deprecation") entry the hook is wired into.
+pytestmark_complete = pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+
+
+@pytestmark_complete
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("%iq g", ["get"]),
+        ("%iq get ", ["clicks", "counts", "totals"]),
+        ("%iq get to", ["totals"]),
+        ("%iq scan totals --li", ["--limit"]),
+        ("%iq help ra", ["range"]),
+        ("%iqkit sca", ["scan"]),
+    ],
+)
+def test_tab_completion(shell, line, expected):
+    assert sorted(shell.complete("", line, len(line))[1]) == expected
+
+
+@pytestmark_complete
+def test_completion_survives_reload(shell):
+    shell.run_line_magic("reload_ext", "iqkit")
+    assert shell.complete("", "%iq get c", 9)[1] == ["clicks", "counts"]
