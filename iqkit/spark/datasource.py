@@ -1,4 +1,6 @@
-"""The ``iqkit`` Spark Python data source (Spark 4): read a store as a DataFrame.
+"""The ``iqkit`` Spark Python data source (Spark 4): read a store as a DataFrame, and
+write one with ``df.write.format("iqkit")`` (options and rules of the write side:
+:mod:`iqkit.spark.datasource_write`).
 
     from iqkit.spark.datasource import register
     register(spark)        # also enables spark.sql.python.filterPushdown.enabled, see below
@@ -143,6 +145,7 @@ from typing import Any
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
+    DataSourceWriter,
     EqualTo,
     Filter,
     GreaterThan,
@@ -191,6 +194,8 @@ from iqkit.store.manifest import StoreManifest
 from iqkit.store.partitioners import get_partitioner
 from iqkit.store.serdes import get_serde
 
+from .datasource_write import plan_write
+
 __all__ = ["FILTER_PUSHDOWN_CONF", "IqkitDataSource", "IqkitReader", "register"]
 
 #: The session conf Spark 4.1 requires for ``pushFilters`` (default ``false``).
@@ -222,7 +227,8 @@ _FALSE = ("false", "0", "no")
 
 
 def register(spark: Any, *, enable_filter_pushdown: bool = True) -> None:
-    """Register the ``iqkit`` format with ``spark`` (``spark.read.format("iqkit")``).
+    """Register the ``iqkit`` format with ``spark`` (``spark.read.format("iqkit")`` and
+    ``df.write.format("iqkit")``).
 
     With ``enable_filter_pushdown`` (the default) also sets
     ``spark.sql.python.filterPushdown.enabled=true`` on the session: Spark 4.1 refuses to
@@ -410,6 +416,13 @@ class IqkitDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         cls = IqkitReader if _flag(self.options, "pushdown", True) else IqkitScanReader
         return cls(self.options, schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """``df.write.format("iqkit")``: ``.mode("append")`` upserts, ``.mode("overwrite")``
+        replaces the store's contents (see :mod:`iqkit.spark.datasource_write`)."""
+        root = _root_from_options(self.options)
+        store = _store_from_options(self.options, root)
+        return plan_write(self.options, root, store, schema, overwrite)
 
 
 # -- input partitions ------------------------------------------------------------------------
