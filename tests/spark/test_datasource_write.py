@@ -397,17 +397,30 @@ def test_a_failed_job_leaves_the_previous_version_and_nothing_staged(spark, tmp_
     bad = spread(spark, [[("b", 2), ("c", 3)], [("d", 4), (None, 5)]], "k string, v long")
     with pytest.raises(Exception, match="store 's': key column 'k' holds null keys"):
         save(bad, root, "s", key="k", value="v")
-    assert tree_digest(root / "s") == before
-    assert debris(root) == []
+    # Spark calls abort() while it may still be killing the other task, whose fragment
+    # can land just after abort removed the job's files: such hidden .job-* files are
+    # never read, and the next commit removes them. Everything else is unchanged.
+    assert published(root / "s") == published_before(before)
     boom = spark.createDataFrame([("a", 2), ("b", 3)], "k string, v long").withColumn(
         "v", F.when(F.col("k") == "b", F.raise_error("boom")).otherwise(F.col("v"))
     )
     with pytest.raises(Exception, match="boom"):
         save(boom, root, "s", key="k", value="v")
-    assert tree_digest(root / "s") == before
+    assert published(root / "s") == published_before(before)
     with iqkit.open(root) as engine:
         assert engine.version("s") == 1
         assert get(engine, "s", "a") == 1
+    save(spark.createDataFrame([("z", 9)], "k string, v long"), root, "s", key="k", value="v")
+    assert debris(root) == []
+
+
+def published(folder: Path) -> dict[str, str]:
+    """tree_digest without the hidden fragment files of unfinished jobs."""
+    return published_before(tree_digest(folder))
+
+
+def published_before(digest: dict[str, str]) -> dict[str, str]:
+    return {path: h for path, h in digest.items() if not Path(path).name.startswith(".job-")}
 
 
 def test_a_commit_landing_during_the_job_makes_it_publish_nothing(spark, tmp_path):
