@@ -14,11 +14,15 @@ pandas DataFrame of ``--frame`` customers, then times the same join (returning t
 * the store → Arrow stream alone (``iqkit.tables.store_batches(...).read_all()``);
 * by hand: the stream read into Arrow first, then DuckDB (stream + baseline);
 * ``SQLSession.query`` over the Arrow table registered by name (the session's own
-  overhead: resolution, parameters, the worker thread, the DataFrame result).
+  overhead: resolution, parameters, the worker thread, the DataFrame result);
+* the first and the stream-alone cases again with ``iqkit.tables.BULK_DECODE`` off, i.e.
+  every row decoded by the engine (``json.loads`` per value), as before bulk decoding.
 
 Prints a Markdown table: median seconds of ``--repeat`` runs after one warm-up run, and
 each time as a multiple of the baseline. Target (README): the first line within 3x of
-the second.
+the second. Then a second table, bulk decoding against row by row in the same process,
+runs alternating: ``store_batches(...).read_all()`` of the whole store and ``collect`` of
+a range scan of ``--collect`` rows (what ``%iq range`` does).
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ from datetime import UTC, datetime
 
 import duckdb
 import pandas as pd
+import pyarrow as pa
 
 import iqkit
+from iqkit import tables
 from iqkit.sql import SQLSession
-from iqkit.tables import store_batches
+from iqkit.tables import collect, store_batches
 
 STORE = "totals"
 QUERY = (
@@ -78,8 +84,51 @@ def median_time(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
+def paired_times(
+    a: Callable[[], object], b: Callable[[], object], repeat: int
+) -> tuple[float, float, object, object]:
+    """Median seconds of ``a`` and of ``b`` run alternately ``repeat`` times after one
+    warm-up each, and their last results: alternating keeps a shared machine's load
+    changes from favouring one side of the ratio."""
+    out_a, out_b = a(), b()
+    times_a, times_b = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out_a = a()
+        times_a.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        out_b = b()
+        times_b.append(time.perf_counter() - t0)
+    return statistics.median(times_a), statistics.median(times_b), out_a, out_b
+
+
 def canonical(frame: pd.DataFrame) -> list[tuple]:
     return sorted(map(tuple, frame[["key", "total", "region", "name"]].values.tolist()))
+
+
+def row_by_row(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run with bulk decoding off: every row decoded by the engine, as before."""
+
+    def run() -> object:
+        tables.BULK_DECODE = False
+        try:
+            return fn()
+        finally:
+            tables.BULK_DECODE = True
+
+    return run
+
+
+def collect_range(engine: iqkit.StateEngine, rows: int) -> Callable[[], pa.Table]:
+    """``collect`` of a range scan of the first ``rows`` keys (every partition)."""
+    query = iqkit.RangeQuery.with_range("c0000000", f"c{rows - 1:07d}")
+    request = iqkit.StateQueryRequest.in_store(STORE).with_query(query)
+    manifest = engine.manifest(STORE)
+
+    def run() -> pa.Table:
+        return collect(engine.query(request), manifest, query=query).table
+
+    return run
 
 
 def main() -> None:
@@ -87,6 +136,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--frame", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--collect", type=int, default=100_000)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,8 +192,27 @@ def main() -> None:
                         ("store → Arrow stream alone (store_batches)", stream_alone),
                         ("stream read into Arrow, then DuckDB join", by_hand),
                         ("SQLSession.query over the Arrow table", session_on_arrow),
+                        (
+                            "`%iq sql` join, store streamed, rows decoded one by one (before)",
+                            row_by_row(session_streamed),
+                        ),
+                        (
+                            "store → Arrow stream alone, rows decoded one by one (before)",
+                            row_by_row(stream_alone),
+                        ),
                     ]
                     results = [(label, *median_time(fn, args.repeat)) for label, fn in cases]
+            scan = collect_range(engine, args.collect)
+            decoding = [
+                ("store_batches(...).read_all(), whole store", stream_alone),
+                (f"collect of a {args.collect:,}-row range scan", scan),
+            ]
+            bulk = []
+            for label, fn in decoding:
+                slow_s, fast_s, slow, fast = paired_times(row_by_row(fn), fn, args.repeat)
+                if not (isinstance(fast, pa.Table) and fast.equals(slow)):
+                    sys.exit(f"bulk and row-by-row decoding differ: {label}")
+                bulk.append((f"{label} ({fast.num_rows:,} rows)", slow_s, fast_s))
             raw.close()
 
     baseline = results[1][1]
@@ -171,6 +240,11 @@ def main() -> None:
         print(f"target, {what} join within {TARGET:.0f}× of the baseline: {verdict} ({ratio:.1f}×)")
     overhead = results[0][1] / results[4][1]
     print(f"streamed join vs stream-then-join by hand: {overhead:.2f}×")
+    print()
+    print("| bulk decoding vs row by row, same process | row by row s | bulk s | speed-up |")
+    print("|---|---:|---:|---:|")
+    for label, slow_s, fast_s in bulk:
+        print(f"| {label} | {slow_s:.3f} | {fast_s:.3f} | {slow_s / fast_s:.1f}× |")
 
 
 if __name__ == "__main__":

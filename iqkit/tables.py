@@ -20,6 +20,14 @@ Why chunks: per-row Python work dominates a million-row scan, so rows are pulled
 engine in C (``islice``) and turned into columns a chunk at a time — one ``pa.array`` per
 column over a list, fields of records gathered with ``map(itemgetter(...))`` — never a
 Python dict per row.
+
+Why stored bytes: even so, decoding row by row (``json.loads`` per value, a ``KeyValue``
+per row) was most of a big scan's time. A key-value scan's iterator (``ScanIterator``)
+hands over its rows undecoded, and whole chunks are decoded by Arrow: keys and values of
+the ``string``/``bytes``/``int32``/``int64``/``double`` serdes as one column each, JSON
+records with ``pyarrow.json``. That is done only where it provably gives what the row
+path gives (``_json_records`` lists the checks); any other chunk is decoded row by row by
+the engine's own decoder, so values, types and errors never depend on which path ran.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
 
 from .errors import IqkitError
 from .query import (
@@ -53,7 +63,9 @@ from .query import (
     StateQueryResult,
     WindowRangeQuery,
 )
+from .store.layers import ScanIterator
 from .store.manifest import StoreManifest
+from .store.serdes import get_serde
 
 __all__ = ["Collected", "collect", "store_batches", "to_pandas"]
 
@@ -62,6 +74,9 @@ __all__ = ["Collected", "collect", "store_batches", "to_pandas"]
 CHUNK_ROWS = 65_536
 #: Rows pulled from an iterator between two ``progress`` calls (and limit checks).
 PROGRESS_ROWS = 4_096
+#: Decode stored bytes a chunk at a time with Arrow where that is exact (the module
+#: docstring); ``False`` decodes every row with the engine's decoder (tests compare both).
+BULK_DECODE = True
 
 PARTITION = "partition"
 WINDOW_START = "window_start"
@@ -85,6 +100,17 @@ _SERDE_TYPES: dict[str, pa.DataType] = {
 #: What ``pa.array`` raises on Python values it cannot type consistently.
 _ARROW_ERRORS = (pa.ArrowException, OverflowError, TypeError, ValueError)
 
+#: Serdes of fixed-width big-endian numbers: numpy dtype of their bytes, Arrow type.
+_FIXED_SERDES: dict[str, tuple[str, pa.DataType]] = {
+    "int32": (">i4", pa.int32()),
+    "int64": (">i8", pa.int64()),
+    "double": (">f8", pa.float64()),
+}
+#: Serdes whose bytes ``_bulk_column`` decodes.
+_BULK_SERDES = frozenset({"string", "bytes", *_FIXED_SERDES})
+#: Ints beyond this magnitude cannot share a column with floats in ``pa.array``.
+_EXACT_DOUBLE_INT = 2**53
+
 
 @dataclass(frozen=True)
 class Collected:
@@ -94,7 +120,8 @@ class Collected:
     table: pa.Table
     #: Rows read per partition, for successful partitions only (0 when limit skipped it).
     rows_per_partition: dict[int, int] = field(default_factory=dict)
-    #: Nanoseconds spent pulling each partition's rows from its iterator.
+    #: Nanoseconds spent pulling each partition's rows from its iterator (and decoding
+    #: them, also when they are decoded in bulk from stored bytes).
     read_ns: dict[int, int] = field(default_factory=dict)
     #: True when ``limit`` stopped reading while rows were still left.
     truncated: bool = False
@@ -169,6 +196,185 @@ def _key_names(manifest: StoreManifest) -> list[str]:
     return [str(n) for n in names]
 
 
+# -- decoding stored bytes in bulk -----------------------------------------------------------
+def _binary(datas: list[bytes]) -> tuple[pa.Array, np.ndarray, np.ndarray] | None:
+    """``datas`` as an Arrow ``binary`` array, plus numpy views of its offsets and bytes
+    (``None`` past 2 GiB, where ``pa.array`` returns chunks)."""
+    array = pa.array(datas, pa.binary())
+    if not isinstance(array, pa.BinaryArray):
+        return None
+    _, offsets_buf, data_buf = array.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int32, len(datas) + 1)
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    return array, offsets, data
+
+
+def _bulk_column(datas: list[bytes], offset: int, serde: str) -> pa.Array | None:
+    """``data[offset:]`` of every ``data`` decoded by the serde named ``serde`` as one
+    Arrow column, or ``None`` when some value would not decode (the row path then
+    raises the serde's own error) or the serde has no bulk decoding."""
+    binary = _binary(datas) if serde in _BULK_SERDES else None
+    if binary is None:
+        return None
+    array, offsets, data = binary
+    n = len(datas)
+    lengths = np.diff(offsets)
+    fixed = _FIXED_SERDES.get(serde)
+    if fixed is not None:
+        dtype, arrow_type = fixed
+        width = offset + np.dtype(dtype).itemsize
+        if not (lengths == width).all():
+            return None
+        numbers = data[: n * width].reshape(n, width)[:, offset:].copy().view(dtype)
+        # astype to native order swaps bytes (NaN payloads and -0.0 kept, as struct does)
+        return pa.array(numbers.reshape(n).astype(dtype.replace(">", "=")), arrow_type)
+    if offset:
+        if (lengths < offset).any():
+            return None
+        keep = np.ones(int(offsets[-1]), dtype=bool)
+        for i in range(offset):
+            keep[offsets[:-1] + i] = False
+        stripped = offsets - np.arange(0, offset * (n + 1), offset, dtype=np.int32)
+        array = pa.Array.from_buffers(
+            pa.binary(),
+            n,
+            [None, pa.py_buffer(stripped), pa.py_buffer(data[: int(offsets[-1])][keep])],
+        )
+    if serde == "string":
+        try:
+            return array.cast(pa.string())  # validates UTF-8, as bytes.decode does
+        except _ARROW_ERRORS:
+            return None
+    return array
+
+
+def _untimestamped(t: pa.DataType) -> pa.DataType:
+    """``t`` with every timestamp (nested ones too) made a string."""
+    if pa.types.is_timestamp(t):
+        return pa.string()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_untimestamped(f.type)) for f in t])
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_untimestamped(t.value_type)))
+    return t
+
+
+def _as_pa_array_types(array: pa.Array) -> bool:
+    """Whether ``array``, read by ``pyarrow.json``, is what ``pa.array`` makes of the
+    same values decoded by ``json.loads``.
+
+    Quirks of ``pyarrow.json`` that ``pa.array`` does not share, and which make this
+    ``False``: it reads ints beyond 64 bits as doubles (``pa.array`` refuses them: JSON
+    text), accepts ``Inf`` and ``-NaN`` (``json.loads`` refuses them); and ``pa.array``
+    refuses ints beyond 2**53 in a column that also holds floats, which a double
+    column read by ``pyarrow.json`` cannot tell. So every double must be finite and
+    below 2**53 in magnitude; and only the types ``pa.array`` infers may occur.
+    """
+    t = array.type
+    if pa.types.is_struct(t):
+        return all(_as_pa_array_types(array.field(i)) for i in range(t.num_fields))
+    if pa.types.is_list(t):
+        return _as_pa_array_types(array.flatten())
+    if pa.types.is_float64(t):
+        if array.null_count == len(array):
+            return True
+        # Strictly below: 2**53 + 1 reads as the double 2**53. NaN compares false.
+        within = pc.less(pc.abs(array), _EXACT_DOUBLE_INT)
+        return bool(pc.all(within).as_py())
+    return t in (pa.null(), pa.bool_(), pa.int64(), pa.string())
+
+
+def _read_json(data: bytes, schema: pa.Schema | None = None) -> pa.Table:
+    """``data`` (JSON objects, one per line) read by ``pyarrow.json`` as one block on one
+    thread. Quirk: with several blocks on several threads, the order of the columns
+    depends on which block is done first, while it must be the order fields are first
+    seen in (and one block keeps type inference to the rules ``_json_records`` checks)."""
+    return pa_json.read_json(
+        pa.BufferReader(data),
+        read_options=pa_json.ReadOptions(use_threads=False, block_size=len(data) + 1),
+        parse_options=pa_json.ParseOptions(
+            explicit_schema=schema, newlines_in_values=False, unexpected_field_behavior="infer"
+        ),
+    )
+
+
+def _json_records(values: list[bytes]) -> list[tuple[str, pa.Array]] | None:
+    """The fields of JSON records (``json`` serde values that are all objects), one
+    Arrow column each in first-seen order, equal to what ``_value_columns`` makes of
+    ``json.loads`` of each value — or ``None`` when that is not certain.
+
+    The values are joined with newlines and read by ``pyarrow.json`` as one document per
+    line; before that, the bytes are checked to be exactly ``len(values)`` lines each of
+    one object. Quirks guarded against: ``pyarrow.json`` crashes the process on a line
+    that is just ``null``, and reads ``null`` lines among objects as rows (so every line
+    must start with ``{``); it reads two objects on one line as two rows (so it must
+    return one row per value); it accepts invalid UTF-8 and raw control characters in
+    strings, which ``json.loads`` refuses (so the bytes are checked first); it infers
+    timestamps from ISO-8601 strings (those are read again as strings); it builds
+    invalid arrays for some nested values (so nested columns are validated); and see
+    ``_as_pa_array_types``. What it refuses (mixed types, duplicate keys, lone
+    surrogates, numbers beyond a double) goes the row path, which decides.
+    """
+    n = len(values)
+    joined = b"\n".join(values)
+    if joined[:1] != b"{" or joined[-1:] != b"}" or len(joined) >= 2**31:
+        return None
+    buf = np.frombuffer(joined, np.uint8)
+    breaks = np.flatnonzero(buf < 0x20)  # compact JSON has none but the separators
+    if len(breaks) != n - 1:
+        return None
+    if n > 1 and not (
+        (buf[breaks] == 0x0A).all()
+        and (buf[breaks - 1] == 0x7D).all()  # "}" ends every value...
+        and (buf[breaks + 1] == 0x7B).all()  # ...and "{" starts the next
+    ):
+        return None
+    data = pa.py_buffer(joined)
+    try:  # one UTF-8 check of everything, as str(data, "utf-8") of each value
+        pa.Array.from_buffers(
+            pa.binary(), 1, [None, pa.py_buffer(np.array([0, len(joined)], np.int32)), data]
+        ).cast(pa.string())
+    except _ARROW_ERRORS:
+        return None
+    try:
+        table = _read_json(joined)
+        if table.num_rows == n and any(_untimestamped(t) != t for t in table.schema.types):
+            schema = pa.schema([f.with_type(_untimestamped(f.type)) for f in table.schema])
+            table = _read_json(joined, schema)
+    except _ARROW_ERRORS:
+        return None
+    if table.num_rows != n:
+        return None
+    out = []
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+        if not _as_pa_array_types(array):
+            return None
+        if pa.types.is_nested(array.type):
+            try:  # quirk: it reads [null, null] as an invalid list (one null child)
+                array.validate(full=True)
+            except _ARROW_ERRORS:
+                return None
+        out.append((name, array))
+    return out
+
+
+class _Stored:
+    """How to read a partition's stored rows: ``ScanIterator.decode`` and the keys'
+    prefix length."""
+
+    __slots__ = ("decode", "key_offset")
+
+    def __init__(self, decode: Callable[[list[Any]], list[KeyValue[Any, Any]]], key_offset: int):
+        self.decode = decode
+        self.key_offset = key_offset
+
+
+#: Runs of rows: ``(partition, rows, how)``, rows being ``KeyValue``s when ``how`` is
+#: ``None``, else stored ``(key, value)`` bytes to be decoded as ``how`` says.
+_Segments = Sequence[tuple[int, Sequence[Any], _Stored | None]]
+
+
 class _Shaper:
     """Turns lists of ``KeyValue``s into named Arrow columns for one store and query."""
 
@@ -182,6 +388,79 @@ class _Shaper:
         #: Declared tuple keys: always one column per element, even for short keys.
         self.key_names = names if len(names) >= 2 and manifest.key_serde == "ordered" else []
         self.declared_names = names
+        #: Serde names for bulk decoding (raw queries' keys and values are bytes).
+        self.key_serde_name = "bytes" if raw else manifest.key_serde
+        self.value_serde_name = "bytes" if raw else manifest.value_serde
+        self.key_serde = get_serde(self.key_serde_name)
+        #: Whether to take stored bytes: only key-value scans hand them over, and only
+        #: values some bulk decoding applies to are worth it.
+        self.bulk = manifest.kind != "window" and (
+            self.value_serde_name in _BULK_SERDES or self.value_serde_name == "json"
+        )
+
+    def rows_of(self, value: KeyValueIterator[Any, Any]) -> tuple[Iterator[Any], _Stored | None]:
+        """The rows of an iterator result: its stored bytes when it hands them over and
+        they can be decoded in bulk (with how to decode them), else its ``KeyValue``s."""
+        if BULK_DECODE and self.bulk and isinstance(value, ScanIterator):
+            chunks = value.take_chunks()
+            if chunks is not None:
+                return chain.from_iterable(chunks), _Stored(value.decode, value.key_offset)
+        return iter(value), None
+
+    def shape(self, segments: _Segments) -> dict[str, _Column]:
+        """``columns`` of runs of rows, decoding stored bytes in bulk where exact, else
+        row by row with the engine's decoder."""
+        hows = [how for _, _, how in segments]
+        if hows and all(hows) and len({h.key_offset for h in hows if h}) == 1:
+            cols = self._bulk_columns([(p, rows) for p, rows, _ in segments], hows[0].key_offset)
+            if cols is not None:
+                return cols
+        return self.columns(
+            [(p, rows if how is None else how.decode(rows)) for p, rows, how in segments]
+        )
+
+    def _bulk_columns(
+        self, segments: Sequence[tuple[int, Sequence[tuple[bytes, bytes]]]], key_offset: int
+    ) -> dict[str, _Column] | None:
+        """``columns`` of stored rows, decoded a column at a time by Arrow, or ``None``
+        when that would not be exactly what the row path gives."""
+        rows: Sequence[tuple[bytes, bytes]] = (
+            segments[0][1]
+            if len(segments) == 1
+            else list(chain.from_iterable(r for _, r in segments))
+        )
+        keys = list(map(itemgetter(0), rows))
+        values = list(map(itemgetter(1), rows))
+        records = self.value_serde_name == "json"
+        fields = _json_records(values) if records else []
+        value = None if records else _bulk_column(values, 0, self.value_serde_name)
+        if fields is None or (value is None and not records):
+            return None
+        cols = {PARTITION: _Column(self._partitions(segments))}
+        if self.key_serde_name in _BULK_SERDES:
+            key = _bulk_column(keys, key_offset, self.key_serde_name)
+            if key is None:
+                return None
+            cols["key"] = _Column(key)
+        else:  # ordered, json: the serde's own chunk decoder, then as the row path
+            self._key_columns(self.key_serde.deserialize_many(keys, key_offset), cols)
+        if value is not None:  # as the row path: not renamed (it is not a record field)
+            cols[VALUE] = _Column(value)
+            return cols
+        for f, array in fields:
+            name = f
+            while name in cols:  # a field named like a key/partition/window column
+                name = f"{VALUE}.{name}"
+            cols[name] = _Column(array)
+        return cols
+
+    @staticmethod
+    def _partitions(segments: Sequence[tuple[int, Sequence[Any]]]) -> pa.Array:
+        counts = [len(rows) for _, rows in segments]
+        parts = np.repeat(
+            np.array([p for p, _ in segments], dtype=np.int32), np.array(counts, dtype=np.int64)
+        )
+        return pa.array(parts, pa.int32())
 
     # Column names of keys --------------------------------------------------------------
     def _tuple_name(self, i: int) -> str:
@@ -211,11 +490,7 @@ class _Shaper:
         wanted schema: ``pa.array(values, type=...)`` converts lossily (quirk: ``5.5``
         becomes ``5`` in an int64 column, ``str`` becomes binary), so a schema is applied
         afterwards with Arrow's safe ``cast``, which refuses to lose data."""
-        counts = [len(rows) for _, rows in segments]
-        parts = np.repeat(
-            np.array([p for p, _ in segments], dtype=np.int32), np.array(counts, dtype=np.int64)
-        )
-        cols = {PARTITION: _Column(pa.array(parts, pa.int32()))}
+        cols = {PARTITION: _Column(self._partitions(segments))}
         rows: Sequence[KeyValue[Any, Any]] = (
             segments[0][1]
             if len(segments) == 1
@@ -379,6 +654,18 @@ def _in_context(exc: IqkitError, message: str) -> IqkitError:
         return IqkitError(message)
 
 
+def _shape_timed(
+    shaper: _Shaper, p: int, rows: list[Any], how: _Stored | None, read_ns: dict[int, int]
+) -> dict[str, _Column]:
+    """``shaper.shape`` of one partition's rows; when they are stored bytes, decoding
+    them is part of reading them, so its time counts in ``read_ns``."""
+    t0 = time.perf_counter_ns()
+    cols = shaper.shape([(p, rows, how)])
+    if how is not None:
+        read_ns[p] += time.perf_counter_ns() - t0
+    return cols
+
+
 def collect(
     result: StateQueryResult[Any],
     manifest: StoreManifest,
@@ -432,8 +719,8 @@ def collect(
                     rows_per[p] = len(rows)
                     total += len(rows)
                     continue
-                it = iter(value)
-                buffer: list[KeyValue[Any, Any]] = []
+                it, how = shaper.rows_of(value)
+                buffer: list[Any] = []
                 while True:
                     step = PROGRESS_ROWS if limit is None else min(PROGRESS_ROWS, limit - total)
                     if step <= 0:  # the limit is reached: is anything left?
@@ -455,12 +742,12 @@ def collect(
                     if progress is not None and got:
                         progress(total)
                     if len(buffer) >= CHUNK_ROWS:
-                        chunks.append(shaper.columns([(p, buffer)]))
+                        chunks.append(_shape_timed(shaper, p, buffer, how, read_ns))
                         buffer = []
                     if got < step:
                         break
                 if buffer:
-                    chunks.append(shaper.columns([(p, buffer)]))
+                    chunks.append(_shape_timed(shaper, p, buffer, how, read_ns))
             table = _assemble(chunks or [shaper.empty_columns()])
     finally:
         for it in iterators:
@@ -596,16 +883,16 @@ def store_batches(
             it.close()
         raise
     shaper = _Shaper(manifest, query)
-    sources: list[tuple[int, Iterator[KeyValue[Any, Any]]]] = []
+    sources: list[tuple[int, Iterator[Any], _Stored | None]] = []
     try:
         with _gc_paused():
-            sample: list[tuple[int, list[KeyValue[Any, Any]]]] = []
+            sample: list[tuple[int, list[Any], _Stored | None]] = []
             for p, value in iterators:
-                it = iter(value)
+                it, how = shaper.rows_of(value)
                 head = [] if schema is not None else _read(store, p, it, sample_rows)
                 if head:
-                    sample.append((p, head))
-                sources.append((p, chain(head, it)))
+                    sample.append((p, head, how))
+                sources.append((p, chain(head, it), how))
             if schema is None:
                 conformer = _infer(store, shaper, sample)
             else:
@@ -626,8 +913,8 @@ def store_batches(
                     item = next(chunks, None)
                     if item is None:
                         return
-                    cols = shaper.columns(item)
-                    batch = conformer.batch(cols, list(dict.fromkeys(p for p, _ in item)))
+                    cols = shaper.shape(item)
+                    batch = conformer.batch(cols, list(dict.fromkeys(p for p, _, _ in item)))
                 yield batch
         finally:
             chunks.close()
@@ -635,7 +922,7 @@ def store_batches(
     return pa.RecordBatchReader.from_batches(conformer.schema, batches())
 
 
-def _read(store: str, p: int, it: Iterator[KeyValue[Any, Any]], n: int) -> list[Any]:
+def _read(store: str, p: int, it: Iterator[Any], n: int) -> list[Any]:
     """Up to ``n`` rows of partition ``p``; a read error names the store and partition."""
     try:
         return list(islice(it, n))
@@ -645,18 +932,16 @@ def _read(store: str, p: int, it: Iterator[KeyValue[Any, Any]], n: int) -> list[
         ) from exc
 
 
-def _infer(
-    store: str, shaper: _Shaper, sample: list[tuple[int, list[KeyValue[Any, Any]]]]
-) -> _Conformer:
+def _infer(store: str, shaper: _Shaper, sample: _Segments) -> _Conformer:
     """The stream's schema, from the sampled rows (or the serdes when there are none)."""
-    cols = shaper.columns(sample) if sample else shaper.empty_columns()
+    cols = shaper.shape(sample) if sample else shaper.empty_columns()
     json_cols = {n for n, c in cols.items() if c.json}
     # Only nulls seen: no type to infer, so text (later strings as is, others JSON).
     loose = {n for n, c in cols.items() if pa.types.is_null(c.array.type)}
     schema = pa.schema(
         [pa.field(n, pa.string() if n in loose else c.array.type) for n, c in cols.items()]
     )
-    rows = sum(len(r) for _, r in sample)
+    rows = sum(len(r) for _, r, _ in sample)
     origin = f"the schema inferred from a sample of {rows} rows"
     return _Conformer(store, schema, json_cols, loose, origin)
 
@@ -664,20 +949,20 @@ def _infer(
 def _scan_chunks(
     engine: Any,
     store: str,
-    sources: list[tuple[int, Iterator[KeyValue[Any, Any]]]],
+    sources: list[tuple[int, Iterator[Any], _Stored | None]],
     iterators: list[KeyValueIterator[Any, Any]],
     batch_size: int,
-) -> Iterator[list[tuple[int, list[KeyValue[Any, Any]]]]]:
-    """Runs of ``(partition, rows)`` adding up to ``batch_size`` rows (fewer at the end).
-    Closes every iterator when done or closed early."""
+) -> Iterator[list[tuple[int, list[Any], _Stored | None]]]:
+    """Runs of ``(partition, rows, how)`` (see ``_Segments``) adding up to ``batch_size``
+    rows (fewer at the end). Closes every iterator when done or closed early."""
     try:
-        segments: list[tuple[int, list[KeyValue[Any, Any]]]] = []
+        segments: list[tuple[int, list[Any], _Stored | None]] = []
         filled = 0
-        for p, it in sources:
+        for p, it, how in sources:
             while True:
                 rows = _read(store, p, it, batch_size - filled)
                 if rows:
-                    segments.append((p, rows))
+                    segments.append((p, rows, how))
                     filled += len(rows)
                 if filled < batch_size:
                     break  # the partition is exhausted

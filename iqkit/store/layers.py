@@ -265,6 +265,76 @@ def _stream(
     return KeyValueIterator.of_key_values(chain.from_iterable(map(convert, chunks)), close)
 
 
+class _ScanRows:
+    """The source of a ``ScanIterator``: its chunks, decoded when first iterated, or
+    nothing once they were handed over undecoded."""
+
+    __slots__ = ("chunks", "convert", "started", "taken")
+
+    def __init__(
+        self,
+        chunks: Iterator[list[tuple[bytes, bytes]]],
+        convert: Callable[[list[tuple[bytes, bytes]]], list[Any]],
+    ) -> None:
+        self.chunks = chunks
+        self.convert = convert
+        self.started = False
+        self.taken = False
+
+    def __iter__(self) -> Iterator[KeyValue[Any, Any]]:
+        self.started = True
+        if self.taken:
+            return iter(())
+        return chain.from_iterable(map(self.convert, self.chunks))
+
+
+class ScanIterator(KeyValueIterator[Any, Any]):
+    """The iterator of a key-value store scan (range, prefix, raw scan), which can also
+    hand its rows over as the bytes RocksDB holds.
+
+    Why: decoding row by row (a ``json.loads`` and a ``KeyValue`` per row) is most of
+    the cost of a big scan, and a reader that decodes whole columns at once
+    (``iqkit.tables``, with Arrow) needs only the bytes. It still runs the same query
+    (same bounds, order and version), so it cannot disagree with the rows it skips.
+    """
+
+    __slots__ = ("_rows", "decode", "key_offset")
+
+    #: Turns a list of stored ``(key, value)`` bytes into the ``KeyValue`` rows this
+    #: iterator yields for them (same values, same errors).
+    decode: Callable[[list[tuple[bytes, bytes]]], list[KeyValue[Any, Any]]]
+    #: Bytes of keyspace prefix before the serialized key in every stored key.
+    key_offset: int
+
+    @classmethod
+    def over(
+        cls,
+        chunks: Iterator[list[tuple[bytes, bytes]]],
+        convert: Callable[[list[tuple[bytes, bytes]]], list[KeyValue[Any, Any]]],
+        key_offset: int,
+    ) -> ScanIterator:
+        """What ``_stream(chunks, convert)`` returns (rows decoded a chunk at a time,
+        iterated in C, ``chunks`` closed with it), able to hand the chunks over."""
+        rows = _ScanRows(chunks, convert)
+        it = cls.of_key_values(rows, getattr(chunks, "close", None))
+        assert isinstance(it, ScanIterator)
+        it._rows, it.decode, it.key_offset = rows, convert, key_offset
+        return it
+
+    def take_chunks(self) -> Iterator[list[tuple[bytes, bytes]]] | None:
+        """The rows, undecoded: lists of stored ``(key, value)`` bytes, in this
+        iterator's order; ``None`` when it was read from or closed already.
+
+        Afterwards the iterator itself yields nothing; closing it still closes the
+        chunks (releasing the RocksDB iterator), so the taker can keep relying on it.
+        """
+        rows = self._rows
+        if rows.started or self.is_closed:
+            return None
+        rows.started = rows.taken = True
+        return rows.chunks
+
+
 #: ``KeyValue`` without NamedTuple's Python-level ``__new__`` (hot in scans):
 #: ``map(_tuple_new, _KEY_VALUE_TYPE, pairs)`` builds them in C.
 _tuple_new = tuple.__new__
@@ -317,7 +387,8 @@ class TypedKeyValueLayer(_TypedLayer):
         lower, upper = keyspace.kv_range(lo, hi)
         reverse = query.result_order is ResultOrder.DESCENDING
         chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
-        return _stream(chunks, self._kv_chunk(keyspace.RAW_PREFIX_LEN))
+        strip = keyspace.RAW_PREFIX_LEN
+        return ScanIterator.over(chunks, self._kv_chunk(strip), strip)
 
     def _prefix(self, query: PrefixScanQuery, trace: Trace) -> KeyValueIterator[Any, Any]:
         serde = get_serde(query.prefix_serde) if query.prefix_serde else None
@@ -325,7 +396,8 @@ class TypedKeyValueLayer(_TypedLayer):
         lower, upper = keyspace.kv_prefix_range(prefix)
         reverse = query.result_order is ResultOrder.DESCENDING
         chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
-        return _stream(chunks, self._kv_chunk(keyspace.RAW_PREFIX_LEN))
+        strip = keyspace.RAW_PREFIX_LEN
+        return ScanIterator.over(chunks, self._kv_chunk(strip), strip)
 
     def _raw_key(self, query: RawKeyQuery, trace: Trace) -> bytes | None:
         return self.inner.get(keyspace.kv_key(query.key), trace, True)
@@ -333,7 +405,11 @@ class TypedKeyValueLayer(_TypedLayer):
     def _raw_scan(self, query: RawScanQuery, trace: Trace) -> KeyValueIterator[bytes, bytes]:
         chunks = self.inner.scan_chunks(keyspace.KV_LOWER, keyspace.KV_UPPER, False, trace)
         strip = keyspace.RAW_PREFIX_LEN
-        return _stream(chunks, lambda chunk: [_new_kv((k[strip:], v)) for k, v in chunk])
+
+        def convert(chunk: list[tuple[bytes, bytes]]) -> list[KeyValue[bytes, bytes]]:
+            return [_new_kv((k[strip:], v)) for k, v in chunk]
+
+        return ScanIterator.over(chunks, convert, strip)
 
 
 class TypedWindowLayer(_TypedLayer):
