@@ -110,3 +110,14 @@ def iq_result(engine, req, *, limit=None, lags=None, **kwargs):
     engine_ns = time.perf_counter_ns() - t0
     collected = collect(result, manifest, limit=limit, query=req.query)
     return IQResult(req, result, manifest, collected, engine_ns=engine_ns, lags=lags, **kwargs)
+
+
+# Kafka's UtilsTest.testMurmur2 (clients/src/test/java/org/apache/kafka/common/utils).
+KAFKA_MURMUR2_VECTORS = [
+    (b"21", -973932308),
+    (b"foobar", -790332482),
+    (b"a-little-bit-long-string", -985981536),
+    (b"a-little-bit-longer-string", -1486304829),
+    (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+    (b"abc", 479470107),
+]

@@ -3,20 +3,32 @@
 The job, end to end:
 
 1. Driver checks (cheap, before any data is written): columns and types against the
-   serdes (``schema.plan_columns``), the store's settings, no null keys, a valid
-   ``mark_as_partitioned`` column, one window size.
-2. Encode (``mapInArrow``, per Arrow batch): serialize keys and values with the store's
-   serdes, route each row to its store partition (Kafka's murmur2 of the serialized key,
-   or the named column), emit (partition, RocksDB key, value, sequence).
-3. One shuffle (``repartition`` by store partition; none with ``mark_as_partitioned``),
-   then ``sortWithinPartitions`` by (partition, key, sequence): every store partition's
-   rows arrive in one task, in key order, later rows of a key after earlier ones.
-4. Write (``mapInArrow``): each task attempt stages its store partitions
-   (``store.jobs.stage_partition``; fresh partitions are bulk-loaded from an SST file) and
-   returns what it staged. Nothing is visible yet.
+   serdes (``schema.plan_columns``), the store's settings, a valid
+   ``mark_as_partitioned`` column, one window size, and no null keys — for JVM-routed
+   writes (step 2) the write tasks count null keys instead, which saves a pass over the
+   input, and the driver refuses the job with the same error before publishing.
+2. Route each row to its store partition. In the JVM when it can be done byte-exactly
+   there (``_jvm_partition``): the named column (``mark_as_partitioned``), Kafka's murmur2
+   of an ``int32``/``int64`` key as plain integer arithmetic, or of a ``string`` key by
+   commons-codec's ``MurmurHash2.hash32(String)`` (Kafka's function over the UTF-8 bytes,
+   checked once per session against Kafka's test vectors). Otherwise in Python
+   (``_encode_fn``, ``mapInArrow``): keys and values serialized, murmur2 over the key
+   bytes, RocksDB key bytes made — whole Arrow columns at a time where the serdes allow
+   (``Serde.serialize_arrow``, ``murmur2_many``), row by row for the others.
+3. One shuffle (``repartitionById``: store partition ``p`` goes to Spark partition
+   ``p % tasks``; none with ``mark_as_partitioned``). No Spark sort: keys sharing a long
+   prefix defeat Spark's prefix sort, and ``pyarrow`` sorts them several times faster.
+4. Write (``mapInArrow``): each task serializes what is still raw (vectorized), sorts
+   each store partition's rows by key and keeps the last row per key
+   (``store.jobs.SortedRows``, spilling sorted runs to local disk past a memory budget),
+   stages its store partitions (``store.jobs.stage_partition``; fresh partitions are
+   bulk-loaded from an SST file) and returns what it staged. Nothing is visible yet.
 5. Driver: once the job succeeded, publish exactly one staged folder per partition as
    the store's next version (``JobCommit.publish``). A failed job publishes nothing; a
    retried or speculative attempt's folder is never published and is removed.
+
+Duplicate keys: the row with the highest sequence wins (Kafka's ``offset`` for
+Kafka-shaped input, else ``monotonically_increasing_id``, i.e. input order).
 """
 
 from __future__ import annotations
@@ -24,27 +36,43 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from itertools import groupby
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from ..query.position import Position
 from ..store import keyspace
-from ..store.jobs import JobCommit, JobSpec, StagedPartition, stage_partition
+from ..store.jobs import JobCommit, JobSpec, SortedRows, StagedPartition, stage_partition
 from ..store.layout import StoreLayout
 from ..store.manifest import StoreManifest
-from ..store.partitioners import get_partitioner
-from ..store.serdes import get_serde
+from ..store.partitioners import get_partitioner, murmur2
+from ..store.serdes import Serde, get_serde
 from ..store.writer import create_store
 from .progress import WriteProgress
 from .schema import KAFKA_COLUMNS, ColumnPlan, plan_columns
 
 _ENCODED_SCHEMA = "__p int, __k binary, __v binary, __seq long"
+#: Arrow bytes of rows a write task holds before it spills them, sorted, to local disk
+#: (see ``SortedRows``).
+_SPILL_BYTES = 256 * 1024 * 1024
+_STAGED_FIELDS = pa.schema(
+    [
+        ("partition", pa.int32()),
+        ("path", pa.string()),
+        ("attempt", pa.string()),
+        ("puts", pa.int64()),
+        ("deletes", pa.int64()),
+        ("spark_partition", pa.int32()),
+        ("null_keys", pa.int64()),  # rows refused for a null key (partition -1)
+    ]
+)
 _STAGED_SCHEMA = (
-    "partition int, path string, attempt string, puts long, deletes long, spark_partition int"
+    "partition int, path string, attempt string, puts long, deletes long, spark_partition int, "
+    "null_keys long"
 )
 
 
@@ -66,6 +94,7 @@ def write_store(
     source_end: Position | None = None,
     progress: bool = True,
     _fail_task_once: str | None = None,
+    _spill_bytes: int | None = None,
 ) -> int:
     """Write ``df`` into store ``store`` under ``root``; return the published version.
 
@@ -84,6 +113,7 @@ def write_store(
     ``progress``: show a progress bar (tasks, then partitions and rows written).
     ``_fail_task_once``: tests only — a marker file whose presence makes one task attempt
     fail after staging its first partition (the marker is consumed).
+    ``_spill_bytes``: tests only — a write task's memory budget (default 256 MiB).
     """
     plan = plan_columns(
         df,
@@ -97,22 +127,29 @@ def write_store(
     )
     window_size = _window_size(df, plan, store) if plan.window_column else None
     manifest = _ensure_store(root, store, plan, partitions, window_size, retention)
-    _check_no_null_keys(df, plan, store)
+    encoded, raw = _encode(df, plan, manifest)
+    if not raw:  # raw (JVM-routed) writes count null keys in the job itself: one pass less
+        _check_no_null_keys(df, plan, store)
     if plan.partition_column is not None:
         _check_partition_column(df, plan.partition_column, partitions, store)
     position = _kafka_position(df)
-
-    encoded = _encode(df, plan, manifest)
     if plan.partition_column is None:
-        encoded = encoded.repartition(min(partitions, _parallelism(df)), "__p")
-    ordered = encoded.sortWithinPartitions("__p", "__k", "__seq")
+        encoded = encoded.repartitionById(min(partitions, _parallelism(df)), "__p")
     sc = df.sparkSession.sparkContext
     with (
         WriteProgress(sc, store, enabled=progress) as bar,
         JobCommit(root, store, mode=mode, who=f"spark:{sc.appName}") as job,
     ):
-        writer = _stage_partitions_fn(job.spec, position, _fail_task_once)
-        rows = ordered.mapInArrow(writer, _STAGED_SCHEMA).collect()
+        writer = _stage_partitions_fn(
+            job.spec,
+            position,
+            _fail_task_once,
+            finish=_finish_fn(manifest, plan, raw=raw),
+            spill_bytes=_spill_bytes or _SPILL_BYTES,
+        )
+        rows = encoded.mapInArrow(writer, _STAGED_SCHEMA).collect()
+        if any(r["null_keys"] for r in rows):  # nothing is published: the job aborts
+            raise _null_keys_error(store, plan.key_columns[0])
         staged = _one_per_partition(rows, plan, store)
         # Partitions no row reached: an overwrite empties them; and in a murmur2 store,
         # whose every partition reads every input partition, they applied this input too,
@@ -189,7 +226,11 @@ def _ensure_store(
 def _check_no_null_keys(df: DataFrame, plan: ColumnPlan, store: str) -> None:
     for column in plan.key_columns:
         if df.where(F.col(column).isNull()).limit(1).count():
-            raise ValueError(f"store {store!r}: key column {column!r} holds null keys")
+            raise _null_keys_error(store, column)
+
+
+def _null_keys_error(store: str, column: str) -> ValueError:
+    return ValueError(f"store {store!r}: key column {column!r} holds null keys")
 
 
 def _check_partition_column(df: DataFrame, column: str, partitions: int, store: str) -> None:
@@ -252,39 +293,169 @@ def _one_per_partition(rows: list[Any], plan: ColumnPlan, store: str) -> list[St
     return list(staged.values())
 
 
-# -- executor-side functions -------------------------------------------------------------------
-def _encode(df: DataFrame, plan: ColumnPlan, manifest: StoreManifest) -> DataFrame:
-    """Project the columns the encoder needs, then serialize and route in Arrow batches."""
-    cols = [F.col(k).alias(f"__key{i}") for i, k in enumerate(plan.key_columns)]
-    if plan.value_column is None:
-        record = F.struct(*[F.col(c) for c in plan.record_columns])
-        cols.append(F.encode(F.to_json(record), "UTF-8").alias("__value"))
-    elif plan.value_serde == "json":
-        vc = F.col(plan.value_column)
-        cols.append(
-            F.when(vc.isNull(), None)
-            .otherwise(F.encode(F.to_json(F.array(vc)), "UTF-8"))
-            .alias("__value")
-        )
+# -- routing in the JVM --------------------------------------------------------------------------
+#: Kafka's murmur2 over a Java String's UTF-8 bytes (commons-codec ships with Spark).
+_MURMUR2_CLASS = "org.apache.commons.codec.digest.MurmurHash2"
+#: Strings whose murmur2 the JVM must reproduce before it routes a session's writes:
+#: Kafka's test vectors plus multi-byte UTF-8 (2-, 3- and 4-byte sequences, NUL).
+_MURMUR2_CHECKS = ("21", "foobar", "a-little-bit-long-string", "abc", "", "é中😀\x00x")
+_jvm_murmur2_checked: dict[str, bool] = {}
+_M = 0x5BD1E995
+_U32 = 0xFFFFFFFF
+
+
+def _jvm_partition(df: DataFrame, plan: ColumnPlan, manifest: StoreManifest) -> Column | None:
+    """The store partition as a Spark expression, when the JVM computes it exactly as
+    ``iqkit.store.partitioners`` would; ``None`` otherwise (Python routes)."""
+    if plan.window_column or plan.composite_key:
+        return None
+    if plan.partition_column is not None:
+        return F.col(plan.partition_column).cast("int")
+    if manifest.partitioner != "murmur2":
+        return None
+    key = F.col(plan.key_columns[0])
+    dtype = df.schema[plan.key_columns[0]].dataType
+    ints = (T.IntegerType, T.ShortType, T.ByteType)
+    if manifest.key_serde == "int32" and isinstance(dtype, ints):
+        h = _murmur2_big_endian(key.cast("long"), 4)
+    elif manifest.key_serde == "int64" and isinstance(dtype, (*ints, T.LongType)):
+        h = _murmur2_big_endian(key.cast("long"), 8)
+    elif (
+        manifest.key_serde == "string"
+        and isinstance(dtype, T.StringType)
+        and _string_murmur2_in_jvm(df.sparkSession)
+    ):
+        # Null keys (counted and refused by the write tasks) must not reach reflect().
+        h = F.when(key.isNotNull(), _reflect_murmur2(key)).cast("long")
     else:
-        cols.append(F.col(plan.value_column).alias("__value"))
-    if plan.window_column:
-        cols.append(F.expr(f"unix_millis(`{plan.window_column}`.start)").alias("__wstart"))
-    if plan.partition_column:
-        cols.append(F.col(plan.partition_column).cast("int").alias("__pin"))
+        return None
+    return (h.bitwiseAND(F.lit(0x7FFFFFFF)) % F.lit(manifest.partitions)).cast("int")
+
+
+def _reflect_murmur2(text: Column) -> Column:
+    # reflect() returns the int as a decimal string, and needs literal class/method names.
+    return F.call_function("reflect", F.lit(_MURMUR2_CLASS), F.lit("hash32"), text).cast("int")
+
+
+def _string_murmur2_in_jvm(spark: SparkSession) -> bool:
+    """Whether this Spark application's JVM has commons-codec's ``MurmurHash2`` and it
+    matches Kafka's murmur2 (checked once per application, through py4j: no Spark job)."""
+    sc = spark.sparkContext
+    app = sc.applicationId
+    if app not in _jvm_murmur2_checked:
+        try:
+            cls = getattr(sc._jvm, _MURMUR2_CLASS)
+            got = [int(cls.hash32(t)) for t in _MURMUR2_CHECKS]
+        except Exception:  # no such class on a custom classpath (py4j error): Python routes
+            got = None
+        _jvm_murmur2_checked[app] = got == [murmur2(t.encode()) for t in _MURMUR2_CHECKS]
+    return _jvm_murmur2_checked[app]
+
+
+def _mul32(x: Column) -> Column:
+    """``x * m`` modulo 2**32 (Java ``int`` overflow): ``x`` < 2**32 and ``m`` < 2**31, so
+    the long product never overflows (ANSI mode would raise if it did)."""
+    return (x * F.lit(_M)).bitwiseAND(F.lit(_U32))
+
+
+def _murmur2_big_endian(value: Column, width: int) -> Column:
+    """Kafka's murmur2 of a ``width``-byte big-endian integer (what the ``int32``/``int64``
+    serdes write), unrolled into long arithmetic: each 4-byte word is read little-endian
+    (a byte swap of the big-endian half), there is no tail. Unsigned 32-bit result."""
+    halves = [value] if width == 4 else [F.shiftright(value, 32), value]
+    h = F.lit((0x9747B28C ^ width) & _U32)
+    for half in halves:
+        u = half.bitwiseAND(F.lit(_U32))
+        word = (
+            F.shiftleft(u.bitwiseAND(F.lit(0xFF)), 24)
+            .bitwiseOR(F.shiftleft(F.shiftright(u, 8).bitwiseAND(F.lit(0xFF)), 16))
+            .bitwiseOR(F.shiftleft(F.shiftright(u, 16).bitwiseAND(F.lit(0xFF)), 8))
+            .bitwiseOR(F.shiftright(u, 24).bitwiseAND(F.lit(0xFF)))
+        )
+        k = _mul32(word)
+        k = _mul32(k.bitwiseXOR(F.shiftright(k, 24)))
+        h = _mul32(h).bitwiseXOR(k)
+    h = _mul32(h.bitwiseXOR(F.shiftright(h, 13)))
+    return h.bitwiseXOR(F.shiftright(h, 15))
+
+
+# -- executor-side functions -------------------------------------------------------------------
+def _encode(df: DataFrame, plan: ColumnPlan, manifest: StoreManifest) -> tuple[DataFrame, bool]:
+    """Project ``__p`` (store partition), ``__k``, ``__v``, ``__seq`` (duplicate keys: the
+    highest wins). ``raw``: ``__k``/``__v`` still hold the key and value columns, which the
+    write tasks serialize; else they hold RocksDB keys and value bytes (``_encode_fn``)."""
     seq = (
         F.col("offset")
         if set(KAFKA_COLUMNS) <= set(df.columns)
         else F.monotonically_increasing_id()
-    )
-    cols.append(seq.cast("long").alias("__seq"))
+    ).cast("long")
+    value = _value_column(plan)
+    p = _jvm_partition(df, plan, manifest)
+    if p is not None:
+        cols = [p.alias("__p"), F.col(plan.key_columns[0]).alias("__k"), value.alias("__v")]
+        return df.select(*cols, seq.alias("__seq")), True
+    cols = [F.col(k).alias(f"__key{i}") for i, k in enumerate(plan.key_columns)]
+    cols.append(value.alias("__value"))
+    if plan.window_column:
+        cols.append(F.expr(f"unix_millis(`{plan.window_column}`.start)").alias("__wstart"))
+    if plan.partition_column:
+        cols.append(F.col(plan.partition_column).cast("int").alias("__pin"))
+    cols.append(seq.alias("__seq"))
     fn = _encode_fn(manifest, plan)
-    return df.select(*cols).mapInArrow(fn, _ENCODED_SCHEMA)
+    return df.select(*cols).mapInArrow(fn, _ENCODED_SCHEMA), False
+
+
+def _value_column(plan: ColumnPlan) -> Column:
+    """The value as the write needs it: JSON text made by Spark's ``to_json`` (a record
+    of the other columns, or one column wrapped in an array — ``to_json`` needs a
+    struct/array/map; the brackets are cut off later), else the column itself. The JSON
+    stays a Spark string: Arrow hands its UTF-8 bytes over as they are, where Spark's
+    ``encode()`` would decode and re-encode every value."""
+    if plan.value_column is None:
+        return F.to_json(F.struct(*[F.col(c) for c in plan.record_columns]))
+    vc = F.col(plan.value_column)
+    if plan.value_serde == "json":
+        return F.when(vc.isNull(), None).otherwise(F.to_json(F.array(vc)))
+    return vc
+
+
+def _values_fn(plan: ColumnPlan, serde: Serde, store: str) -> Callable[[pa.Array], pa.Array]:
+    """Value bytes (``binary``, null = delete) of a ``_value_column`` Arrow column."""
+    if plan.value_serde == "json":
+        if plan.value_column is None:
+            return lambda values: values.cast(pa.binary())  # UTF-8 text: no copy
+        return lambda values: pc.binary_slice(values.cast(pa.binary()), 1, -1)  # "[v]" -> "v"
+
+    def values_bytes(values: pa.Array) -> pa.Array:
+        out = serde.serialize_arrow(values)
+        return out if out is not None else _serialize_each(serde, values, store, "value")
+
+    return values_bytes
+
+
+def _serialize_each(serde: Serde, values: pa.Array, store: str, role: str) -> pa.Array:
+    """Row-by-row ``serialize`` (serdes or values with no vectorized path); errors name
+    the store as the row-by-row encoder always did."""
+    out: list[bytes | None] = []
+    for v in values.to_pylist():
+        if v is None:
+            out.append(None)
+            continue
+        try:
+            out.append(serde.serialize(v))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"store {store!r}: {role} {exc}") from None
+    return pa.array(out, pa.binary())
 
 
 def _encode_fn(
     manifest: StoreManifest, plan: ColumnPlan
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function that serializes and routes each Arrow batch in Python:
+    ``(__p, __k, __v, __seq)`` batches, ``__k`` the RocksDB key. Whole columns at once
+    (``serialize_arrow``, ``murmur2_many``) for one-column keys of a key-value store whose
+    serde has a vectorized path; row by row otherwise (composite and window keys, json and
+    ordered serdes, strings Arrow holds as invalid UTF-8)."""
     key_serde = get_serde(manifest.key_serde)
     value_serde = get_serde(manifest.value_serde)
     partitioner = get_partitioner(manifest.partitioner)
@@ -295,127 +466,176 @@ def _encode_fn(
     value_is_json_bytes = plan.value_serde == "json"
     single_json_value = plan.value_column is not None and value_is_json_bytes
     store = manifest.name
+    values_bytes = _values_fn(plan, value_serde, store)
+    schema = pa.schema(
+        [("__p", pa.int32()), ("__k", pa.binary()), ("__v", pa.binary()), ("__seq", pa.int64())]
+    )
+
+    def encode_columns(batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        if window or n_keys != 1:
+            return None
+        kb = key_serde.serialize_arrow(batch.column("__key0"))
+        if kb is None:
+            return None
+        if explicit:
+            p = batch.column("__pin").cast(pa.int32())
+        else:
+            p = pa.array(partitioner.partition_many(kb, n), pa.int32())
+        k = keyspace.kv_keys_arrow(kb)
+        v = values_bytes(batch.column("__value"))
+        return pa.RecordBatch.from_arrays([p, k, v, batch.column("__seq")], schema=schema)
+
+    def encode_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
+        if value_is_json_bytes:  # JSON text from Spark: bytes, as the rows below expect
+            i = batch.schema.get_field_index("__value")
+            batch = batch.set_column(i, "__value", batch.column(i).cast(pa.binary()))
+        data = batch.to_pydict()
+        keys = [data[f"__key{i}"] for i in range(n_keys)]
+        key_values = keys[0] if n_keys == 1 else [tuple(t) for t in zip(*keys, strict=True)]
+        values = data["__value"]
+        out_p: list[int] = []
+        out_k: list[bytes] = []
+        out_v: list[bytes | None] = []
+        out_s: list[int] = []
+        starts = data.get("__wstart")
+        pins = data.get("__pin")
+        for i, k in enumerate(key_values):
+            try:
+                kb = key_serde.serialize(k)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"store {store!r}: key {exc}") from None
+            v = values[i]
+            if v is None:
+                vb = None
+            elif value_is_json_bytes:
+                # Spark's to_json made the record; a single json column was wrapped
+                # in an array (to_json needs a struct/array/map): unwrap it.
+                vb = v[1:-1] if single_json_value else v
+            else:
+                try:
+                    vb = value_serde.serialize(v)
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(f"store {store!r}: value {exc}") from None
+            p = pins[i] if explicit else partitioner.partition(kb, n)
+            seq = data["__seq"][i]
+            if window:
+                start = starts[i]
+                out_p += (p, p)
+                out_k += (keyspace.window_key(kb, start), keyspace.window_time_key(kb, start))
+                out_v += (vb, None if vb is None else b"")
+                out_s += (seq, seq)
+            else:
+                out_p.append(p)
+                out_k.append(keyspace.kv_key(kb))
+                out_v.append(vb)
+                out_s.append(seq)
+        return pa.RecordBatch.from_pydict(
+            {"__p": out_p, "__k": out_k, "__v": out_v, "__seq": out_s}, schema=schema
+        )
 
     def encode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            data = batch.to_pydict()
-            keys = [data[f"__key{i}"] for i in range(n_keys)]
-            key_values = keys[0] if n_keys == 1 else [tuple(t) for t in zip(*keys, strict=True)]
-            values = data["__value"]
-            out_p: list[int] = []
-            out_k: list[bytes] = []
-            out_v: list[bytes | None] = []
-            out_s: list[int] = []
-            starts = data.get("__wstart")
-            pins = data.get("__pin")
-            for i, k in enumerate(key_values):
-                try:
-                    kb = key_serde.serialize(k)
-                except (TypeError, ValueError) as exc:
-                    raise type(exc)(f"store {store!r}: key {exc}") from None
-                v = values[i]
-                if v is None:
-                    vb = None
-                elif value_is_json_bytes:
-                    # Spark's to_json made the record; a single json column was wrapped
-                    # in an array (to_json needs a struct/array/map): unwrap it.
-                    vb = v[1:-1] if single_json_value else v
-                else:
-                    try:
-                        vb = value_serde.serialize(v)
-                    except (TypeError, ValueError) as exc:
-                        raise type(exc)(f"store {store!r}: value {exc}") from None
-                p = pins[i] if explicit else partitioner.partition(kb, n)
-                seq = data["__seq"][i]
-                if window:
-                    start = starts[i]
-                    out_p += (p, p)
-                    out_k += (keyspace.window_key(kb, start), keyspace.window_time_key(kb, start))
-                    out_v += (vb, None if vb is None else b"")
-                    out_s += (seq, seq)
-                else:
-                    out_p.append(p)
-                    out_k.append(keyspace.kv_key(kb))
-                    out_v.append(vb)
-                    out_s.append(seq)
-            yield pa.RecordBatch.from_pydict(
-                {"__p": out_p, "__k": out_k, "__v": out_v, "__seq": out_s},
-                schema=pa.schema(
-                    [
-                        ("__p", pa.int32()),
-                        ("__k", pa.binary()),
-                        ("__v", pa.binary()),
-                        ("__seq", pa.int64()),
-                    ]
-                ),
-            )
+            out = encode_columns(batch)
+            yield out if out is not None else encode_rows(batch)
 
     return encode
 
 
+_Finished = tuple[pa.Array, pa.Array, pa.Array, pa.Array]
+
+
+def _finish_fn(
+    manifest: StoreManifest, plan: ColumnPlan, *, raw: bool
+) -> Callable[[pa.RecordBatch], _Finished]:
+    """What a write task does to each batch it receives: ``(partitions, RocksDB keys,
+    value bytes, sequences)``. With ``raw`` input (JVM-routed) the key and value columns
+    are serialized here, a whole column at a time where the serde allows."""
+    if not raw:
+        return lambda b: (b.column(0), b.column(1), b.column(2), b.column(3))
+    store = manifest.name
+    key_serde = get_serde(manifest.key_serde)
+    values_bytes = _values_fn(plan, get_serde(manifest.value_serde), store)
+    key_column = plan.key_columns[0]
+
+    def finish(b: pa.RecordBatch) -> _Finished:
+        keys = b.column(1)
+        kb = key_serde.serialize_arrow(keys)
+        if kb is None:
+            if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
+                try:
+                    keys.validate(full=True)
+                except pa.ArrowInvalid:
+                    raise ValueError(
+                        f"store {store!r}: key column {key_column!r} holds a string that is "
+                        "not valid UTF-8"
+                    ) from None
+            kb = _serialize_each(key_serde, keys, store, "key")
+        return b.column(0), keyspace.kv_keys_arrow(kb), values_bytes(b.column(2)), b.column(3)
+
+    return finish
+
+
 def _stage_partitions_fn(
-    spec: JobSpec, position: Position | None, fail_marker: str | None
+    spec: JobSpec,
+    position: Position | None,
+    fail_marker: str | None,
+    *,
+    finish: Callable[[pa.RecordBatch], _Finished],
+    spill_bytes: int = _SPILL_BYTES,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of the write: buffer, sort and stage every store
+    partition the task receives; return one row per staged partition. Rows with a null
+    key (JVM-routed input is not checked beforehand) are counted, not written: a task
+    that saw any stages nothing and reports the count, and the driver refuses the job."""
+
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         spark_partition = ctx.partitionId() if ctx else 0
         attempt = f"{spark_partition}-{ctx.attemptNumber() if ctx else 0}-{uuid.uuid4().hex[:8]}"
+        # One buffer for every store partition the task holds: one sort by (partition,
+        # key) at the end beats splitting each batch by partition as it arrives.
+        buffer = SortedRows(spill_bytes=spill_bytes, spill_dir=_local_dir())
+        parts = buffer.partitions()
         staged = []
-        for p, group in groupby(_rows(batches), key=lambda row: row[0]):
-            s = stage_partition(
-                spec,
-                p,
-                _last_per_key(group),
-                attempt=attempt,
-                position=position,
-                sorted_unique=True,
-            )
-            staged.append(s)
-            if fail_marker is not None and _consume(fail_marker):
-                raise RuntimeError(f"injected task failure after staging partition {p}")
-        yield pa.RecordBatch.from_pydict(
-            {
-                "partition": [s.partition for s in staged],
-                "path": [s.path for s in staged],
-                "attempt": [s.attempt for s in staged],
-                "puts": [s.puts for s in staged],
-                "deletes": [s.deletes for s in staged],
-                "spark_partition": [spark_partition] * len(staged),
-            },
-            schema=pa.schema(
-                [
-                    ("partition", pa.int32()),
-                    ("path", pa.string()),
-                    ("attempt", pa.string()),
-                    ("puts", pa.int64()),
-                    ("deletes", pa.int64()),
-                    ("spark_partition", pa.int32()),
-                ]
-            ),
+        null_keys = 0
+        try:
+            for batch in batches:
+                keys = batch.column(1)
+                if keys.null_count:
+                    null_keys += keys.null_count
+                    batch = batch.filter(pc.is_valid(keys))
+                if batch.num_rows and not null_keys:
+                    ps, k, v, seq = finish(batch)
+                    buffer.add(k, v, seq, partitions=ps)
+            for p, rows in parts if not null_keys else ():
+                s = stage_partition(
+                    spec, p, rows, attempt=attempt, position=position, sorted_unique=True
+                )
+                staged.append(s)
+                if fail_marker is not None and _consume(fail_marker):
+                    raise RuntimeError(f"injected task failure after staging partition {p}")
+        finally:
+            parts.close()  # releases the run files' memory maps
+            buffer.close()
+        out = [
+            (s.partition, s.path, s.attempt, s.puts, s.deletes, spark_partition, 0) for s in staged
+        ]
+        if null_keys:
+            out.append((-1, "", attempt, 0, 0, spark_partition, null_keys))
+        yield pa.RecordBatch.from_pylist(
+            [dict(zip(_STAGED_FIELDS.names, r, strict=True)) for r in out],
+            schema=_STAGED_FIELDS,
         )
 
     return write
 
 
-def _rows(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, bytes, bytes | None]]:
-    for batch in batches:
-        cols = batch.to_pydict()
-        yield from zip(cols["__p"], cols["__k"], cols["__v"], strict=True)
-
-
-def _last_per_key(
-    rows: Iterator[tuple[int, bytes, bytes | None]],
-) -> Iterator[tuple[bytes, bytes | None]]:
-    """Rows sorted by (key, sequence): keep the last row of each key (later wins)."""
-    previous: tuple[int, bytes, bytes | None] | None = None
-    for row in rows:
-        if previous is not None and previous[1] != row[1]:
-            yield previous[1], previous[2]
-        previous = row
-    if previous is not None:
-        yield previous[1], previous[2]
+def _local_dir() -> str | None:
+    """Where a task may spill: Spark's local directory for this executor, if it says."""
+    dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
+    return dirs.split(",")[0] or None
 
 
 def _consume(marker: str) -> bool:

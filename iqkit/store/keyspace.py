@@ -16,6 +16,10 @@ queries ("every key's windows between t1 and t2") without scanning every key.
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 from .names import DATA_PREFIX, END_OF_USER_KEYSPACE, WINDOW_PREFIX, WINDOW_TIME_PREFIX
 
@@ -44,6 +48,38 @@ def prefix_end(prefix: bytes) -> bytes | None:
 # -- key-value stores ----------------------------------------------------------------------
 def kv_key(key_bytes: bytes) -> bytes:
     return DATA_PREFIX + key_bytes
+
+
+def kv_keys_arrow(key_bytes: pa.Array) -> pa.Array:
+    """``kv_key`` of a whole pyarrow ``binary`` column (no nulls): a ``binary`` array."""
+    return prefixed_arrow(DATA_PREFIX, key_bytes)
+
+
+def prefixed_arrow(prefix: bytes, values: pa.Array) -> pa.Array:
+    """``prefix + v`` for every ``v`` of a pyarrow ``binary`` column without nulls, with
+    no per-row Python objects: equal-length values (int keys, fixed formats) are one
+    numpy reshape; others go through Arrow's ``binary_join_element_wise``."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from .partitioners import key_buffers
+
+    data, offsets = key_buffers(values)
+    n, width = len(offsets) - 1, len(prefix)
+    lengths = np.diff(offsets)
+    if n and (lengths == lengths[0]).all():
+        size = int(lengths[0])
+        out = np.empty((n, width + size), dtype=np.uint8)
+        out[:, :width] = np.frombuffer(prefix, dtype=np.uint8)
+        out[:, width:] = data[int(offsets[0]) : int(offsets[-1])].reshape(n, size)
+        new_offsets = np.arange(n + 1, dtype=np.int64) * (width + size)
+        if new_offsets[-1] < 2**31:
+            buffers = [None, pa.py_buffer(new_offsets.astype(np.int32)), pa.py_buffer(out)]
+            return pa.Array.from_buffers(pa.binary(), n, buffers)
+    return pc.binary_join_element_wise(
+        pa.scalar(prefix, pa.binary()), values.cast(pa.binary()), pa.scalar(b"", pa.binary())
+    )
 
 
 KV_LOWER = DATA_PREFIX

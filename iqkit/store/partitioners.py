@@ -14,6 +14,10 @@ every partition (``routes_keys`` is ``False``).
 ``murmur2`` runs on every key lookup and every put, so it is written for CPython: the
 aligned prefix is unpacked in one ``struct`` call (a ``Struct`` cached per word count)
 and the Java ``int`` overflow is emulated with a single mask per step.
+
+``murmur2_many`` hashes a whole column of keys (a Spark Arrow batch) with numpy: per-key
+Python calls are what made bulk writes slow. It is the same function, word step by word
+step, on ``uint32`` arrays, whose multiplication wraps modulo 2**32 like Java's ``int``.
 """
 
 from __future__ import annotations
@@ -21,7 +25,11 @@ from __future__ import annotations
 import difflib
 import struct
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "PARTITIONER_NAMES",
@@ -30,7 +38,9 @@ __all__ = [
     "Partitioner",
     "get_partitioner",
     "murmur2",
+    "murmur2_many",
     "murmur2_partition",
+    "murmur2_partition_many",
     "to_positive",
 ]
 
@@ -113,6 +123,120 @@ def murmur2_partition(key_bytes: bytes, num_partitions: int) -> int:
     return (_murmur2_u32(key_bytes) & 0x7FFFFFFF) % num_partitions
 
 
+# -- many keys at once (numpy) -------------------------------------------------------------
+#: Keys longer than this many 4-byte words are hashed one by one: the vectorized loop runs
+#: once per word position of the longest key, so one huge key would cost more than it saves.
+_MAX_VECTOR_WORDS = 64
+
+
+def key_buffers(keys: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(data, offsets)`` of many keys: ``uint8`` bytes and ``int64`` offsets (one more
+    than keys) such that key ``i`` is ``data[offsets[i]:offsets[i + 1]]``.
+
+    ``keys``: a pyarrow ``binary``/``string`` array (large or not; sliced arrays are fine;
+    read without copying) or a sequence of bytes-likes. Nulls are refused: a null key
+    has no bytes to hash.
+    """
+    import numpy as np
+
+    if type(keys).__module__.startswith("pyarrow"):  # an Array or a ChunkedArray
+        import pyarrow as pa
+
+        if isinstance(keys, pa.ChunkedArray):
+            keys = keys.combine_chunks()
+        t = keys.type
+        if not (
+            pa.types.is_binary(t)
+            or pa.types.is_string(t)
+            or pa.types.is_large_binary(t)
+            or pa.types.is_large_string(t)
+        ):
+            raise TypeError(f"murmur2 needs binary or string keys, got an Arrow {t} array")
+        if keys.null_count:
+            raise TypeError("murmur2 needs key bytes, got a null key")
+        _, off_buf, data_buf = keys.buffers()
+        large = pa.types.is_large_binary(t) or pa.types.is_large_string(t)
+        offsets = np.frombuffer(off_buf, dtype=np.int64 if large else np.int32)
+        offsets = offsets[keys.offset : keys.offset + len(keys) + 1].astype(np.int64)
+        data = (
+            np.frombuffer(data_buf, dtype=np.uint8)
+            if data_buf is not None
+            else np.zeros(0, dtype=np.uint8)
+        )
+        return data, offsets
+    items = [k if type(k) is bytes else _check_bytes(k) for k in keys]
+    offsets = np.zeros(len(items) + 1, dtype=np.int64)
+    np.cumsum([len(k) for k in items], out=offsets[1:])
+    return np.frombuffer(b"".join(items), dtype=np.uint8), offsets
+
+
+def murmur2_many(keys: Any) -> np.ndarray:
+    """Kafka's ``murmur2`` of every key (see :func:`key_buffers` for ``keys``): an
+    ``int32`` array equal to ``[murmur2(k) for k in keys]``.
+
+    Rows are ordered by word count so that word ``j`` is mixed into the suffix of rows
+    that have one (a slice, no scatter), then the 1–3 tail bytes and the final mix are
+    applied to every row at once. Words are read through an unaligned ``uint32`` view of
+    the byte buffer (little-endian, as Kafka assembles them), one gather per word.
+    """
+    import numpy as np
+
+    data, offsets = key_buffers(keys)
+    n = len(offsets) - 1
+    m = np.uint32(0x5BD1E995)
+    starts = offsets[:-1]
+    lengths = offsets[1:] - starts
+    h = (lengths.astype(np.uint32) ^ np.uint32(0x9747B28C)).astype(np.uint32)
+    nwords = lengths >> 2
+    long_rows = np.flatnonzero(nwords > _MAX_VECTOR_WORDS)
+    max_words = int(nwords.max(initial=0))
+    if max_words and len(data) >= 4:
+        # uint32 at every byte position (stride 1): numpy reads unaligned values.
+        words = np.ndarray((len(data) - 3,), dtype="<u4", buffer=data, strides=(1,))
+        capped = np.minimum(nwords, _MAX_VECTOR_WORDS)
+        uniform = bool((capped == capped[0]).all())
+        order = None if uniform else np.argsort(capped, kind="stable")
+        hs = h if uniform else h[order]
+        pos = starts if uniform else starts[order]
+        cs = capped if uniform else capped[order]
+        for j in range(min(max_words, _MAX_VECTOR_WORDS)):
+            first = 0 if uniform else int(np.searchsorted(cs, j, side="right"))
+            k = words[pos[first:] + 4 * j]
+            k *= m
+            k ^= k >> np.uint32(24)
+            k *= m
+            part = hs[first:]
+            part *= m
+            part ^= k
+        if not uniform:
+            h[order] = hs
+    tail = (lengths & 3).astype(np.int8)
+    at = starts + (nwords << 2)
+    for size, shift in ((3, 16), (2, 8)):
+        rows = np.flatnonzero(tail >= size)
+        if len(rows):
+            h[rows] ^= data[at[rows] + (size - 1)].astype(np.uint32) << np.uint32(shift)
+    rows = np.flatnonzero(tail >= 1)
+    if len(rows):
+        h[rows] = (h[rows] ^ data[at[rows]]) * m
+    h ^= h >> np.uint32(13)
+    h *= m
+    h ^= h >> np.uint32(15)
+    for i in long_rows.tolist():  # rare: keys over 256 bytes
+        h[i] = _murmur2_u32(data[offsets[i] : offsets[i + 1]].tobytes())
+    return h.view(np.int32) if n else np.zeros(0, dtype=np.int32)
+
+
+def murmur2_partition_many(keys: Any, num_partitions: int) -> np.ndarray:
+    """``murmur2_partition`` of every key: an ``int32`` array of partitions."""
+    import numpy as np
+
+    if num_partitions <= 0:
+        raise ValueError(f"num_partitions must be a positive int, got {num_partitions!r}")
+    h = murmur2_many(keys).view(np.uint32) & np.uint32(0x7FFFFFFF)
+    return (h % np.uint32(num_partitions)).astype(np.int32)
+
+
 class Partitioner(ABC):
     """Maps serialized keys to partitions; ``name`` is what manifests store.
 
@@ -137,6 +261,15 @@ class Partitioner(ABC):
     def partition(self, key_bytes: bytes, num_partitions: int) -> int:
         """The partition ``key_bytes`` belongs to, in ``[0, num_partitions)``."""
 
+    def partition_many(self, keys: Sequence[bytes] | Any, num_partitions: int) -> np.ndarray:
+        """``partition`` of many serialized keys (bytes or a pyarrow binary array), as an
+        ``int32`` numpy array; partitioners with a vectorized path override it."""
+        import numpy as np
+
+        if hasattr(keys, "to_pylist"):
+            keys = keys.to_pylist()
+        return np.array([self.partition(k, num_partitions) for k in keys], dtype=np.int32)
+
 
 class Murmur2Partitioner(Partitioner):
     """Kafka's default partitioner for keyed records (see :func:`murmur2_partition`)."""
@@ -147,6 +280,9 @@ class Murmur2Partitioner(Partitioner):
 
     def partition(self, key_bytes: bytes, num_partitions: int) -> int:
         return murmur2_partition(key_bytes, num_partitions)
+
+    def partition_many(self, keys: Sequence[bytes] | Any, num_partitions: int) -> np.ndarray:
+        return murmur2_partition_many(keys, num_partitions)
 
 
 class ExplicitPartitioner(Partitioner):

@@ -19,7 +19,10 @@ only has to prefix the store name.
 
 ``serialize`` sits on the hot path of every put and lookup: it checks the exact type
 first and uses precompiled ``struct.Struct`` objects; subclasses and numpy scalars take
-a slower branch.
+a slower branch. ``serialize_arrow`` does a whole Arrow column at once (Spark's bulk
+writes hand over Arrow batches): it returns ``None`` where it has no vectorized path or
+a value would not serialize, so the caller falls back to ``serialize`` per value, which
+raises the usual message.
 """
 
 from __future__ import annotations
@@ -32,11 +35,14 @@ import operator
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from iqkit.store.ordered import decode as _ordered_decode
 from iqkit.store.ordered import encode as _ordered_encode
 from iqkit.store.ordered import short_repr
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "SERDE_NAMES",
@@ -68,6 +74,39 @@ def _unpack_fixed(
         return [serde.deserialize(d[offset:]) for d in datas]  # raises the serde's message
     fmt = f">{len(datas)}{code}" if not offset else ">" + ("x" * offset + code) * len(datas)
     return list(struct.unpack(fmt, b"".join(datas)))
+
+
+def _arrow_numbers(values: pa.Array) -> Any:
+    """The numpy view of a primitive Arrow column's values (null slots hold anything)."""
+    import numpy as np
+
+    dtype = np.dtype(values.type.to_pandas_dtype())
+    raw = np.frombuffer(values.buffers()[1], dtype=dtype)
+    return raw[values.offset : values.offset + len(values)]
+
+
+def _valid_mask(values: pa.Array) -> Any:
+    import pyarrow.compute as pc
+
+    return pc.is_valid(values).to_numpy(zero_copy_only=False)
+
+
+def _fixed_width_binary(values: pa.Array, big_endian: Any, width: int) -> pa.Array:
+    """A ``binary`` array of ``width``-byte values from a numpy array, with the nulls of
+    ``values`` (one buffer of bytes, offsets every ``width``)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(values)
+    offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
+    validity = pc.is_valid(values).buffers()[1] if values.null_count else None
+    return pa.Array.from_buffers(
+        pa.binary(),
+        n,
+        [validity, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(big_endian))],
+        null_count=values.null_count,
+    )
 
 
 # Java's Double.doubleToLongBits collapses every NaN to this one bit pattern.
@@ -116,6 +155,15 @@ class Serde(ABC):
         if offset:
             return [self.deserialize(d[offset:]) for d in datas]
         return list(map(self.deserialize, datas))
+
+    def serialize_arrow(self, values: pa.Array) -> pa.Array | None:
+        """Serialize a whole pyarrow column: a ``binary`` array, nulls kept as nulls, equal
+        to ``serialize`` of each non-null value; ``None`` when this serde has no
+        vectorized path for the column's type, or some value would not serialize
+        (out of range, invalid UTF-8): the caller then serializes value by value, and
+        ``serialize`` raises its usual message.
+        """
+        return None
 
     @abstractmethod
     def parse_text(self, text: str) -> Any:
@@ -178,6 +226,17 @@ class StringSerde(Serde):
                 raise self._value_error(value, f"not encodable as UTF-8 ({exc.reason})") from None
         raise self._type_error(value, "str")
 
+    def serialize_arrow(self, values: pa.Array) -> pa.Array | None:
+        import pyarrow as pa
+
+        if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+            return None
+        try:
+            values.validate(full=True)  # Arrow strings may hold invalid UTF-8 (Spark's can)
+        except pa.ArrowInvalid:
+            return None
+        return values.cast(pa.binary())  # UTF-8 bytes as they are: no copy
+
     def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
         try:
             if offset == 1 and datas:
@@ -218,6 +277,13 @@ class BytesSerde(Serde):
         if isinstance(value, (bytes, bytearray, memoryview)):
             return bytes(value)
         raise self._type_error(value, "bytes, bytearray or memoryview")
+
+    def serialize_arrow(self, values: pa.Array) -> pa.Array | None:
+        import pyarrow as pa
+
+        if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+            return None
+        return values.cast(pa.binary())
 
     def deserialize(self, data: bytes) -> bytes:
         if type(data) is bytes:
@@ -288,6 +354,17 @@ class _BigEndianIntSerde(Serde):
         except struct.error:
             raise self._value_error(value, f"out of range [{self.MIN}, {self.MAX}]") from None
 
+    def serialize_arrow(self, values: pa.Array) -> pa.Array | None:
+        import pyarrow as pa
+
+        if not pa.types.is_integer(values.type):
+            return None
+        ints = _arrow_numbers(values)
+        valid = ints if not values.null_count else ints[_valid_mask(values)]
+        if len(valid) and (valid.min() < self.MIN or valid.max() > self.MAX):
+            return None  # serialize raises the out-of-range message
+        return _fixed_width_binary(values, ints.astype(f">i{self.WIDTH}"), self.WIDTH)
+
     def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
         return _unpack_fixed(self, datas, offset, self.CODE, self.WIDTH)
 
@@ -354,6 +431,21 @@ class DoubleSerde(Serde):
             return float(value)
         except OverflowError:
             raise self._value_error(value, "too large for a double") from None
+
+    def serialize_arrow(self, values: pa.Array) -> pa.Array | None:
+        import numpy as np
+        import pyarrow as pa
+
+        t = values.type
+        if not (pa.types.is_integer(t) or pa.types.is_float32(t) or pa.types.is_float64(t)):
+            return None
+        # float32 -> float64 is exact; int64 -> float64 rounds to nearest like float(int).
+        floats = _arrow_numbers(values).astype(np.float64)
+        big = floats.astype(">f8")
+        nan = np.isnan(floats)
+        if nan.any():
+            big[nan] = np.frombuffer(_JAVA_NAN, dtype=">f8")[0]  # Java's canonical NaN bits
+        return _fixed_width_binary(values, big, 8)
 
     def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
         return _unpack_fixed(self, datas, offset, "d", 8)

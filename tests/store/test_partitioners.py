@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import KAFKA_MURMUR2_VECTORS
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,15 +16,7 @@ from iqkit.store.partitioners import (
     to_positive,
 )
 
-# Kafka's UtilsTest.testMurmur2 (clients/src/test/java/org/apache/kafka/common/utils).
-KAFKA_VECTORS = [
-    (b"21", -973932308),
-    (b"foobar", -790332482),
-    (b"a-little-bit-long-string", -985981536),
-    (b"a-little-bit-longer-string", -1486304829),
-    (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
-    (b"abc", 479470107),
-]
+KAFKA_VECTORS = KAFKA_MURMUR2_VECTORS
 
 
 def _java_int(x: int) -> int:

@@ -1,0 +1,183 @@
+"""``SortedRows``: a partition's rows in any order become sorted, one per key (the highest
+sequence wins), in memory or through spilled runs, and feed ``stage_partition``."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import iqkit
+from iqkit.store import keyspace
+from iqkit.store.jobs import JobCommit, SortedRows, last_per_key, stage_partition
+
+relaxed = settings(deadline=None, max_examples=60)  # spills write files; shared machine
+
+ROWS = st.lists(st.tuples(st.binary(max_size=3), st.none() | st.binary(max_size=4)), max_size=80)
+
+
+def expected(rows):
+    """(key, value) of the row with the highest sequence per key, by key."""
+    last = {}
+    for key, value in rows:  # rows listed in sequence order: later rows win
+        last[key] = value
+    return sorted(last.items())
+
+
+def add_shuffled(buffer, rows, seed, pieces):
+    """Add rows (sequence = list position) in a shuffled order, in several Arrow pieces."""
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    cut = sorted(random.Random(seed + 1).sample(range(len(order) + 1), k=min(pieces, len(order))))
+    for lo, hi in zip([0, *cut], [*cut, len(order)], strict=True):
+        part = order[lo:hi]
+        buffer.add(
+            pa.array([rows[i][0] for i in part], pa.binary()),
+            pa.array([rows[i][1] for i in part], pa.binary()),
+            pa.array(part, pa.int64()),
+        )
+
+
+@relaxed
+@given(ROWS, st.integers(0, 10_000), st.integers(1, 6), st.sampled_from([None, 1, 64, 400]))
+def test_rows_come_back_sorted_with_the_last_row_per_key(rows, seed, pieces, spill_bytes):
+    buffer = SortedRows(spill_bytes=spill_bytes)
+    add_shuffled(buffer, rows, seed, pieces)
+    assert buffer.rows_added == len(rows)
+    spilled = buffer.runs
+    assert list(buffer.rows()) == expected(rows)
+    if spill_bytes == 1 and rows:
+        assert spilled >= 1  # the merge path really ran
+
+
+@relaxed
+@given(ROWS, st.integers(0, 10_000))
+def test_explicit_spills_between_adds_merge_exactly(rows, seed):
+    buffer = SortedRows()
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    for i in order:  # one row per add, a run after every other add
+        buffer.add(
+            pa.array([rows[i][0]], pa.binary()),
+            pa.array([rows[i][1]], pa.binary()),
+            pa.array([i], pa.int64()),
+        )
+        if i % 2:
+            buffer.spill()
+    assert list(buffer.rows()) == expected(rows)
+
+
+def test_runs_are_removed_after_reading_and_when_abandoned(tmp_path):
+    for consume in (True, False):
+        buffer = SortedRows(spill_bytes=1, spill_dir=os.fspath(tmp_path))
+        for i in range(5):
+            buffer.add(pa.array([b"k%d" % i]), pa.array([b"v"]), pa.array([i], pa.int64()))
+        assert buffer.runs == 5 and any(tmp_path.iterdir())
+        it = buffer.rows()
+        first = next(it)
+        assert first == (b"k0", b"v")
+        if consume:
+            assert len(list(it)) == 4
+        else:
+            it.close()
+        assert not any(tmp_path.iterdir())
+
+
+def test_big_merge_keeps_order_and_the_highest_sequence():
+    rng = random.Random(7)
+    n = 200_000
+    keys = [b"%06d" % rng.randrange(50_000) for _ in range(n)]
+    buffer = SortedRows(spill_bytes=300_000)  # several runs of several batches each
+    for lo in range(0, n, 30_000):
+        hi = min(n, lo + 30_000)
+        buffer.add(
+            pa.array(keys[lo:hi], pa.binary()),
+            pa.array([b"%d" % i for i in range(lo, hi)], pa.binary()),
+            pa.array(range(lo, hi), pa.int64()),
+        )
+    assert buffer.runs > 3
+    got = list(buffer.rows())
+    assert got == expected(list(zip(keys, [b"%d" % i for i in range(n)], strict=True)))
+
+
+@relaxed
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.binary(max_size=2), st.none() | st.binary(max_size=3)),
+        max_size=80,
+    ),
+    st.integers(0, 10_000),
+    st.sampled_from([None, 1, 200]),
+)
+def test_partitions_are_sorted_and_deduplicated_separately(rows, seed, spill_bytes):
+    # The same key in two partitions is two rows (explicit partitioning allows it).
+    buffer = SortedRows(spill_bytes=spill_bytes)
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    for lo in range(0, len(order), 7):
+        part = order[lo : lo + 7]
+        buffer.add(
+            pa.array([rows[i][1] for i in part], pa.binary()),
+            pa.array([rows[i][2] for i in part], pa.binary()),
+            pa.array(part, pa.int64()),
+            partitions=pa.array([rows[i][0] for i in part], pa.int32()),
+        )
+    got = [(p, list(r)) for p, r in buffer.partitions()]
+    want = {}
+    for p, key, value in rows:
+        want.setdefault(p, []).append((key, value))
+    assert got == [(p, expected(want[p])) for p in sorted(want)]
+
+
+def test_puts_drop_deletes_and_keep_order():
+    buffer = SortedRows()
+    buffer.add(
+        pa.array([b"c", b"a", b"b", b"a"]),
+        pa.array([b"3", b"1", None, None]),
+        pa.array([1, 2, 3, 4], pa.int64()),
+    )
+    [(p, rows)] = list(buffer.partitions())
+    assert p == 0 and list(rows.puts()) == [(b"c", b"3")]
+
+
+def test_last_per_key_on_a_table():
+    table = pa.table(
+        {
+            "partition": pa.array([0, 0, 0, 0], pa.int32()),
+            "key": pa.array([b"b", b"a", b"b", b"a"], pa.binary()),
+            "value": pa.array([b"1", b"2", None, b"4"], pa.binary()),
+            "seq": pa.array([3, 9, 5, 1], pa.int64()),
+        }
+    )
+    out = last_per_key(table)
+    assert out.column("key").to_pylist() == [b"a", b"b"]
+    assert out.column("value").to_pylist() == [b"2", None]
+
+
+def test_null_keys_are_refused():
+    with pytest.raises(ValueError, match="keys must not be null"):
+        SortedRows().add(pa.array([None], pa.binary()), pa.array([b"v"]), pa.array([1]))
+
+
+def test_sorted_rows_build_a_partition_through_the_sst_path(tmp_path):
+    iqkit.create_store(tmp_path, "s", partitions=1, value_serde="string")
+    rows = [(keyspace.kv_key(b"k%03d" % (i % 40)), b"v%d" % i) for i in range(100)]
+    rows += [(keyspace.kv_key(b"k001"), None)]  # the last row of k001 is a delete
+    buffer = SortedRows(spill_bytes=500)
+    add_shuffled(buffer, rows, seed=3, pieces=7)
+    with JobCommit(tmp_path, "s", mode="overwrite") as job:
+        staged = stage_partition(job.spec, 0, buffer.rows(), attempt="a", sorted_unique=True)
+        assert staged.puts == 39
+        job.publish([staged])
+    with iqkit.open(tmp_path) as engine:
+        r = engine.query(
+            iqkit.StateQueryRequest.in_store("s").with_query(iqkit.RangeQuery.with_no_bounds())
+        )
+        with r.partition_results[0].result as it:
+            got = {kv.key: kv.value for kv in it}
+    assert "k001" not in got
+    assert got["k000"] == "v80" and got["k039"] == "v79" and len(got) == 39
