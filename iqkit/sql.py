@@ -56,20 +56,25 @@ import contextlib
 import difflib
 import os
 import re
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
-import duckdb
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from .errors import IqkitError
 
+# duckdb and pandas are imported where they are used, not here: `import iqkit` (which
+# imports this module) runs in every Spark Python worker that unpickles an iqkit
+# function, and those two cost ~0.35 s per worker there for nothing.
 if TYPE_CHECKING:
+    import duckdb
+    import pandas as pd
+
     from .engine import StateEngine
 
 __all__ = ["SQLError", "SQLSession", "sql"]
@@ -136,6 +141,8 @@ class SQLSession:
         self._engine = engine
         self._namespace = namespace
         self.progress = progress
+        import duckdb
+
         self._con: duckdb.DuckDBPyConnection | None = duckdb.connect(":memory:")
         # Explicit resolution only (see the module docstring); and no DuckDB progress bar.
         self._con.execute("SET python_enable_replacements = false")
@@ -173,6 +180,8 @@ class SQLSession:
     def _close(self, con: duckdb.DuckDBPyConnection) -> None:
         # Unregister first: DuckDB keeps the Python objects alive through the views.
         self._drop_temporary(con)
+        import duckdb
+
         for name in self._registered:
             with contextlib.suppress(duckdb.Error):  # a view the user's SQL dropped
                 con.unregister(name)
@@ -308,6 +317,8 @@ class SQLSession:
         fetch: Callable[[duckdb.DuckDBPyRelation | None], Any],
     ) -> Any:
         """The statements of one ``query`` call, run on the worker thread."""
+        import duckdb
+
         self._drop_temporary()  # left behind if something failed in a cleanup
         self._stream_errors.clear()
         self._executing = True
@@ -357,6 +368,8 @@ class SQLSession:
         fetch: Callable[[duckdb.DuckDBPyRelation | None], Any],
     ) -> Any:
         """Register what ``statement`` references, run it, fetch the result if ``last``."""
+        import duckdb
+
         text = statement.query
         resolver = _Resolver(self, con, ns)
         has_params = bool(statement.named_parameters)
@@ -628,6 +641,8 @@ def _unregister(con: duckdb.DuckDBPyConnection, name: str) -> bool:
     ``unregister`` runs a statement (``DROP VIEW``): an interrupt aimed at the query that
     just ended can land on the cleanup after it, so an interrupted unregister is retried.
     """
+    import duckdb
+
     for _ in range(3):
         try:
             con.unregister(name)
@@ -644,9 +659,16 @@ def _check_name(name: object) -> None:
         raise SQLError(f"a table name must be a non-empty string, got {name!r}")
 
 
+def _is_pandas_frame(obj: Any) -> bool:
+    """Whether ``obj`` is a pandas DataFrame, without importing pandas: if it is not
+    loaded, nothing can be one."""
+    pd = sys.modules.get("pandas")
+    return pd is not None and isinstance(obj, pd.DataFrame)
+
+
 def _is_table_like(obj: Any) -> bool:
     """Cheap type test (never calls ``.arrow()``) for objects :func:`_scannable` takes."""
-    if isinstance(obj, pd.DataFrame | pa.Table | pa.RecordBatch | pa.RecordBatchReader):
+    if _is_pandas_frame(obj) or isinstance(obj, pa.Table | pa.RecordBatch | pa.RecordBatchReader):
         return True
     if isinstance(obj, type | ModuleType):
         return False
@@ -656,7 +678,7 @@ def _is_table_like(obj: Any) -> bool:
 
 def _scannable(name: str, obj: Any) -> Any:
     """What DuckDB should scan for ``obj`` (no copies; ``.arrow()`` is called once)."""
-    if isinstance(obj, pd.DataFrame | pa.Table | pa.RecordBatchReader):
+    if _is_pandas_frame(obj) or isinstance(obj, pa.Table | pa.RecordBatchReader):
         return obj
     if isinstance(obj, pa.RecordBatch):
         return pa.Table.from_batches([obj])
@@ -711,6 +733,8 @@ def _referenced_tables(con: duckdb.DuckDBPyConnection, text: str, *, has_params:
     prepared parameter"), and on table functions whose binding fails (``read_parquet``
     of a missing file). Those statements fall back to resolving tables from DuckDB's
     catalog errors (``SQLSession._statement``)."""
+    import duckdb
+
     if has_params:
         return set()
     try:
@@ -800,6 +824,8 @@ def _param(value: Any) -> Any:
 
 
 def _fetch_df(rel: duckdb.DuckDBPyRelation | None) -> pd.DataFrame:
+    import pandas as pd
+
     return pd.DataFrame() if rel is None else rel.df()
 
 

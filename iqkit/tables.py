@@ -33,6 +33,7 @@ the engine's own decoder, so values, types and errors never depend on which path
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import time
@@ -40,10 +41,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, islice, repeat
 from operator import attrgetter, itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
@@ -66,6 +66,9 @@ from .query import (
 from .store.layers import ScanIterator
 from .store.manifest import StoreManifest
 from .store.serdes import get_serde
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["Collected", "collect", "store_batches", "to_pandas"]
 
@@ -980,21 +983,26 @@ def _scan_chunks(
 
 
 # -- pandas --------------------------------------------------------------------------------
-_NULLABLE: dict[pa.DataType, Any] = {
-    pa.int8(): pd.Int8Dtype(),
-    pa.int16(): pd.Int16Dtype(),
-    pa.int32(): pd.Int32Dtype(),
-    pa.int64(): pd.Int64Dtype(),
-    pa.uint8(): pd.UInt8Dtype(),
-    pa.uint16(): pd.UInt16Dtype(),
-    pa.uint32(): pd.UInt32Dtype(),
-    pa.uint64(): pd.UInt64Dtype(),
-    pa.bool_(): pd.BooleanDtype(),
-}
+@functools.cache
+def _nullable_dtypes() -> dict[pa.DataType, Any]:
+    # Built on first use: pandas is imported only where DataFrames are made (see sql.py).
+    import pandas as pd
+
+    return {
+        pa.int8(): pd.Int8Dtype(),
+        pa.int16(): pd.Int16Dtype(),
+        pa.int32(): pd.Int32Dtype(),
+        pa.int64(): pd.Int64Dtype(),
+        pa.uint8(): pd.UInt8Dtype(),
+        pa.uint16(): pd.UInt16Dtype(),
+        pa.uint32(): pd.UInt32Dtype(),
+        pa.uint64(): pd.UInt64Dtype(),
+        pa.bool_(): pd.BooleanDtype(),
+    }
 
 
 def to_pandas(table: pa.Table) -> pd.DataFrame:
     """``table`` as a DataFrame where integer and boolean columns are pandas' nullable
     dtypes (``Int64``…): with numpy dtypes one null would turn a whole int column into
     floats (``17`` shown as ``17.0``) and bools into objects."""
-    return table.to_pandas(types_mapper=_NULLABLE.get)
+    return table.to_pandas(types_mapper=_nullable_dtypes().get)

@@ -54,6 +54,7 @@ from ..store.serdes import Serde, get_serde
 from ..store.writer import create_store
 from .progress import WriteProgress
 from .schema import KAFKA_COLUMNS, ColumnPlan, plan_columns
+from .workers import keep_spark_archive_indexes
 
 _ENCODED_SCHEMA = "__p int, __k binary, __v binary, __seq long"
 #: Arrow bytes of rows a write task holds before it spills them, sorted, to local disk
@@ -534,6 +535,7 @@ def _encode_fn(
         )
 
     def encode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        keep_spark_archive_indexes()
         for batch in batches:
             out = encode_columns(batch)
             yield out if out is not None else encode_rows(batch)
@@ -591,6 +593,7 @@ def _stage_partitions_fn(
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
+        keep_spark_archive_indexes()
         ctx = TaskContext.get()
         spark_partition = ctx.partitionId() if ctx else 0
         attempt = f"{spark_partition}-{ctx.attemptNumber() if ctx else 0}-{uuid.uuid4().hex[:8]}"

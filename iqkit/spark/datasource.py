@@ -195,6 +195,7 @@ from iqkit.store.partitioners import get_partitioner
 from iqkit.store.serdes import get_serde
 
 from .datasource_write import plan_write
+from .workers import keep_spark_archive_indexes
 
 __all__ = ["FILTER_PUSHDOWN_CONF", "IqkitDataSource", "IqkitReader", "register"]
 
@@ -595,6 +596,7 @@ class IqkitScanReader(DataSourceReader):
 
     # -- execution (on the executors) -----------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        keep_spark_archive_indexes()
         if not isinstance(partition, _StorePartition) or self.version is None:
             return iter(())  # nothing to read (everything pruned, or nothing committed)
         return self._read(partition)

@@ -109,6 +109,7 @@ from ..store.serdes import Serde, get_serde
 from ..store.versions import read_latest_number
 from ..store.writer import create_store
 from .schema import KAFKA_COLUMNS, ColumnPlan, plan_columns
+from .workers import keep_spark_archive_indexes
 
 __all__ = ["WRITE_OPTIONS", "IqkitCommitMessage", "IqkitWriter", "plan_write"]
 
@@ -325,6 +326,7 @@ class IqkitWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> IqkitCommitMessage:
         from pyspark import TaskContext
 
+        keep_spark_archive_indexes()
         ctx = TaskContext.get()
         spark_partition = ctx.partitionId() if ctx else 0
         if self.skip:

@@ -7,7 +7,6 @@ import threading
 from types import TracebackType
 
 from pyspark import SparkContext
-from tqdm.auto import tqdm
 
 _POLL_SECONDS = 0.5
 
@@ -17,6 +16,10 @@ class WriteProgress:
     written. A context manager; ``enabled=False`` shows nothing."""
 
     def __init__(self, sc: SparkContext, store: str, *, enabled: bool = True) -> None:
+        # Imported here, not at the top: this module is imported wherever iqkit.spark is,
+        # Spark's Python workers included, and tqdm.auto costs ~60 ms there for nothing.
+        from tqdm.auto import tqdm
+
         self._sc = sc
         self._bar = tqdm(total=0, desc=f"iqkit write {store!r}", unit="task", disable=not enabled)
         self._stop = threading.Event()
