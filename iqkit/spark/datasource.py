@@ -405,7 +405,10 @@ class IqkitDataSource(DataSource):
     def name(cls) -> str:
         return "iqkit"
 
+    # Spark calls these on the driver side in Python planner workers, which PySpark reuses:
+    # each entry point keeps Spark's archive indexes (see iqkit.spark.workers).
     def schema(self) -> str:
+        keep_spark_archive_indexes()
         root = _root_from_options(self.options)
         store = _store_from_options(self.options, root)
         manifest, _ = _read_manifest(root, store, _as_of_from_options(self.options))
@@ -415,12 +418,14 @@ class IqkitDataSource(DataSource):
         return _schema_ddl(manifest, value_schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        keep_spark_archive_indexes()
         cls = IqkitReader if _flag(self.options, "pushdown", True) else IqkitScanReader
         return cls(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """``df.write.format("iqkit")``: ``.mode("append")`` upserts, ``.mode("overwrite")``
         replaces the store's contents (see :mod:`iqkit.spark.datasource_write`)."""
+        keep_spark_archive_indexes()
         root = _root_from_options(self.options)
         store = _store_from_options(self.options, root)
         return plan_write(self.options, root, store, schema, overwrite)
@@ -500,6 +505,7 @@ class IqkitScanReader(DataSourceReader):
 
     # -- planning --------------------------------------------------------------------------
     def partitions(self) -> list[InputPartition]:
+        keep_spark_archive_indexes()
         allowed = [
             p
             for p in range(self.num_partitions)
@@ -736,6 +742,7 @@ class IqkitReader(IqkitScanReader):
     """:class:`IqkitScanReader` plus ``pushFilters`` (see "Filter pushdown" above)."""
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        keep_spark_archive_indexes()
         rejected = []
         for f in filters:
             if not self._accept(f):
