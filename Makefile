@@ -21,6 +21,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check iqkit tests bench
+	$(PY) -m ruff format --check iqkit tests bench
 
 install: $(STAMP)
 

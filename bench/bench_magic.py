@@ -61,11 +61,14 @@ def main() -> None:
 
     for fn in (api, magic, cell):  # warm caches, imports and the shell
         median_us(fn, keys[:200])
-    rows = [(name, median_us(fn, keys)) for name, fn in (
-        ("Python API (engine.query)", api),
-        ("%iq get (run_line_magic)", magic),
-        ("%iq get (run_cell, displayed)", cell),
-    )]
+    rows = [
+        (name, median_us(fn, keys))
+        for name, fn in (
+            ("Python API (engine.query)", api),
+            ("%iq get (run_line_magic)", magic),
+            ("%iq get (run_cell, displayed)", cell),
+        )
+    ]
     base = rows[0][1]
     print(f"{args.keys:,} keys, {args.lookups:,} random lookups, medians")
     print(f"{'path':34} {'µs/lookup':>10} {'vs API':>10}")

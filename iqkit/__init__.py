@@ -75,6 +75,7 @@ def unload_ipython_extension(ipython: object) -> None:
 
     unload(ipython)
 
+
 __all__ = [
     "EngineClosedError",
     "FailureReason",

@@ -61,9 +61,7 @@ def write_notebook_stores(root: Path) -> None:
         for offset, (key, value) in enumerate(NOTEBOOK_TOTALS.items()):
             w.put(key, value, source=("orders", offset % 2, offset))
         w.record_source_end({"orders": {0: 20, 1: 20}})
-    iqkit.create_store(
-        root, "counts", partitions=2, key_serde="int32", value_serde="int64"
-    )
+    iqkit.create_store(root, "counts", partitions=2, key_serde="int32", value_serde="int64")
     with iqkit.StoreWriter(root, "counts") as w:
         for k in range(-5, 20):
             w.put(k, k * k)

@@ -14,10 +14,7 @@ HEAVY = ("pandas", "duckdb", "tqdm", "IPython", "ipywidgets")
 
 @pytest.mark.parametrize("module", ["iqkit", "iqkit.spark.batch", "iqkit.spark.datasource"])
 def test_importing_does_not_load_heavy_libraries(module):
-    code = (
-        f"import sys, {module}\n"
-        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
-    )
+    code = f"import sys, {module}\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )

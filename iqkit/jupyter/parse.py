@@ -203,9 +203,7 @@ def parse_line(line: str, cell: str | None = None) -> IQCommand:
         values["bounds"] = bounds
     if action == "help" and values.get("path") and values["path"] not in ACTIONS:
         topic = values["path"]
-        raise UsageError(
-            f"%iq help: unknown command {topic!r}{_did_you_mean(topic, ACTIONS)}"
-        )
+        raise UsageError(f"%iq help: unknown command {topic!r}{_did_you_mean(topic, ACTIONS)}")
     return IQCommand(action, **values)
 
 
@@ -332,4 +330,3 @@ def overview() -> str:
 
 def command_help(action: str) -> str:
     return _PARSERS[action].format_help()
-

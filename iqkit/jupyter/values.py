@@ -79,8 +79,7 @@ def time_value(text: str, namespace: Mapping[str, Any], *, now: datetime | None 
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise UsageError(
-            f"%iq: time {text!r} is not epoch milliseconds, ISO-8601 "
-            f"(2024-05-01T12:00) or now-15m"
+            f"%iq: time {text!r} is not epoch milliseconds, ISO-8601 (2024-05-01T12:00) or now-15m"
         ) from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 

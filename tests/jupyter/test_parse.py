@@ -17,7 +17,11 @@ from iqkit.jupyter.values import bound_value, key_value, time_value
 
 def manifest(key_serde: str) -> StoreManifest:
     return StoreManifest(
-        name="s", kind="kv", partitions=2, key_serde=key_serde, value_serde="json",
+        name="s",
+        kind="kv",
+        partitions=2,
+        key_serde=key_serde,
+        value_serde="json",
         partitioner="murmur2",
     )
 
@@ -28,9 +32,17 @@ def test_get_with_every_query_option():
         "--active --trace --limit 5 --as x --as-of 2 --skip-cache"
     )
     assert cmd == IQCommand(
-        "get", store="totals", keys=("alice", "bob"), partitions=(0, 2, 3),
-        bounds=("orders:0=5,1=3", ":b"), active=True, trace=True, limit=5, as_name="x",
-        as_of=2, skip_cache=True,
+        "get",
+        store="totals",
+        keys=("alice", "bob"),
+        partitions=(0, 2, 3),
+        bounds=("orders:0=5,1=3", ":b"),
+        active=True,
+        trace=True,
+        limit=5,
+        as_name="x",
+        as_of=2,
+        skip_cache=True,
     )
 
 

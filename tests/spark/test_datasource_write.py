@@ -248,9 +248,7 @@ def test_reading_back_gives_the_rows_written(spark, tmp_path):
 
 
 # -- duplicates, deletes and runs -------------------------------------------------------------
-def test_duplicate_keys_later_row_and_later_spark_partition_win_like_write_store(
-    spark, tmp_path
-):
+def test_duplicate_keys_later_row_and_later_spark_partition_win_like_write_store(spark, tmp_path):
     first = spark.createDataFrame([("b", 100), ("c", 100), ("e", 100)], "k string, v long")
     second = spread(
         spark,
@@ -326,8 +324,9 @@ def test_mark_as_partitioned_merges_a_store_partition_from_many_tasks(spark, tmp
     df = spread(spark, parts, KAFKA_DDL)
     # Input partition 2 sits in both Spark partitions: write_store refuses that input;
     # the data source merges both tasks' fragments of store partition 2.
-    save(df, tmp_path, "byp", key="k", value="offset", partitions=3,
-         mark_as_partitioned="partition")
+    save(
+        df, tmp_path, "byp", key="k", value="offset", partitions=3, mark_as_partitioned="partition"
+    )
     with iqkit.open(tmp_path) as engine:
         assert engine.manifest("byp").partitioner == "explicit"
         stored = sorted(kv_rows(engine, "byp"))
@@ -390,8 +389,14 @@ def test_a_task_attempt_that_dies_is_retried_and_the_job_publishes_once(spark, t
 
 def test_a_failed_job_leaves_the_previous_version_and_nothing_staged(spark, tmp_path):
     root = tmp_path / "stores"
-    save(spark.createDataFrame([("a", 1)], "k string, v long"), root, "s", key="k", value="v",
-         partitions=2)
+    save(
+        spark.createDataFrame([("a", 1)], "k string, v long"),
+        root,
+        "s",
+        key="k",
+        value="v",
+        partitions=2,
+    )
     before = tree_digest(root / "s")
     # Spark partition 0 succeeds (its fragments are staged), partition 1 holds a null key.
     bad = spread(spark, [[("b", 2), ("c", 3)], [("d", 4), (None, 5)]], "k string, v long")
@@ -425,8 +430,14 @@ def published_before(digest: dict[str, str]) -> dict[str, str]:
 
 def test_a_commit_landing_during_the_job_makes_it_publish_nothing(spark, tmp_path):
     root = tmp_path / "stores"
-    save(spark.createDataFrame([("a", 1)], "k string, v long"), root, "s", key="k", value="v",
-         partitions=2)
+    save(
+        spark.createDataFrame([("a", 1)], "k string, v long"),
+        root,
+        "s",
+        key="k",
+        value="v",
+        partitions=2,
+    )
     marker = tmp_path / "commit-once"
     marker.write_text("x")
     root_text, marker_text = str(root), str(marker)
