@@ -188,6 +188,7 @@ class IQSession:
     ) -> Query[Any]:
         action = command.action
         window_store = manifest.kind == "window"
+        _check_kind(action, manifest)
         query: Any
         if action == "get":
             keys = [key_value(k, manifest, ns) for k in command.keys]
@@ -328,3 +329,24 @@ class _RowsProgress:
 
     def __exit__(self, *exc_info: object) -> None:
         self._bar.close()
+
+
+#: Commands that only one kind of store can answer; ``scan`` reads either.
+_KV_ONLY = ("get", "range", "prefix")
+_WINDOW_ONLY = ("window", "windows")
+
+
+def _check_kind(action: str, manifest: StoreManifest) -> None:
+    """A command the store's kind cannot answer is a usage error in a notebook: the
+    engine (like Kafka Streams) would fail every partition with ``UNKNOWN_QUERY_TYPE``,
+    a result that reads like a store problem when the command was simply the wrong one."""
+    if action in _WINDOW_ONLY and manifest.kind != "window":
+        raise UsageError(
+            f"%iq {action}: {manifest.name!r} is a key-value store; "
+            "use get, range, prefix or scan (window and windows read window stores)"
+        )
+    if action in _KV_ONLY and manifest.kind == "window":
+        raise UsageError(
+            f"%iq {action}: {manifest.name!r} is a window store; "
+            "use window, windows or scan (get, range and prefix read key-value stores)"
+        )

@@ -185,6 +185,11 @@ def test_open_switches_root(shell, tmp_path: Path):
         ("%iq lag nope", "unknown store 'nope'"),
         ("%iq open /definitely/not/here", "no such folder"),
         ("%iq get totals alice --as-of 99", "99"),
+        ("%iq window totals alice --from 0 --to 10", "'totals' is a key-value store"),
+        ("%iq windows counts --from 0 --to 10", "'counts' is a key-value store"),
+        ("%iq get clicks alice", "'clicks' is a window store; use window, windows or scan"),
+        ("%iq range clicks --from a", "'clicks' is a window store"),
+        ("%iq prefix clicks al", "'clicks' is a window store"),
     ],
 )
 def test_user_errors_are_usage_errors(shell, line, message):
