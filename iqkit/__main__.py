@@ -10,6 +10,7 @@ python -m iqkit lag ROOT
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -103,7 +104,8 @@ def _stores(root: str) -> int:
             m = engine.manifest(name)
             serdes = f"{m.key_serde}->{m.value_serde}"
             version = engine.version(name)
-            print(f"{name}\t{m.kind}\t{m.partitions} partitions\t{serdes}\tversion {version}")
+            written = "not written yet" if version is None else f"version {version}"
+            print(f"{name}\t{m.kind}\t{m.partitions} partitions\t{serdes}\t{written}")
     return 0
 
 
@@ -134,13 +136,15 @@ def _scan(root: str, store: str, prefix: str | None, limit: int, desc: bool) -> 
         if desc:
             query = query.with_descending_keys()
         r = engine.query(StateQueryRequest.in_store(store).with_query(query))
+        left = limit  # in all, as %iq's --limit: partition by partition, keys in order
         for p, qr in r.partition_results.items():
             if qr.is_failure:
                 print(f"partition {p}: {qr.failure_reason.name}: {qr.failure_message}")
                 continue
             with qr.result as it:
-                for kv in islice(it, limit):
+                for kv in islice(it, max(left, 0)):
                     print(f"{p}\t{kv.key!r}\t{kv.value!r}")
+                    left -= 1
     return 0
 
 
@@ -169,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     scan.add_argument("root")
     scan.add_argument("store")
     scan.add_argument("--prefix")
-    scan.add_argument("--limit", type=int, default=20)
+    scan.add_argument("--limit", type=int, default=20, help="rows in all (default 20)")
     scan.add_argument("--desc", action="store_true")
     sub.add_parser("lag", help="lag per store partition").add_argument("root")
     args = parser.parse_args(argv)
@@ -186,6 +190,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (IqkitError, ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # `python -m iqkit scan ... | head`: the reader left. Point stdout at /dev/null so
+        # the interpreter's final flush does not raise again (Python's documented recipe).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import iqkit
 from iqkit.__main__ import main
 
 
@@ -33,3 +38,43 @@ def test_errors_are_one_line_with_a_hint(tmp_path, capsys):
     assert main(["stores", str(tmp_path / "missing")]) == 2
     assert "no iqkit root" in capsys.readouterr().err
     assert not (tmp_path / "missing").exists()
+
+
+def test_scan_limit_counts_rows_in_all_partitions(tmp_path, capsys):
+    main(["demo", str(tmp_path)])
+    capsys.readouterr()
+
+    def rows() -> list[str]:  # empty partitions print a NOT_PRESENT line, not rows
+        return [x for x in capsys.readouterr().out.splitlines() if not x.startswith("partition")]
+
+    assert main(["scan", str(tmp_path), "totals", "--limit", "1000"]) == 0
+    everything = rows()
+    assert len(everything) > 2 and len({line.split("\t")[0] for line in everything}) > 1
+    assert main(["scan", str(tmp_path), "totals", "--limit", "2"]) == 0
+    assert rows() == everything[:2]
+
+
+def test_stores_says_when_a_store_has_no_version(tmp_path, capsys):
+    iqkit.create_store(tmp_path, "empty", partitions=2)
+    assert main(["stores", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip().endswith("\tnot written yet")
+
+
+def test_a_closed_pipe_is_not_a_traceback(tmp_path):
+    iqkit.create_store(tmp_path, "big", partitions=2)
+    with iqkit.StoreWriter(tmp_path, "big") as w:  # far more than a pipe buffer holds
+        for i in range(20_000):
+            w.put(f"key-{i:06d}", f"value-{i}")
+    # A reader that takes one line and leaves, as `| head -1` does.
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "iqkit", "scan", str(tmp_path), "big", "--limit", "100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert cli.stdout is not None and cli.stderr is not None
+    assert cli.stdout.readline()
+    cli.stdout.close()
+    err = cli.stderr.read().decode()
+    cli.wait(timeout=60)
+    assert "Traceback" not in err
