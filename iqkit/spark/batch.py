@@ -54,7 +54,7 @@ from ..store.serdes import Serde, get_serde
 from ..store.writer import create_store
 from .progress import WriteProgress
 from .schema import KAFKA_COLUMNS, ColumnPlan, plan_columns
-from .workers import keep_spark_archive_indexes
+from .workers import consume_marker, keep_spark_archive_indexes, spill_dir
 
 _ENCODED_SCHEMA = "__p int, __k binary, __v binary, __seq long"
 #: Arrow bytes of rows a write task holds before it spills them, sorted, to local disk
@@ -599,7 +599,7 @@ def _stage_partitions_fn(
         attempt = f"{spark_partition}-{ctx.attemptNumber() if ctx else 0}-{uuid.uuid4().hex[:8]}"
         # One buffer for every store partition the task holds: one sort by (partition,
         # key) at the end beats splitting each batch by partition as it arrives.
-        buffer = SortedRows(spill_bytes=spill_bytes, spill_dir=_local_dir())
+        buffer = SortedRows(spill_bytes=spill_bytes, spill_dir=spill_dir())
         parts = buffer.partitions()
         staged = []
         null_keys = 0
@@ -617,7 +617,7 @@ def _stage_partitions_fn(
                     spec, p, rows, attempt=attempt, position=position, sorted_unique=True
                 )
                 staged.append(s)
-                if fail_marker is not None and _consume(fail_marker):
+                if fail_marker is not None and consume_marker(fail_marker):
                     raise RuntimeError(f"injected task failure after staging partition {p}")
         finally:
             parts.close()  # releases the run files' memory maps
@@ -633,17 +633,3 @@ def _stage_partitions_fn(
         )
 
     return write
-
-
-def _local_dir() -> str | None:
-    """Where a task may spill: Spark's local directory for this executor, if it says."""
-    dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
-    return dirs.split(",")[0] or None
-
-
-def _consume(marker: str) -> bool:
-    try:
-        os.remove(marker)
-    except FileNotFoundError:
-        return False
-    return True

@@ -109,7 +109,7 @@ from ..store.serdes import Serde, get_serde
 from ..store.versions import read_latest_number
 from ..store.writer import create_store
 from .schema import KAFKA_COLUMNS, ColumnPlan, plan_columns
-from .workers import keep_spark_archive_indexes
+from .workers import consume_marker, keep_spark_archive_indexes
 
 __all__ = ["WRITE_OPTIONS", "IqkitCommitMessage", "IqkitWriter", "plan_write"]
 
@@ -390,7 +390,7 @@ class IqkitWriter(DataSourceArrowWriter):
     def _maybe_crash(self) -> None:
         """Tests only: the first attempt that finds the marker dies like a killed executor
         process would (``os._exit``: no cleanup runs), leaving its fragments behind."""
-        if self.fail_marker is not None and _consume(self.fail_marker):
+        if self.fail_marker is not None and consume_marker(self.fail_marker):
             os._exit(17)
 
     # -- driver ----------------------------------------------------------------------------
@@ -633,14 +633,6 @@ def _remove_fragment(f: _Fragment) -> None:
     for path in (f.sst, f.deletes_file):
         if path is not None:
             remove_tree_or_file(Path(path))
-
-
-def _consume(marker: str) -> bool:
-    try:
-        os.remove(marker)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 # -- encoding (tasks) ----------------------------------------------------------------------------

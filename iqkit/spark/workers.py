@@ -1,5 +1,5 @@
-"""What iqkit does inside Spark's Python workers before its own work: one quirk, worked
-around in one place.
+"""Small helpers for code that runs inside Spark's Python workers (write and read tasks):
+where a task may spill, the tests' fault-injection marker, and one quirk worked around.
 
 Quirk (CPython < 3.12 ``zipimport`` + PySpark): before every task, a PySpark worker calls
 ``importlib.invalidate_caches()`` (``pyspark.worker_util.setup_spark_files``). On Python
@@ -21,7 +21,7 @@ import os
 import sys
 import zipimport
 
-__all__ = ["keep_spark_archive_indexes"]
+__all__ = ["consume_marker", "keep_spark_archive_indexes", "spill_dir"]
 
 
 def keep_spark_archive_indexes() -> int:
@@ -49,3 +49,19 @@ def keep_spark_archive_indexes() -> int:
 
 def _keep_directory() -> None:
     """The archive is part of the Spark installation: its directory is still valid."""
+
+
+def spill_dir() -> str | None:
+    """Where a task may spill: Spark's local directory for this executor, if it says."""
+    dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
+    return dirs.split(",")[0] or None
+
+
+def consume_marker(marker: str) -> bool:
+    """Tests' fault injection: remove ``marker``; ``True`` if this call removed it (so
+    exactly one task attempt fails, whichever gets there first)."""
+    try:
+        os.remove(marker)
+    except FileNotFoundError:
+        return False
+    return True
