@@ -387,8 +387,8 @@ def test_a_task_attempt_that_dies_is_retried_and_the_job_publishes_once(spark, t
     assert debris(root) == []  # the dead attempt's fragments were removed
 
 
-def test_a_failed_job_leaves_the_previous_version_and_nothing_staged(spark, tmp_path):
-    root = tmp_path / "stores"
+def _seed_one_row(spark, root) -> None:
+    """Store 's' (string → int64, 2 partitions) at version 1, holding a=1."""
     save(
         spark.createDataFrame([("a", 1)], "k string, v long"),
         root,
@@ -397,6 +397,11 @@ def test_a_failed_job_leaves_the_previous_version_and_nothing_staged(spark, tmp_
         value="v",
         partitions=2,
     )
+
+
+def test_a_failed_job_leaves_the_previous_version_and_nothing_staged(spark, tmp_path):
+    root = tmp_path / "stores"
+    _seed_one_row(spark, root)
     before = tree_digest(root / "s")
     # Spark partition 0 succeeds (its fragments are staged), partition 1 holds a null key.
     bad = spread(spark, [[("b", 2), ("c", 3)], [("d", 4), (None, 5)]], "k string, v long")
@@ -430,14 +435,7 @@ def published_before(digest: dict[str, str]) -> dict[str, str]:
 
 def test_a_commit_landing_during_the_job_makes_it_publish_nothing(spark, tmp_path):
     root = tmp_path / "stores"
-    save(
-        spark.createDataFrame([("a", 1)], "k string, v long"),
-        root,
-        "s",
-        key="k",
-        value="v",
-        partitions=2,
-    )
+    _seed_one_row(spark, root)
     marker = tmp_path / "commit-once"
     marker.write_text("x")
     root_text, marker_text = str(root), str(marker)
