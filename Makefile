@@ -31,7 +31,7 @@ $(VENV)/bin/python:
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --config-settings editable_mode=compat -e '.[dev]'
 	touch $(STAMP)
 
 check-java:

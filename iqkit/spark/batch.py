@@ -54,6 +54,7 @@ from ..store.serdes import Serde, get_serde
 from ..store.writer import create_store
 from .progress import WriteProgress
 from .schema import KAFKA_COLUMNS, ColumnPlan, plan_columns
+from .worker_python import require_workers_can_import_iqkit
 from .workers import consume_marker, keep_spark_archive_indexes, spill_dir
 
 _ENCODED_SCHEMA = "__p int, __k binary, __v binary, __seq long"
@@ -116,6 +117,7 @@ def write_store(
     fail after staging its first partition (the marker is consumed).
     ``_spill_bytes``: tests only — a write task's memory budget (default 256 MiB).
     """
+    require_workers_can_import_iqkit(df.sparkSession)
     plan = plan_columns(
         df,
         store,

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
 from ..query.position import Position
@@ -24,6 +24,7 @@ from ..store.layout import StoreLayout
 from ..store.versions import read_latest_number, read_version
 from ..store.writer import StoreWriter
 from .batch import write_store
+from .worker_python import require_workers_can_import_iqkit
 
 EndOffsets = Callable[[], Position | None]
 
@@ -61,8 +62,12 @@ def store_sink(
     streaming queries writing one store (default: the store name).
     """
     name = sink_name or store
+    active = SparkSession.getActiveSession()
+    if active is not None:  # fail before the stream starts, not at its first batch
+        require_workers_can_import_iqkit(active)
 
     def sink(batch_df: DataFrame, batch_id: int) -> None:
+        require_workers_can_import_iqkit(batch_df.sparkSession)
         done = last_committed_batch(root, store, name)
         if done is not None and batch_id <= done:
             return  # a replay of a committed batch: exactly once means nothing to do
