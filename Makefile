@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: test demo bench lint check-java install clean
 
 test: $(STAMP) check-java
-	$(PY) -m ruff check iqkit tests bench
+	$(PY) -m ruff check iqkit pyspark_iqkit tests bench
 	$(PY) -m pytest -q -p no:cacheprovider tests notebooks --nbval-lax --nbval-current-env
 
 demo: $(STAMP) check-java
@@ -20,8 +20,8 @@ bench: $(STAMP)
 	$(PY) bench/bench_sql.py
 
 lint: $(STAMP)
-	$(PY) -m ruff check iqkit tests bench
-	$(PY) -m ruff format --check iqkit tests bench
+	$(PY) -m ruff check iqkit pyspark_iqkit tests bench
+	$(PY) -m ruff format --check iqkit pyspark_iqkit tests bench
 
 install: $(STAMP)
 
