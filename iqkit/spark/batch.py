@@ -53,6 +53,7 @@ from ..store.partitioners import get_partitioner, murmur2
 from ..store.serdes import Serde, get_serde
 from ..store.writer import create_store
 from .progress import WriteProgress
+from .roots import driver_root
 from .schema import KAFKA_COLUMNS, ColumnPlan, plan_columns
 from .worker_python import require_workers_can_import_iqkit
 from .workers import consume_marker, keep_spark_archive_indexes, spill_dir
@@ -118,6 +119,7 @@ def write_store(
     ``_spill_bytes``: tests only — a write task's memory budget (default 256 MiB).
     """
     require_workers_can_import_iqkit(df.sparkSession)
+    root = driver_root(root)
     plan = plan_columns(
         df,
         store,

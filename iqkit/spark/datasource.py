@@ -157,6 +157,7 @@ from iqkit.store.manifest import StoreManifest
 
 from .datasource_write import plan_write
 from .read_spec import parse_read_options
+from .roots import driver_root
 from .worker_python import require_workers_can_import_iqkit
 from .workers import keep_spark_archive_indexes
 
@@ -201,27 +202,14 @@ def register(spark: Any) -> None:
 def _root_from_options(options: Any) -> str:
     root = options.get("root")
     path = options.get("path")
-    if root and path and _normalize_root(root) != _normalize_root(path):
+    if root and path and driver_root(root) != driver_root(path):
         raise ValueError(f"iqkit: option 'root' ({root!r}) and the load path ({path!r}) differ")
     chosen = root or path
     if not chosen:
         raise ValueError(
             "iqkit: the root folder is missing: use .load(root) or .option('root', root)"
         )
-    return _normalize_root(chosen)
-
-
-def _normalize_root(text: str) -> str:
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    elif text.startswith("file:"):
-        text = text[len("file:") :]
-    elif "://" in text:
-        raise ValueError(
-            f"iqkit: root {text!r} is not a file-system path; every executor must see the "
-            "root as a local or shared POSIX path"
-        )
-    return os.path.abspath(os.path.expanduser(text))
+    return driver_root(chosen)
 
 
 def _store_from_options(options: Any, root: str) -> str:

@@ -24,6 +24,7 @@ from ..store.layout import StoreLayout
 from ..store.versions import read_latest_number, read_version
 from ..store.writer import StoreWriter
 from .batch import write_store
+from .roots import driver_root
 from .worker_python import require_workers_can_import_iqkit
 
 EndOffsets = Callable[[], Position | None]
@@ -62,6 +63,7 @@ def store_sink(
     streaming queries writing one store (default: the store name).
     """
     name = sink_name or store
+    root = driver_root(root)  # the folder meant when the sink was made, whatever cwd later
     active = SparkSession.getActiveSession()
     if active is not None:  # fail before the stream starts, not at its first batch
         require_workers_can_import_iqkit(active)
