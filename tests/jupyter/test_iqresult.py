@@ -88,17 +88,19 @@ def test_partitions_frame_reports_each_partition(shards):
     f = r.partitions
     assert list(f.columns) == PARTITION_COLUMNS
     assert f["partition"].tolist() == [0, 1, 2, 3, 9]
-    assert f["status"].tolist() == ["success", "failed", "failed", "success", "failed"]
-    assert f["failure_reason"].tolist()[1:3] == ["NOT_PRESENT", "STORE_EXCEPTION"]
+    # partition 1 was never written: empty, not failed (issue 10; it was NOT_PRESENT)
+    assert f["status"].tolist() == ["success", "success", "failed", "success", "failed"]
+    assert pd.isna(f["failure_reason"].iloc[1]) and f["failure_reason"].iloc[2] == "STORE_EXCEPTION"
     assert f["failure_reason"].iloc[4] == "DOES_NOT_EXIST"
     assert pd.isna(f["failure_reason"].iloc[0]) and pd.isna(f["message"].iloc[0])
     assert "partition 9 does not exist" in f["message"].iloc[4]
     assert f["rows"].tolist()[0] == 1 and f["rows"].tolist()[3] == 1
-    assert f["rows"].isna().tolist() == [False, True, True, False, True]
+    assert f["rows"].isna().tolist() == [False, False, True, False, True]
+    assert f["rows"].iloc[1] == 0 and f["position"].iloc[1] == ""
     assert f["position"].tolist()[0] == "in[0]=5" and f["position"].tolist()[3] == "in[3]=4"
-    assert set(r.failures) == {1, 2, 9}
+    assert set(r.failures) == {2, 9}
     assert r.failures[2].failure_reason is FailureReason.STORE_EXCEPTION
-    assert r.ok_partitions == 2
+    assert r.ok_partitions == 3
     assert r.position == Position.from_map({"in": {0: 5, 3: 4}})
 
 

@@ -197,6 +197,22 @@ def test_summary_line(totals):
     assert " ms" in summary and summary.endswith("version 2")
 
 
+def test_never_written_partitions_read_ok_in_the_summary(root):
+    # issue 10: a healthy store with untouched partitions read "1 ok / 3 failed" in red
+    iqkit.create_store(root, "sparse", partitions=4, partitioner="explicit")
+    with iqkit.StoreWriter(root, "sparse") as w:
+        w.put("a", 1, partition=2)
+    with iqkit.open(root) as engine:
+        r = result_of(engine, scan("sparse"))
+    summary = Page(render._summary(r)).visible
+    assert summary.startswith("sparse · RangeQuery · 1 row · partitions 4 ok / 0 failed · ")
+    page = Page(r._repr_html_())
+    statuses = [row["cells"][1] for row in page.tables[1][1:]]
+    assert statuses == ["success"] * 4 and "failure" not in page.tables[1][0]["cells"]
+    assert r.partitions["rows"].tolist() == [0, 0, 1, 0]
+    assert "partition 0 failed" not in str(r)
+
+
 def test_partitions_table_highlights_failures_and_draws_bars(totals):
     with iqkit.open(totals) as engine:
         lags = engine.lags(stores=["totals"])["totals"]
