@@ -29,6 +29,7 @@ from . import (
     create_store,
 )
 from . import open as open_engine
+from .query.lag import NO_SOURCE
 from .store.serdes import get_serde
 
 
@@ -99,6 +100,7 @@ def _demo(root: str | None) -> int:
         print("\nLag per partition of 'totals':")
         for p, lag in engine.lags()["totals"].items():
             print(f"  partition {p}: {lag.offset_lag} records behind")
+        print(f"Lag of 'clicks': {NO_SOURCE}")
     return 0
 
 
@@ -155,9 +157,11 @@ def _scan(root: str, store: str, prefix: str | None, limit: int, desc: bool) -> 
 def _lag(root: str) -> int:
     with open_engine(root) as engine:
         for store, parts in engine.lags().items():
+            if all(lag.end_position is None for lag in parts.values()):
+                print(f"{store}\t{NO_SOURCE}")  # one line in words, not a row of unknowns
+                continue
             for p, lag in parts.items():
-                behind = "unknown" if lag.offset_lag is None else lag.offset_lag
-                print(f"{store}\t{p}\t{lag.current_position.to_map()}\t{behind}")
+                print(f"{store}\t{p}\t{lag.current_position.to_map()}\t{lag.offset_lag}")
     return 0
 
 

@@ -54,6 +54,19 @@ def test_scan_limit_counts_rows_in_all_partitions(tmp_path, capsys):
     assert rows() == everything[:2]
 
 
+def test_demo_and_lag_read_zero_where_everything_was_applied(tmp_path, capsys):
+    assert main(["demo", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    # record_applied: every partition applied the whole input, also those no record reached
+    assert [f"  partition {p}: 0 records behind" in out for p in range(4)] == [True] * 4
+    assert "Lag of 'clicks': no source recorded" in out
+    assert main(["lag", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "clicks\tno source recorded"  # one line in words, no "unknown" rows
+    totals = [line.split("\t") for line in lines[1:]]
+    assert [(t[0], t[1], t[3]) for t in totals] == [("totals", str(p), "0") for p in range(4)]
+
+
 def test_scan_of_never_written_partitions_prints_no_failures(tmp_path, capsys):
     iqkit.create_store(tmp_path, "sparse", partitions=4, partitioner="explicit")
     with iqkit.StoreWriter(tmp_path, "sparse") as w:

@@ -165,6 +165,21 @@ def test_stores_and_lag(shell, nb_root):
     pd.testing.assert_frame_equal(only_totals, lag.reset_index(drop=True))
 
 
+def test_lag_and_stores_say_no_source_recorded_in_words(shell):
+    # 'counts' and 'clicks' were written without a source (as a batch write_store is)
+    lag = run(shell, "%iq lag")
+    assert set(lag["store"]) == {"totals"}  # no <NA> rows for the others
+    assert lag.no_source == ("clicks", "counts")
+    assert repr(lag).endswith("clicks, counts: no source recorded (lag unknown)")
+    counts = run(shell, "%iq lag counts")
+    assert counts.empty and repr(counts) == "counts: no source recorded (lag unknown)"
+    stores = run(shell, "%iq stores").set_index("name")
+    assert stores.loc["counts", "lag"] == stores.loc["clicks", "lag"] == "no source recorded"
+    r = run(shell, "%iq get counts 7")
+    (section,) = [s for s in r._repr_html_().split("<details>") if "Lag (" in s]
+    assert "Lag (no source recorded)" in section and "<table>" not in section
+
+
 def test_open_switches_root(shell, tmp_path: Path):
     other = tmp_path / "other"
     iqkit.create_store(other, "solo", partitions=1)

@@ -272,7 +272,11 @@ def test_lag_section(totals):
     sections = {d["summary"] for d in Page(known._repr_html_()).details}
     assert f"Lag ({total:,} records behind)" in sections
     page = Page(unknown._repr_html_())
-    assert "Lag (unknown)" in {d["summary"] for d in page.details}
+    # no end offsets: said in words, no table of nulls (issue 10; the title was "unknown")
+    (lag,) = [d for d in page.details if d["summary"].startswith("Lag")]
+    assert lag["summary"] == "Lag (no source recorded)"
+    assert "No source recorded for totals" in page.visible
+    assert len(page.tables) == 3  # rows, partitions, trace: the lag section has no table
     lag_cells = [row["cells"][3] for row in page.tables[1][1:]]
     assert set(lag_cells) == {"unknown"}  # never shown as 0
     assert not any(d["summary"].startswith("Lag") for d in Page(none._repr_html_()).details)
