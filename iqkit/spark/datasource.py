@@ -61,10 +61,10 @@ Partitions
 One Spark input partition per store partition read (``_StorePartition.partition`` is the
 store partition number), so ``df.rdd.getNumPartitions()`` is the store's partition count
 when nothing is narrowed. A task runs its queries with ``.with_partitions({p})``; a
-partition with no published data (``NOT_PRESENT``) yields no rows; any other failure
-(``STORE_EXCEPTION``, ``NOT_ACTIVE``, ...) fails the task with the failure reason and
-message, because the query cannot be answered. The engine is closed when the partition's
-rows are done.
+partition no commit has touched is empty (no rows, as the engine answers it); any failure
+(``STORE_EXCEPTION``, ``NOT_PRESENT``, ``NOT_ACTIVE``, ...) fails the task with the
+failure reason and message, because the query cannot be answered. The engine is closed
+when the partition's rows are done.
 
 Schema rules
 ------------
@@ -96,7 +96,7 @@ timestamp, window_end timestamp``, then the value column(s).
 
 Other decisions
 ---------------
-* A partition read that fails for any reason but ``NOT_PRESENT`` raises ``IqkitError``
+* A partition read that fails for any reason raises ``IqkitError``
   ("store 'x' partition 1 at version 3 cannot be read: STORE_EXCEPTION: ..."): a
   DataFrame silently missing a partition would be a wrong answer, not a partial one.
 * ``json`` values are re-encoded compactly (``ensure_ascii=False``), which equals the stored
@@ -147,7 +147,6 @@ from pyspark.sql.types import (
 import iqkit
 from iqkit.errors import IqkitError
 from iqkit.query import (
-    FailureReason,
     KeyQuery,
     MultiKeyQuery,
     Query,
@@ -464,8 +463,6 @@ class IqkitReader(DataSourceReader):
                     )
                     result = engine.query(request).partition_results[p]
                     if result.is_failure:
-                        if result.failure_reason is FailureReason.NOT_PRESENT:
-                            return
                         raise IqkitError(
                             f"iqkit: store {self.store!r} partition {p} at version "
                             f"{self.version} cannot be read: {result.failure_reason.name}: "

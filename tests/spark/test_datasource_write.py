@@ -48,7 +48,7 @@ def contents(root, store) -> dict:
 
 
 def positions(root, store) -> dict[int, dict]:
-    """Every partition's position (failures such as NOT_PRESENT carry one too)."""
+    """Every partition's position (failures carry one too; an empty partition's is empty)."""
     with iqkit.open(root) as engine:
         r = engine.query(StateQueryRequest.in_store(store).with_query(RangeQuery.with_no_bounds()))
         return {p: q.position.to_map() for p, q in r.partition_results.items()}
@@ -157,7 +157,7 @@ def test_single_value_column_append_upserts_and_overwrite_replaces(spark, tmp_pa
         assert engine.versions("amounts") == [1, 2]
     save(update, root, "amounts", mode="overwrite", key="id", value="amount")
     assert contents(root, "amounts") == {1: 111, 99: 990}
-    # An overwrite empties the partitions no row reached: empty, not NOT_PRESENT.
+    # An overwrite empties the partitions no row reached.
     with iqkit.open(root) as engine:
         r = engine.query(
             StateQueryRequest.in_store("amounts").with_query(RangeQuery.with_no_bounds())
