@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from helpers import kv_rows
+import pytest
+from helpers import kv_rows, non_finite_frames
 from pyspark.sql import functions as F
 
 import iqkit
@@ -178,3 +179,11 @@ def test_sink_progress_in_old_version_records_still_reads(spark, tmp_path):
     sink(spark.createDataFrame([("a", 3)], "k string, v long"), 6)
     assert store_values(root, "s") == (2, {"a": 3})
     assert last_committed_batch(root, "s", "s") == 6
+
+
+def test_a_micro_batch_with_nan_in_a_json_value_is_refused_and_creates_no_store(spark, tmp_path):
+    sink = store_sink(tmp_path, "s", key="k", partitions=2)
+    _, df, _ = non_finite_frames(spark)[0]
+    with pytest.raises(ValueError, match="store 's': value column 'x' holds NaN"):
+        sink(df, 0)
+    assert not (tmp_path / "s").exists()
