@@ -13,7 +13,7 @@ import decimal
 from pathlib import Path
 
 import pytest
-from helpers import kv_rows, tree_digest
+from helpers import kv_rows, non_finite_frames, tree_digest
 from pyspark.sql import functions as F
 
 import iqkit
@@ -105,7 +105,7 @@ def record_rows(count: int) -> list[tuple]:
             decimal.Decimal(f"{i}.10"),
             decimal.Decimal(i),
             bytes([i % 256, 0, 255]),
-            [0.1, 1.0, float("nan"), float("inf"), -0.0, 3e38][i % 6],
+            [0.1, 1.0, 1.5e-7, 3.25, -0.0, 3e38][i % 6],  # NaN/inf: refused, see below
             None,
         )
         for i in range(count)
@@ -522,3 +522,21 @@ def test_root_option_and_existing_store_defaults(spark, tmp_path):
     # key, value and partitions default to what the store was created with.
     more.write.format("iqkit").mode("append").option("store", "s").save(str(tmp_path))
     assert contents(tmp_path, "s") == {"a": 1, "b": 2, "c": 3}
+
+
+def test_nan_and_infinities_in_json_values_are_refused_like_write_store(spark, tmp_path):
+    for store, df, message in non_finite_frames(spark):
+        with pytest.raises(Exception, match=message):
+            save(df, tmp_path, store, key="k", partitions=2)
+        assert not (tmp_path / store / "manifest.json").exists()
+    with iqkit.open(tmp_path) as engine:
+        assert engine.store_names() == []
+    assert debris(tmp_path) == []
+
+
+def test_a_first_write_that_fails_in_its_tasks_leaves_nothing(spark, tmp_path):
+    # Spark partition 0 stages its fragment; partition 1 holds a null key and fails.
+    bad = spread(spark, [[("b", 2)], [(None, 5)]], "k string, v long")
+    with pytest.raises(Exception, match="store 's': key column 'k' holds null keys"):
+        save(bad, tmp_path, "s", key="k", value="v", partitions=2)
+    assert not (tmp_path / "s").exists()  # no store, and no empty folders of one

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 import pytest
-from helpers import kv_rows
+from helpers import NON_FINITE_DDL, kv_rows, non_finite_frames
 from pyspark.sql import functions as F
 
 import iqkit
@@ -253,3 +254,64 @@ def test_progress_reports_what_was_written(spark, tmp_path, capsys):
     assert "rows=30" in err and "version=1" in err
     write_store(df, tmp_path, "s", key="k", value="v", partitions=3, progress=False)
     assert "iqkit write" not in capsys.readouterr().err
+
+
+def test_a_first_write_that_fails_creates_no_store(spark, tmp_path):
+    root = tmp_path / "stores"
+    nulls = spark.createDataFrame([("a", "x", 1), (None, "y", 2)], "k string, k2 string, v long")
+    spread_rows = spark.createDataFrame(
+        [(f"k{i}", i % 2) for i in range(40)], "k string, p int"
+    ).repartition(4)
+    nan = spark.createDataFrame([("a", 1.0), ("b", float("nan"))], "k string, x double")
+    cases = [
+        # JVM-routed: the write tasks count null keys, the driver refuses the job
+        ("jvm_nulls", nulls, dict(key="k", value="v"), "key column 'k' holds null keys"),
+        # Python-routed: null keys are looked for before the job
+        ("py_nulls", nulls, dict(key=["k", "k2"], value="v"), "key column 'k' holds null keys"),
+        (
+            "out_of_range",
+            spark.createDataFrame([("a", 5)], "k string, p int"),
+            dict(key="k", value="p", mark_as_partitioned="p"),
+            r"must hold integers in \[0, 2\); found 5",
+        ),
+        (
+            "not_partitioned",
+            spread_rows,
+            dict(key="k", value="p", mark_as_partitioned="p"),
+            "more than one Spark partition",
+        ),
+        ("nan", nan, dict(key="k"), "value column 'x' holds NaN or an infinity"),
+    ]
+    for name, df, options, message in cases:
+        with pytest.raises(ValueError, match=message):
+            write_store(df, root, name, partitions=2, progress=False, **options)
+        assert not (root / name).exists(), name  # no store, no folder, nothing staged
+    with iqkit.open(root) as engine:
+        assert engine.store_names() == []
+
+
+def test_nan_and_infinities_in_json_values_are_refused_naming_the_column(spark, tmp_path):
+    for store, df, message in non_finite_frames(spark):
+        with pytest.raises(ValueError, match=message):
+            write_store(df, tmp_path, store, key="k", partitions=2, progress=False)
+        assert not (tmp_path / store).exists()
+    # one json value column, routed in Python (binary keys): the same rule
+    _, df, _ = non_finite_frames(spark)[1]
+    df = df.withColumn("k", F.col("k").cast("binary"))
+    with pytest.raises(ValueError, match="store 'one': value column 'xs' holds NaN"):
+        write_store(df, tmp_path, "one", key="k", value="xs", value_serde="json", partitions=2)
+    # the data a store already holds is untouched by a refused write
+    fine = spark.createDataFrame([("a", 1.5, [1.0], {"u": 1.0}, (0.5,))], NON_FINITE_DDL)
+    write_store(fine, tmp_path, "kept", key="k", partitions=2, progress=False)
+    with pytest.raises(ValueError, match="store 'kept': value column 'x' holds NaN"):
+        write_store(non_finite_frames(spark)[0][1], tmp_path, "kept", key="k", partitions=2)
+    with iqkit.open(tmp_path) as engine:
+        assert engine.version("kept") == 1
+        assert get(engine, "kept", "a") == {"x": 1.5, "xs": [1.0], "m": {"u": 1.0}, "s": {"a": 0.5}}
+        assert get(engine, "kept", "b") is None
+    # a double value column keeps them: the double serde stores NaN and infinities
+    x = spark.createDataFrame([("a", float("nan")), ("b", float("-inf"))], "k string, x double")
+    write_store(x, tmp_path, "doubles", key="k", value="x", partitions=2, progress=False)
+    with iqkit.open(tmp_path) as engine:
+        assert math.isnan(get(engine, "doubles", "a"))
+        assert get(engine, "doubles", "b") == float("-inf")
