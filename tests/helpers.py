@@ -145,3 +145,24 @@ def non_finite_frames(spark, prefix="s_"):
         )
         for c, row in bad.items()
     ]
+
+
+def run_python_script(script: str, *args: str, cwd=None, env=None, timeout: float = 600) -> dict:
+    """Run ``script`` in a fresh Python process (this interpreter) and return the JSON it
+    printed on its last line starting with ``RESULT``; fail with its output otherwise."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert lines, f"the script failed:\n{done.stdout[-3000:]}\n{done.stderr[-4000:]}"
+    return json.loads(lines[-1][len("RESULT") :])

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import run_python_script
 
 import iqkit
 
@@ -44,7 +45,7 @@ _RUNNER = textwrap.dedent(
     spark = ns.get("spark")
     if spark is not None:
         spark.stop()
-    print("REPORT" + json.dumps({"blocks": report, "facts": facts}))
+    print("RESULT" + json.dumps({"blocks": report, "facts": facts}))
     """
 )
 
@@ -65,17 +66,7 @@ def readme_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("readme")
     python = blocks("python")
     assert len(python) >= 3, "the quick start, Spark and Jupyter blocks"
-    done = subprocess.run(
-        [sys.executable, "-c", _RUNNER, json.dumps(python)],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT")]
-    assert lines, f"the README runner died:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
-    report = json.loads(lines[-1][len("REPORT") :])
+    report = run_python_script(_RUNNER, json.dumps(python), cwd=folder, timeout=900)
     return folder, report
 
 

@@ -8,7 +8,6 @@ system ``python3`` lacks iqkit.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import subprocess
@@ -17,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import run_python_script
 
 _SESSION = """
 from pyspark.sql import SparkSession
@@ -56,17 +56,7 @@ def _run(script: str, root: Path, path: str) -> dict:
         k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
     }
     env["PATH"] = path
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script), str(root)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    assert lines, f"the script failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return json.loads(lines[-1][len("RESULT") :])
+    return run_python_script(textwrap.dedent(script), str(root), env=env)
 
 
 def test_session_started_before_import_fails_in_one_line_before_any_task(
