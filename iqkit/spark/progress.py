@@ -58,7 +58,8 @@ class WriteProgress:
                 self._bar.refresh()
 
     def finish(self, *, partitions: int, rows: int, version: int) -> None:
-        """Report what was written (always shown, however fast the job was)."""
+        """Report what was written (always shown, however fast the job was): ``rows``
+        counts records (a window store's window is one row, not its two RocksDB keys)."""
         self._bar.set_postfix(version=version, partitions=partitions, rows=rows, refresh=False)
         self._bar.n = self._bar.total or 0
 
