@@ -22,7 +22,7 @@ from traitlets import Bool, Int, TraitError, Unicode, observe, validate
 from traitlets.config import Configurable
 
 from .complete import register_completer
-from .parse import overview, parse_line
+from .parse import check_result_name, overview, parse_line
 from .session import IQSession
 
 __all__ = ["IQMagics"]
@@ -83,6 +83,8 @@ class IQMagics(Magics, Configurable):
     @line_cell_magic("iqkit")
     def iq(self, line: str, cell: str | None = None, local_ns: dict[str, Any] | None = None) -> Any:
         command = parse_line(line, cell)
+        if command.as_name and self.shell is not None:
+            check_result_name(command.as_name, self.shell.user_ns_hidden)
         namespace = dict(self.shell.user_ns) if self.shell is not None else {}
         namespace.update(local_ns or {})
         result = self.session.execute(command, namespace)

@@ -23,7 +23,15 @@ from ..store.partitioners import get_partitioner
 from ..tables import Collected, to_pandas
 from . import render
 
-__all__ = ["IQResult", "compact_position", "lag_frame", "parse_trace_line", "stores_frame"]
+__all__ = [
+    "STORE_PROBLEMS",
+    "IQResult",
+    "compact_position",
+    "lag_frame",
+    "parse_trace_line",
+    "problem",
+    "stores_frame",
+]
 
 PARTITION_COLUMNS = [
     "partition",
@@ -47,7 +55,15 @@ STORES_COLUMNS = [
     "approx_rows",
     "position",
     "lag",
+    "error",
 ]
+#: ``%iq lag`` adds this column: why a store's lag could not be read (else null).
+ERROR_COLUMN = "error"
+
+#: What reading one store can raise when that store is broken (a corrupt or missing
+#: manifest, version record or LATEST, a folder iqkit cannot read): ``%iq stores`` and
+#: ``%iq lag`` report it on that store's row and go on with the others.
+STORE_PROBLEMS = (IqkitError, OSError, ValueError, LookupError)
 
 _TRACE_LINE = re.compile(r"Handled in (?P<layer>\S+) in (?P<ns>\d+)ns(?::\s?(?P<detail>.*))?", re.S)
 _VERSION = re.compile(r"\bat version (\d+)\b")
@@ -62,6 +78,12 @@ def compact_position(position: Position | None) -> str:
         return ""
     m = position.to_map()
     return ",".join(f"{t}[{p}]={o}" for t in sorted(m) for p, o in sorted(m[t].items()))
+
+
+def problem(exc: BaseException) -> str:
+    """An exception as one short line: ``TypeName: first line of the message``."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def parse_trace_line(line: str) -> tuple[str | None, str, int | None]:
@@ -350,6 +372,7 @@ def lag_frame(
     lags: Mapping[str, Mapping[int, LagInfo]],
     *,
     manifests: Mapping[str, StoreManifest] | None = None,
+    errors: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
     """``engine.lags()`` as a DataFrame: one row per (store, partition, input topic,
     input partition) — the components the partition has applied and the end offsets
@@ -360,8 +383,11 @@ def lag_frame(
     A partition with no component at all still gets one row (topic NA, ``lag`` its
     ``offset_lag``). ``manifests`` (store → manifest) says which end components bind an
     ``explicit`` store's partitions; without it this is inferred from ``offset_lag``.
+
+    ``errors`` (store → one line) adds an ``error`` column: each store in it gets one
+    row with nothing but its name and why its lag could not be read (``%iq lag``).
     """
-    records = []
+    records: list[tuple[Any, ...]] = []
     for store, infos in lags.items():
         binds_all = _binds_all(store, infos, manifests)
         for p, info in sorted(infos.items()):
@@ -386,7 +412,15 @@ def lag_frame(
                 records.append(
                     (store, p, topic, in_p, _nullable(have), _nullable(end_offset), _nullable(lag))
                 )
-    frame = pd.DataFrame.from_records(records, columns=LAG_COLUMNS)
+    columns = list(LAG_COLUMNS)
+    if errors is not None:
+        columns.append(ERROR_COLUMN)
+        records = [(*r, None) for r in records]
+        records += [
+            (store, *[pd.NA] * (len(LAG_COLUMNS) - 1), why) for store, why in errors.items()
+        ]
+        records.sort(key=lambda r: r[0])  # stores in name order, broken ones in place
+    frame = pd.DataFrame.from_records(records, columns=columns)
     return frame.astype(
         {
             "store": "object",
@@ -429,34 +463,45 @@ def _approx_rows(engine: Any, store: str, manifest: StoreManifest) -> int | None
 
 def stores_frame(engine: Any) -> pd.DataFrame:
     """``%iq stores``: one row per store under the engine's root with its settings, the
-    version served, approximate rows, merged position and total offset lag (NA when the
-    end offsets are unknown)."""
-    names = engine.store_names()
-    lags = engine.lags(stores=names) if names else {}
+    version served, approximate rows, merged position, total offset lag (NA when the
+    end offsets are unknown) and ``error``: null, or why the store could not be read
+    (its other columns are then NA; one broken store never hides the others)."""
     records = []
-    for name in names:
-        manifest = engine.manifest(name)
-        infos = lags.get(name, {})
-        position = Position.empty()
-        for info in infos.values():
-            position = position.merge(info.current_position)
-        known = [i.offset_lag for i in infos.values()]
-        lag = sum(known) if known and all(v is not None for v in known) else None  # type: ignore[arg-type]
-        records.append(
-            (
-                name,
-                manifest.kind,
-                manifest.partitions,
-                manifest.key_serde,
-                manifest.value_serde,
-                manifest.partitioner,
-                _nullable(engine.version(name)),
-                _nullable(_approx_rows(engine, name, manifest)),
-                compact_position(position),
-                _nullable(lag),
-            )
-        )
+    for name in engine.store_names():
+        try:
+            records.append((*_store_row(engine, name), None))
+        except STORE_PROBLEMS as exc:
+            records.append((name, *[pd.NA] * (len(STORES_COLUMNS) - 2), problem(exc)))
     frame = pd.DataFrame.from_records(records, columns=STORES_COLUMNS)
     return frame.astype(
-        {"partitions": "Int64", "version": "Int64", "approx_rows": "Int64", "lag": "Int64"}
+        {
+            "kind": "object",
+            "partitions": "Int64",
+            "version": "Int64",
+            "approx_rows": "Int64",
+            "lag": "Int64",
+            "error": "object",
+        }
+    )
+
+
+def _store_row(engine: Any, name: str) -> tuple[Any, ...]:
+    manifest = engine.manifest(name)
+    infos = engine.lags(stores=[name]).get(name, {})
+    position = Position.empty()
+    for info in infos.values():
+        position = position.merge(info.current_position)
+    known = [i.offset_lag for i in infos.values()]
+    lag = sum(known) if known and all(v is not None for v in known) else None  # type: ignore[arg-type]
+    return (
+        name,
+        manifest.kind,
+        manifest.partitions,
+        manifest.key_serde,
+        manifest.value_serde,
+        manifest.partitioner,
+        _nullable(engine.version(name)),
+        _nullable(_approx_rows(engine, name, manifest)),
+        compact_position(position),
+        _nullable(lag),
     )
