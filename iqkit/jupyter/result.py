@@ -17,9 +17,20 @@ import pandas as pd
 import pyarrow as pa
 
 from ..errors import IqkitError
-from ..query import LagInfo, Position, QueryResult, StateQueryRequest, StateQueryResult
+from ..query import (
+    LagInfo,
+    Position,
+    QueryResult,
+    RangeQuery,
+    StateQueryRequest,
+    StateQueryResult,
+    WindowKeyQuery,
+    WindowRangeQuery,
+)
 from ..store.manifest import StoreManifest
+from ..store.ordered import short_repr
 from ..store.partitioners import get_partitioner
+from ..store.serdes import get_serde
 from ..tables import Collected, to_pandas
 from . import render
 
@@ -190,6 +201,14 @@ class IQResult:
         return self.collected.truncated
 
     @property
+    def notes(self) -> list[str]:
+        """One-line explanations of a result that could surprise: an empty range whose
+        bounds are the wrong way round (IQv2 answers it with an empty success, which
+        stays the rule; this only says why, and what to type instead)."""
+        note = _reversed_bounds_note(self.query, self.manifest) if len(self) == 0 else None
+        return [note] if note else []
+
+    @property
     def position(self) -> Position:
         """The merged position of every partition that answered (or failed)."""
         return self.result.position
@@ -322,6 +341,44 @@ class IQResult:
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(repr(self) if cycle else str(self))
+
+
+def _reversed_bounds_note(query: Any, manifest: StoreManifest) -> str | None:
+    """Why a range with ``lower > upper`` is empty. The stores compare the serialized
+    bounds (``TypedLayer._range``: byte order is key order), so this does too."""
+    if isinstance(query, WindowKeyQuery | WindowRangeQuery):
+        if query.time_from <= query.time_to:
+            return None
+        return (
+            f"No windows: --from ({query.time_from} ms) is later than --to ({query.time_to} "
+            "ms), and a time range runs from the earlier to the later time. For the newest "
+            "windows first, swap --from and --to and add --desc."
+        )
+    if not isinstance(query, RangeQuery) or None in (query.lower_bound, query.upper_bound):
+        return None
+    serde = get_serde(manifest.key_serde)
+    try:
+        lower, upper = serde.serialize(query.lower_bound), serde.serialize(query.upper_bound)
+    except (TypeError, ValueError):
+        return None
+    if lower <= upper:
+        return None
+    lo, hi = short_repr(query.lower_bound), short_repr(query.upper_bound)
+    numbers = all(
+        isinstance(b, int | float) and not isinstance(b, bool)
+        for b in (query.lower_bound, query.upper_bound)
+    )
+    if numbers and not serde.order_preserving and query.lower_bound <= query.upper_bound:
+        return (
+            f"No rows: in {serde.name} key order --from {lo} sorts after --to {hi} "
+            "(keys sort by their big-endian bytes: negative numbers after positive ones); "
+            "query the negative and the positive keys separately, or use the ordered serde."
+        )
+    return (
+        f"No rows: --from {lo} sorts after --to {hi}, and a range runs from its lower "
+        f"to its upper key. For keys from {lo} down to {hi}, swap --from and --to and add "
+        "--desc."
+    )
 
 
 # -- %iq lag -------------------------------------------------------------------------------

@@ -304,3 +304,11 @@ def test_one_broken_store_does_not_hide_the_others(shell, nb_root):
     # One store asked for by name: its own problem, on its row.
     one = run(shell, "%iq lag clicks")
     assert len(one) == 1 and "LATEST" in one["error"].iloc[0]
+
+
+def test_reversed_window_times_say_why_nothing_came_back(shell):
+    r = run(shell, "%iq window clicks alice --from 240000 --to 0")
+    assert len(r) == 0
+    (note,) = r.notes
+    assert "later than --to" in note and "--desc" in note
+    assert run(shell, "%iq window clicks alice --from 0 --to 240000 --desc").notes == []
