@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from ..query import (
     WindowKeyQuery,
     WindowRangeQuery,
 )
+from ..sql import SQL_ACCESS
 from ..store.manifest import StoreManifest
 from ..store.ordered import short_repr
 from .command import IQCommand
@@ -77,6 +78,8 @@ class IQSession:
         self.progress = progress
         self.last: Any = None
         self.named: dict[str, Any] = {}
+        self.sql_access = "files"
+        self.sql_directories: tuple[str, ...] = ()
 
     # -- root and engine -------------------------------------------------------------------
     @property
@@ -314,12 +317,29 @@ class IQSession:
                 errors[name] = problem(exc)
         return lag_frame(lags, manifests=manifests, errors=errors)
 
+    def set_sql_access(self, access: str, directories: Sequence[str] = ()) -> None:
+        """What ``%iq sql`` may touch (``SQLSession``'s ``access``/``directories``). Takes
+        effect from the next SQL statement, on a fresh DuckDB connection (DuckDB cannot
+        give back access it took away): tables made in SQL go, named results stay."""
+        if access not in SQL_ACCESS:
+            raise UsageError(f"%iq: sql_access must be one of {', '.join(SQL_ACCESS)}")
+        if (access, tuple(directories)) == (self.sql_access, self.sql_directories):
+            return
+        self.sql_access, self.sql_directories = access, tuple(directories)
+        if self._sql is not None:
+            self._sql.close()
+            self._sql = None
+
     @property
     def sql_session(self) -> Any:
         if self._sql is None:
             from ..sql import SQLSession
 
-            self._sql = SQLSession(engine=lambda: self.engine)
+            self._sql = SQLSession(
+                engine=lambda: self.engine,
+                access=self.sql_access,
+                directories=self.sql_directories if self.sql_access == "none" else (),
+            )
             for name, value in self.named.items():
                 self._sql.register(name, value)
         return self._sql

@@ -286,6 +286,11 @@ def test_partitions_ranges_are_bounded_before_they_are_built(shell):
     assert r.partitions.set_index("partition").loc[7, "failure_reason"] == "DOES_NOT_EXIST"
 
 
+def test_a_lone_surrogate_in_sql_is_one_line(shell):
+    with pytest.raises(UsageError, match=r"^%iq sql: the SQL holds '\\ud800' at character 9"):
+        shell.run_cell("%iq sql SELECT '\ud800'")
+
+
 def test_one_broken_store_does_not_hide_the_others(shell, nb_root):
     (nb_root / "counts" / "manifest.json").write_text("{not json")
     (nb_root / "clicks" / "LATEST").write_text("garbage")
