@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: test demo bench lint check-java install clean
 
 test: $(STAMP) check-java
-	$(PY) -m ruff check iqkit tests bench
+	$(PY) -m ruff check iqkit pyspark_iqkit tests bench
 	$(PY) -m pytest -q -p no:cacheprovider tests notebooks --nbval-lax --nbval-current-env
 
 demo: $(STAMP) check-java
@@ -20,8 +20,8 @@ bench: $(STAMP)
 	$(PY) bench/bench_sql.py
 
 lint: $(STAMP)
-	$(PY) -m ruff check iqkit tests bench
-	$(PY) -m ruff format --check iqkit tests bench
+	$(PY) -m ruff check iqkit pyspark_iqkit tests bench
+	$(PY) -m ruff format --check iqkit pyspark_iqkit tests bench
 
 install: $(STAMP)
 
@@ -31,10 +31,16 @@ $(VENV)/bin/python:
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --config-settings editable_mode=compat -e '.[dev]'
 	touch $(STAMP)
 
+# Java 17+ for PySpark: installed from Debian's packages when missing and we are root
+# (a fresh CI machine), otherwise one line saying what to install.
 check-java:
+	@if ! command -v java >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	   echo "Installing Java 17 (openjdk-17-jre-headless) for PySpark..."; \
+	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
+	 fi
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required for PySpark: install it (Debian/Ubuntu: apt-get install openjdk-17-jre-headless; conda: conda env create -f environment.yml) and put java on PATH."; exit 1; }
 	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	 if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "Java 17+ is required for PySpark, found: $$(java -version 2>&1 | head -1). Install openjdk 17 (apt-get install openjdk-17-jre-headless, or conda env create -f environment.yml)."; exit 1; fi

@@ -29,6 +29,7 @@ from . import (
     create_store,
 )
 from . import open as open_engine
+from .query.lag import NO_SOURCE
 from .store.serdes import get_serde
 
 
@@ -48,7 +49,11 @@ def _demo(root: str | None) -> int:
                 {"customer": customer, "last": amount},
                 source=("orders", offset % 2, offset),
             )
-        w.record_source_end({"orders": {0: 10, 1: 10}})
+        # Every partition of a murmur2 store reads every input partition: say the whole
+        # input is applied (the last offsets), so partitions no record reached are not
+        # "behind"; the log-end offsets (next offset to write) then give lag 0.
+        w.record_applied({"orders": {0: 4, 1: 5}})
+        w.record_source_end({"orders": {0: 5, 1: 6}})
     with StoreWriter(root, "clicks", who="iqkit demo") as w:
         for minute in range(5):
             w.put("alice", minute * 3, window_start=minute * 60_000)
@@ -95,6 +100,7 @@ def _demo(root: str | None) -> int:
         print("\nLag per partition of 'totals':")
         for p, lag in engine.lags()["totals"].items():
             print(f"  partition {p}: {lag.offset_lag} records behind")
+        print(f"Lag of 'clicks': {NO_SOURCE}")
     return 0
 
 
@@ -151,9 +157,11 @@ def _scan(root: str, store: str, prefix: str | None, limit: int, desc: bool) -> 
 def _lag(root: str) -> int:
     with open_engine(root) as engine:
         for store, parts in engine.lags().items():
+            if all(lag.end_position is None for lag in parts.values()):
+                print(f"{store}\t{NO_SOURCE}")  # one line in words, not a row of unknowns
+                continue
             for p, lag in parts.items():
-                behind = "unknown" if lag.offset_lag is None else lag.offset_lag
-                print(f"{store}\t{p}\t{lag.current_position.to_map()}\t{behind}")
+                print(f"{store}\t{p}\t{lag.current_position.to_map()}\t{lag.offset_lag}")
     return 0
 
 

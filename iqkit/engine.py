@@ -7,9 +7,12 @@ result, failures included, carries the partition's position.
 
 Per partition, checks run in this order: ``DOES_NOT_EXIST`` (partition out of range),
 ``UNKNOWN_QUERY_TYPE`` (the store kind cannot run the query: checked before the bound),
-``NOT_PRESENT`` (no published data), ``NOT_ACTIVE`` (``require_active`` on a version
-older than the latest), ``NOT_UP_TO_BOUND``, then execution (``STORE_EXCEPTION`` when the
-partition cannot be read).
+``NOT_ACTIVE`` (``require_active`` on a version older than the latest),
+``NOT_UP_TO_BOUND``, then execution (``STORE_EXCEPTION`` when the partition cannot be
+read). A partition that no commit has touched is an *empty partition*, not a failure: it
+answers every query with no rows and an empty position, and bounds still apply to it.
+``NOT_PRESENT`` is kept for a partition whose data cannot be read from here right now;
+a root on the local file system always has its published partitions at hand.
 """
 
 from __future__ import annotations
@@ -34,15 +37,16 @@ from .query import (
     LagInfo,
     MultiKeyQuery,
     Position,
-    PositionBound,
     QueryResult,
     StateQueryRequest,
     StateQueryResult,
 )
+from .store.inputs import is_up_to, offset_lag
 from .store.layers import ReadCache, Trace, TypedKeyValueLayer, TypedWindowLayer, build_layers
 from .store.layout import StoreLayout, list_store_names, validate_store_name
 from .store.manifest import StoreManifest
-from .store.partition import RocksDBPartition
+from .store.memory import MemoryPartition
+from .store.partition import BytesPartition, RocksDBPartition
 from .store.partitioners import get_partitioner
 from .store.serdes import get_serde
 from .store.versions import (
@@ -73,11 +77,15 @@ class _VersionLease:
 class _OpenPartition:
     __slots__ = ("layers", "lease_version", "partition", "position")
 
-    def __init__(self, partition: RocksDBPartition, layers: Layers, lease_version: int) -> None:
+    def __init__(self, partition: BytesPartition, layers: Layers, lease_version: int) -> None:
         self.partition = partition
         self.layers = layers
         self.lease_version = lease_version
         self.position: Position = partition.commit_record().get("position") or Position.empty()
+
+
+#: Where the trace says an empty partition's (absent) rows come from.
+_NEVER_WRITTEN = "never written: empty"
 
 
 class _StoreView:
@@ -100,6 +108,7 @@ class _StoreView:
         self.record: VersionRecord | None = None
         self._latest_stamp: tuple[int, int] | None = None
         self._leases: dict[int, _VersionLease] = {}
+        self._empty: _OpenPartition | None = None
         if pinned is not None:
             self._switch_to(pinned)
 
@@ -129,6 +138,17 @@ class _StoreView:
 
     def latest_number(self) -> int | None:
         return read_latest_number(self.layout)
+
+    def empty_partition(self) -> _OpenPartition:
+        """What a partition no commit has touched reads as: no rows, an empty position.
+
+        One per store (it holds nothing, so every such partition can share it); it is
+        not a published folder, so it takes no lease and is never evicted.
+        """
+        if self._empty is None:
+            empty = MemoryPartition(written_by_version=0, location=_NEVER_WRITTEN)
+            self._empty = _OpenPartition(empty, build_layers(self.manifest, empty, ReadCache()), 0)
+        return self._empty
 
     def _switch_to(self, version: int, *, follow_latest: bool = False) -> None:
         # Lease first, then read the record: if retention removed it meanwhile, the
@@ -359,6 +379,8 @@ class StateEngine:
         if trace.enabled:
             version = record.version if record is not None else None
             detail = f"store {view.manifest.name!r} partition {p} at version {version}"
+            if isinstance(entry.partition, MemoryPartition):  # the empty partition
+                detail += f" ({_NEVER_WRITTEN})"
             trace.add("StateEngine", started, detail)
             return QueryResult.for_result(
                 value, position=entry.position, execution_info=trace.lines
@@ -386,16 +408,15 @@ class StateEngine:
         if not isinstance(query, view.query_types):
             return None, QueryResult.for_unknown_query_type(query, store)
         if record is None or p not in record.partitions:
-            where = "nothing has been committed" if record is None else f"version {record.version}"
-            return None, QueryResult.for_failure(
-                FailureReason.NOT_PRESENT,
-                f"store {store!r} partition {p} has no data ({where})",
-            )
-        try:
-            entry = self._open_partition(view, record, p)
-        except IqkitError as exc:
-            return None, self._store_exception(view, p, Position.empty(), exc, Trace(False))
-        if request.is_require_active:
+            # No commit has touched it: an empty partition, not a failure (SPEC §2). A
+            # Kafka Streams user reads NOT_PRESENT as "not hosted here"; this one is here.
+            entry = view.empty_partition()
+        else:
+            try:
+                entry = self._open_partition(view, record, p)
+            except IqkitError as exc:
+                return None, self._store_exception(view, p, Position.empty(), exc, Trace(False))
+        if request.is_require_active and record is not None:
             latest = view.latest_number()
             if latest is not None and record.version < latest:
                 return None, QueryResult.for_failure(
@@ -405,8 +426,8 @@ class StateEngine:
                     position=entry.position,
                 )
         bound = request.position_bound
-        if not bound.is_unbounded and not _is_up_to_bound(
-            entry.position, bound, p, view.routes_keys
+        if not bound.is_unbounded and not is_up_to(
+            entry.position, bound.position, p, view.partitioner
         ):
             return None, QueryResult.not_up_to_bound(entry.position, bound, p)
         return entry, None
@@ -490,7 +511,7 @@ class StateEngine:
                 lag = (
                     None
                     if store_end is None
-                    else _offset_lag(current, store_end, p, view.routes_keys)
+                    else offset_lag(current, store_end, p, view.partitioner)
                 )
                 out[name][p] = LagInfo(
                     store=name,
@@ -535,39 +556,6 @@ def _group_by_owner(view: _StoreView, keys: Iterable[Any]) -> dict[int, list[Any
         p = view.partitioner.partition(_serialize_key(view, key), n)
         groups.setdefault(p, []).append(key)
     return dict(sorted(groups.items()))
-
-
-def _binding_components(
-    bound: Position, store_partition: int, routes_keys: bool
-) -> Iterable[tuple[str, int, int]]:
-    """The bound components that bind a store partition.
-
-    A store written with ``explicit`` is co-partitioned with its input: only input
-    partition == store partition binds (Kafka's rule). A ``murmur2`` store's partitions
-    read every input partition, so every component binds.
-    """
-    for topic in bound.topics:
-        for in_p, offset in bound.partition_positions(topic).items():
-            if routes_keys or in_p == store_partition:
-                yield topic, in_p, offset
-
-
-def _is_up_to_bound(current: Position, bound: PositionBound, p: int, routes_keys: bool) -> bool:
-    for topic, in_p, offset in _binding_components(bound.position, p, routes_keys):
-        have = current.partition_positions(topic).get(in_p)
-        if have is None or have < offset:
-            return False
-    return True
-
-
-def _offset_lag(current: Position, end: Position, p: int, routes_keys: bool) -> int:
-    """Records behind: ``max(0, end - current - 1)`` over the binding components; a
-    missing current offset counts as -1 (nothing applied)."""
-    total = 0
-    for topic, in_p, end_offset in _binding_components(end, p, routes_keys):
-        have = current.partition_positions(topic).get(in_p, -1)
-        total += max(0, end_offset - have - 1)
-    return total
 
 
 def _end_for_store(

@@ -50,7 +50,6 @@ import pyarrow.json as pa_json
 
 from .errors import IqkitError
 from .query import (
-    FailureReason,
     KeyQuery,
     KeyValue,
     KeyValueIterator,
@@ -856,8 +855,9 @@ def store_batches(
     field not in the schema, or a value that cannot be cast, raises ``IqkitError`` naming
     the store, partition and field: a scan never drops data silently (pass ``schema=``).
 
-    An empty partition (``NOT_PRESENT``) contributes no rows; any other failed partition
-    (``STORE_EXCEPTION``: unreadable or corrupt) raises ``IqkitError`` naming it.
+    An empty partition (one no commit has touched) contributes no rows; a failed
+    partition (``STORE_EXCEPTION``: unreadable or corrupt; ``NOT_PRESENT``: its data is not
+    here) raises ``IqkitError`` naming it: a scan missing a partition would be wrong.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
@@ -876,7 +876,7 @@ def store_batches(
     iterators = [(p, r.result) for p, r in results.items() if r.is_success]
     try:
         for p, r in results.items():
-            if r.is_failure and r.failure_reason is not FailureReason.NOT_PRESENT:
+            if r.is_failure:
                 raise IqkitError(
                     f"store {store!r} partition {p} failed ({r.failure_reason.name}): "
                     f"{r.failure_message}"

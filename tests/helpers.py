@@ -152,3 +152,29 @@ KAFKA_MURMUR2_VECTORS = [
     (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
     (b"abc", 479470107),
 ]
+
+
+# -- Spark writers (tests/spark) ------------------------------------------------------------
+NON_FINITE_DDL = "k string, x double, xs array<double>, m map<string,double>, s struct<a:float>"
+
+
+def non_finite_frames(spark, prefix="s_"):
+    """(store name, DataFrame, the error expected): each frame holds one NaN or infinity,
+    in one column only (a double, an array, a map, a struct's float); the store is named
+    ``prefix`` + the column."""
+    fine = ("a", 1.5, [1.0, 2.0], {"u": 1.0}, (0.5,))
+    bad = {
+        "x": ("b", float("nan"), [1.0], {"u": 1.0}, (0.5,)),
+        "xs": ("b", 1.0, [1.0, float("inf")], {"u": 1.0}, (0.5,)),
+        "m": ("b", 1.0, [1.0], {"u": 1.0, "v": float("-inf")}, (0.5,)),
+        "s": ("b", 1.0, [1.0], None, (float("nan"),)),
+    }
+    return [
+        (
+            f"{prefix}{c}",
+            spark.createDataFrame([fine, row], NON_FINITE_DDL),
+            f"store '{prefix}{c}': value column '{c}' holds NaN or an infinity, which JSON "
+            "cannot hold",
+        )
+        for c, row in bad.items()
+    ]

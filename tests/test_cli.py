@@ -44,14 +44,39 @@ def test_scan_limit_counts_rows_in_all_partitions(tmp_path, capsys):
     main(["demo", str(tmp_path)])
     capsys.readouterr()
 
-    def rows() -> list[str]:  # empty partitions print a NOT_PRESENT line, not rows
-        return [x for x in capsys.readouterr().out.splitlines() if not x.startswith("partition")]
+    def rows() -> list[str]:
+        return capsys.readouterr().out.splitlines()
 
     assert main(["scan", str(tmp_path), "totals", "--limit", "1000"]) == 0
     everything = rows()
     assert len(everything) > 2 and len({line.split("\t")[0] for line in everything}) > 1
     assert main(["scan", str(tmp_path), "totals", "--limit", "2"]) == 0
     assert rows() == everything[:2]
+
+
+def test_demo_and_lag_read_zero_where_everything_was_applied(tmp_path, capsys):
+    assert main(["demo", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    # record_applied: every partition applied the whole input, also those no record reached
+    assert [f"  partition {p}: 0 records behind" in out for p in range(4)] == [True] * 4
+    assert "Lag of 'clicks': no source recorded" in out
+    assert main(["lag", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "clicks\tno source recorded"  # one line in words, no "unknown" rows
+    totals = [line.split("\t") for line in lines[1:]]
+    assert [(t[0], t[1], t[3]) for t in totals] == [("totals", str(p), "0") for p in range(4)]
+
+
+def test_scan_of_never_written_partitions_prints_no_failures(tmp_path, capsys):
+    iqkit.create_store(tmp_path, "sparse", partitions=4, partitioner="explicit")
+    with iqkit.StoreWriter(tmp_path, "sparse") as w:
+        w.put("a", 1, partition=2)
+    assert main(["scan", str(tmp_path), "sparse"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["2\t'a'\t1"]
+    iqkit.create_store(tmp_path, "empty", partitions=2)
+    assert main(["scan", str(tmp_path), "empty"]) == 0
+    assert main(["get", str(tmp_path), "empty", "a"]) == 0
+    assert capsys.readouterr().out == "(not found)\n"
 
 
 def test_stores_says_when_a_store_has_no_version(tmp_path, capsys):

@@ -1,8 +1,8 @@
 """The pinned dependency set works together (README "Pinned versions" says why).
 
-PySpark 4.1 requires pandas >= 2.2 and was built and tested against pandas 2.x; pandas 3
-changes the default string dtype and copy semantics under PySpark's Arrow conversions,
-so iqkit pins pandas < 3. These tests fail if an install drifts from that decision.
+PySpark 4.3 requires pandas >= 2.2 and warns that it "does not yet fully support pandas
+>= 3.0.0" (it recommends pandas < 3), so iqkit pins pandas < 3. These tests fail if an
+install drifts from that decision.
 """
 
 from __future__ import annotations

@@ -458,7 +458,7 @@ class IQPanel:
                 "<code>panel.result.rows</code> (%config IQMagics.displaylimit shows more)."
             )
         try:
-            lag = render.frame_html(result.lag)
+            lag = render.lag_html(result)
         except Exception as exc:  # lag is extra: the query's own result still shows
             lag = _note(f"Lag unavailable: {html.escape(_message(exc))}")
         return (

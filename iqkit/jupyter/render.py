@@ -22,10 +22,20 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import pyarrow as pa
 
+from ..query.lag import NO_SOURCE
+
 if TYPE_CHECKING:
     from .result import IQResult
 
-__all__ = ["clip", "frame_html", "result_html", "result_text", "table_html", "truncation_note"]
+__all__ = [
+    "clip",
+    "frame_html",
+    "lag_html",
+    "result_html",
+    "result_text",
+    "table_html",
+    "truncation_note",
+]
 
 #: Characters of one cell shown before it is cut with "…" (the data keeps them all).
 CELL_CHARS = 200
@@ -294,15 +304,29 @@ def _trace_section(r: IQResult) -> str:
     )
 
 
+def lag_html(r: IQResult) -> str:
+    """A result's lag table, or, when its store has no source recorded, that in words
+    (never a table of nulls). The result view and the panel's Lag tab both show this."""
+    if r.has_source is False:
+        return (
+            f'<div class="iq-note">{escape(NO_SOURCE.capitalize())} for '
+            f"{escape(r.store)}: its writer recorded no end offsets of an input (a "
+            "batch <code>write_store</code> has no source), so its lag is unknown.</div>"
+        )
+    return frame_html(r.lag)
+
+
 def _lag_section(r: IQResult, lags: dict[int, Any] | None, error: str | None) -> str:
     if error is not None:
         body = f'<div class="iq-note">Lag unavailable: {escape(error)}</div>'
         title = "Lag (unavailable)"
-    elif lags is None:
+    elif not lags:  # not given, or the query ran on no partition that has a lag
         return ""
+    elif not r.has_source:
+        body = lag_html(r)
+        title = f"Lag ({NO_SOURCE})"
     else:
-        frame = r.lag
-        body = frame_html(frame)
+        body = lag_html(r)
         known = [i.offset_lag for i in lags.values()]
         total = "unknown" if any(v is None for v in known) else f"{sum(known):,} records behind"
         title = f"Lag ({total})"

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from html import escape
+from typing import Any, ClassVar
 
 import pandas as pd
 import pyarrow as pa
@@ -27,9 +28,11 @@ from ..query import (
     WindowKeyQuery,
     WindowRangeQuery,
 )
+from ..query.lag import NO_SOURCE
+from ..store.inputs import binds, offset_lag, records_behind
 from ..store.manifest import StoreManifest
 from ..store.ordered import short_repr
-from ..store.partitioners import get_partitioner
+from ..store.partitioners import Partitioner, get_partitioner
 from ..store.serdes import get_serde
 from ..tables import Collected, to_pandas
 from . import render
@@ -37,6 +40,7 @@ from . import render
 __all__ = [
     "STORE_PROBLEMS",
     "IQResult",
+    "LagFrame",
     "compact_position",
     "lag_frame",
     "parse_trace_line",
@@ -277,17 +281,30 @@ class IQResult:
 
     @property
     def lag_infos(self) -> dict[int, LagInfo] | None:
-        """Partition → ``LagInfo`` for this store (``None`` when not given)."""
+        """Partition → ``LagInfo`` for the partitions this query ran on (``None`` when
+        no lag was given): a key lookup's lag is its owner's, not the whole store's."""
         if not self._lag_resolved:
             source = self._lag_source
             infos = source() if callable(source) else source
-            self._lag_infos = None if infos is None else dict(sorted(infos.items()))
+            touched = self.result.partition_results
+            self._lag_infos = (
+                None if infos is None else {p: infos[p] for p in sorted(infos) if p in touched}
+            )
             self._lag_resolved = True
         return self._lag_infos
 
     @property
+    def has_source(self) -> bool | None:
+        """Whether the store's source end offsets are known (``None``: no lag given)."""
+        infos = self.lag_infos
+        if infos is None:
+            return None
+        return any(i.end_position is not None for i in infos.values())
+
+    @property
     def lag(self) -> pd.DataFrame:
-        """One row per input component of each partition (see :func:`lag_frame`)."""
+        """One row per input component of each partition the query ran on (see
+        :func:`lag_frame`); empty when the store has no source recorded."""
         if "lag" not in self._cache:
             infos = self.lag_infos
             self._cache["lag"] = lag_frame(
@@ -386,43 +403,62 @@ def _nullable(value: int | None) -> Any:
     return pd.NA if value is None else value
 
 
-def _binds_all(
+def _partitioner_of(
     store: str, infos: Mapping[int, LagInfo], manifests: Mapping[str, StoreManifest] | None
-) -> bool:
-    """Whether every end component feeds every partition (a ``murmur2`` store) or only
-    input partition == store partition does (``explicit``, co-partitioned: Kafka's rule).
+) -> Partitioner:
+    """The store's partitioner, which says which end components feed which partition.
 
-    Known from the manifest when given; otherwise read off the engine's own sums: an
-    ``explicit`` store's ``offset_lag`` counts only the partition's own component."""
+    From the manifest when given; otherwise the one whose lag rule reproduces the
+    engine's own sums (``murmur2`` counts every end component, ``explicit`` only input
+    partition == store partition; when both agree everywhere, either gives the same
+    table)."""
     if manifests is not None and store in manifests:
-        return bool(get_partitioner(manifests[store].partitioner).routes_keys)
-    differs = False
+        return get_partitioner(manifests[store].partitioner)
+    murmur2 = get_partitioner("murmur2")
     for p, info in infos.items():
         if info.offset_lag is None or info.end_position is None:
             continue
-        own, every = _sums(info, p)
-        if info.offset_lag != own:
-            return True
-        differs = differs or own != every
-    return not differs
+        if offset_lag(info.current_position, info.end_position, p, murmur2) != info.offset_lag:
+            return get_partitioner("explicit")
+    return murmur2
 
 
-def _component_lag(end: int | None, current: int | None) -> int | None:
-    if end is None:
-        return None
-    return max(0, end - (-1 if current is None else current) - 1)
+class LagFrame(pd.DataFrame):
+    """A lag table (:func:`lag_frame`): a plain DataFrame that also says, in words,
+    which stores have no source recorded (``.no_source``) instead of listing their
+    partitions as rows of ``<NA>``: their end offsets were never recorded (a batch
+    ``write_store`` has no source), so their lag is unknown.
 
+    A subclass only for display: pandas keeps ``no_source`` through slicing (its
+    ``_metadata`` mechanism), and everything else is a DataFrame's.
+    """
 
-def _sums(info: LagInfo, p: int) -> tuple[int, int]:
-    own = every = 0
-    assert info.end_position is not None
-    cur = info.current_position
-    for topic in info.end_position.topics:
-        for in_p, end in info.end_position.partition_positions(topic).items():
-            lag = _component_lag(end, cur.offset(topic, in_p)) or 0
-            every += lag
-            own += lag if in_p == p else 0
-    return own, every
+    _metadata: ClassVar[list[str]] = ["no_source"]
+    no_source: tuple[str, ...] = ()
+
+    @property
+    def _constructor(self) -> type[LagFrame]:
+        return LagFrame
+
+    def note(self) -> str:
+        """``"clicks, counts: no source recorded (lag unknown)"``, or ``""``."""
+        if not self.no_source:
+            return ""
+        return f"{', '.join(self.no_source)}: {NO_SOURCE} (lag unknown)"
+
+    def __repr__(self) -> str:
+        note = self.note()
+        if not note:
+            return super().__repr__()
+        return note if self.empty else f"{super().__repr__()}\n{note}"
+
+    def _repr_html_(self) -> str | None:
+        table = super()._repr_html_()
+        note = self.note()
+        if not note:
+            return table
+        note_html = f"<p class='iqkit-note'>{escape(note)}</p>"
+        return note_html if self.empty or table is None else table + note_html
 
 
 def lag_frame(
@@ -430,30 +466,36 @@ def lag_frame(
     *,
     manifests: Mapping[str, StoreManifest] | None = None,
     errors: Mapping[str, str] | None = None,
-) -> pd.DataFrame:
+) -> LagFrame:
     """``engine.lags()`` as a DataFrame: one row per (store, partition, input topic,
     input partition) — the components the partition has applied and the end offsets
     that bind it — with ``current`` (last offset applied, NA when none), ``end``
     (log-end offset) and ``lag`` (``max(0, end - current - 1)``, as ``LagInfo``).
 
-    Unknown is never 0: when a partition's end is unknown, ``end`` and ``lag`` are NA.
-    A partition with no component at all still gets one row (topic NA, ``lag`` its
-    ``offset_lag``). ``manifests`` (store → manifest) says which end components bind an
-    ``explicit`` store's partitions; without it this is inferred from ``offset_lag``.
+    Unknown is never 0. A store whose end offsets are unknown (no source recorded) has
+    no rows: it is named in the frame's ``no_source`` and its display says so in words.
+    A component whose end is unknown has ``end`` and ``lag`` NA. A partition with no
+    component at all still gets one row (topic NA, ``lag`` its ``offset_lag``).
+    ``manifests`` (store → manifest) says which end components bind an ``explicit``
+    store's partitions; without it this is inferred from ``offset_lag``.
 
     ``errors`` (store → one line) adds an ``error`` column: each store in it gets one
     row with nothing but its name and why its lag could not be read (``%iq lag``).
     """
     records: list[tuple[Any, ...]] = []
+    no_source = []
     for store, infos in lags.items():
-        binds_all = _binds_all(store, infos, manifests)
+        if all(info.end_position is None for info in infos.values()):
+            no_source.append(store)
+            continue
+        partitioner = _partitioner_of(store, infos, manifests)
         for p, info in sorted(infos.items()):
             current, end = info.current_position, info.end_position
             components: dict[tuple[str, int], None] = {}
             if end is not None:
                 for topic in sorted(end.topics):
                     for in_p in sorted(end.partition_positions(topic)):
-                        if binds_all or in_p == p:
+                        if binds(partitioner, in_p, p):
                             components[(topic, in_p)] = None
             for topic in sorted(current.topics):
                 for in_p in sorted(current.partition_positions(topic)):
@@ -464,8 +506,11 @@ def lag_frame(
             for topic, in_p in sorted(components):
                 have = current.offset(topic, in_p)
                 end_offset = None if end is None else end.offset(topic, in_p)
-                binds = binds_all or in_p == p
-                lag = _component_lag(end_offset, have) if binds else None
+                lag = (
+                    records_behind(end_offset, have)
+                    if end_offset is not None and binds(partitioner, in_p, p)
+                    else None
+                )
                 records.append(
                     (store, p, topic, in_p, _nullable(have), _nullable(end_offset), _nullable(lag))
                 )
@@ -477,8 +522,7 @@ def lag_frame(
             (store, *[pd.NA] * (len(LAG_COLUMNS) - 1), why) for store, why in errors.items()
         ]
         records.sort(key=lambda r: r[0])  # stores in name order, broken ones in place
-    frame = pd.DataFrame.from_records(records, columns=columns)
-    return frame.astype(
+    frame = LagFrame(pd.DataFrame.from_records(records, columns=columns)).astype(
         {
             "store": "object",
             "partition": "Int64",
@@ -489,6 +533,8 @@ def lag_frame(
             "lag": "Int64",
         }
     )
+    frame.no_source = tuple(no_source)
+    return frame
 
 
 # -- %iq stores ------------------------------------------------------------------------------
@@ -520,9 +566,11 @@ def _approx_rows(engine: Any, store: str, manifest: StoreManifest) -> int | None
 
 def stores_frame(engine: Any) -> pd.DataFrame:
     """``%iq stores``: one row per store under the engine's root with its settings, the
-    version served, approximate rows, merged position, total offset lag (NA when the
-    end offsets are unknown) and ``error``: null, or why the store could not be read
-    (its other columns are then NA; one broken store never hides the others)."""
+    version served, approximate rows, merged position, total offset lag (in words,
+    ``"no source recorded"``, when the store's end offsets are unknown: a table for
+    reading, so its ``lag`` column mixes counts and that text) and ``error``: null, or
+    why the store could not be read (its other columns are then NA; one broken store
+    never hides the others)."""
     records = []
     for name in engine.store_names():
         try:
@@ -536,7 +584,7 @@ def stores_frame(engine: Any) -> pd.DataFrame:
             "partitions": "Int64",
             "version": "Int64",
             "approx_rows": "Int64",
-            "lag": "Int64",
+            "lag": "object",
             "error": "object",
         }
     )
@@ -549,7 +597,9 @@ def _store_row(engine: Any, name: str) -> tuple[Any, ...]:
     for info in infos.values():
         position = position.merge(info.current_position)
     known = [i.offset_lag for i in infos.values()]
-    lag = sum(known) if known and all(v is not None for v in known) else None  # type: ignore[arg-type]
+    lag: Any = NO_SOURCE
+    if known and all(v is not None for v in known):
+        lag = sum(known)  # type: ignore[arg-type]
     return (
         name,
         manifest.kind,
@@ -560,5 +610,5 @@ def _store_row(engine: Any, name: str) -> tuple[Any, ...]:
         _nullable(engine.version(name)),
         _nullable(_approx_rows(engine, name, manifest)),
         compact_position(position),
-        _nullable(lag),
+        lag,
     )

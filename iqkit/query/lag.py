@@ -6,7 +6,12 @@ from dataclasses import dataclass
 
 from .position import Position
 
-__all__ = ["LagInfo"]
+__all__ = ["NO_SOURCE", "LagInfo"]
+
+#: What iqkit's tables and the CLI say for a store whose lag is unknown because its
+#: writer recorded no source end offsets (a batch ``write_store`` has no source):
+#: words, because an unknown lag must never read as 0 nor as rows of nulls.
+NO_SOURCE = "no source recorded"
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from .batch import write_store
 from .datasource import IqkitDataSource, register
 from .kafka_local import KAFKA_SCHEMA, LocalKafkaTopic, RecordMetadata, kafka_schema
 from .streaming import SourceEndOffsetsListener, last_committed_batch, store_sink
+from .worker_python import WorkerPythonError, warn_if_active_session_lacks_iqkit
 
 __all__ = [
     "KAFKA_SCHEMA",
@@ -21,9 +22,13 @@ __all__ = [
     "LocalKafkaTopic",
     "RecordMetadata",
     "SourceEndOffsetsListener",
+    "WorkerPythonError",
     "kafka_schema",
     "register",
     "last_committed_batch",
     "store_sink",
     "write_store",
 ]
+
+# A session started before this import keeps workers that may lack iqkit: say so now.
+warn_if_active_session_lacks_iqkit()

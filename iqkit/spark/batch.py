@@ -6,7 +6,9 @@ The job, end to end:
    serdes (``schema.plan_columns``), the store's settings, a valid
    ``mark_as_partitioned`` column, one window size, and no null keys — for JVM-routed
    writes (step 2) the write tasks count null keys instead, which saves a pass over the
-   input, and the driver refuses the job with the same error before publishing.
+   input, and the driver refuses the job with the same error before publishing. NaN and
+   infinities in JSON values are caught in the JVM, in the projection of step 2
+   (``_refuse_non_finite``). A new store is not created yet (see step 5).
 2. Route each row to its store partition. In the JVM when it can be done byte-exactly
    there (``_jvm_partition``): the named column (``mark_as_partitioned``), Kafka's murmur2
    of an ``int32``/``int64`` key as plain integer arithmetic, or of a ``string`` key by
@@ -24,8 +26,9 @@ The job, end to end:
    stages its store partitions (``store.jobs.stage_partition``; fresh partitions are
    bulk-loaded from an SST file) and returns what it staged. Nothing is visible yet.
 5. Driver: once the job succeeded, publish exactly one staged folder per partition as
-   the store's next version (``JobCommit.publish``). A failed job publishes nothing; a
-   retried or speculative attempt's folder is never published and is removed.
+   the store's next version (``JobCommit.publish``), creating the store if it is new. A
+   failed job publishes nothing and creates no store; a retried or speculative
+   attempt's folder is never published and is removed.
 
 Duplicate keys: the row with the highest sequence wins (Kafka's ``offset`` for
 Kafka-shaped input, else ``monotonically_increasing_id``, i.e. input order).
@@ -51,9 +54,16 @@ from ..store.layout import StoreLayout
 from ..store.manifest import StoreManifest
 from ..store.partitioners import get_partitioner, murmur2
 from ..store.serdes import Serde, get_serde
-from ..store.writer import create_store
 from .progress import WriteProgress
-from .schema import KAFKA_COLUMNS, ColumnPlan, plan_columns
+from .roots import driver_root
+from .schema import (
+    KAFKA_COLUMNS,
+    ColumnPlan,
+    non_finite_message,
+    plan_columns,
+    spark_non_finite,
+)
+from .worker_python import require_workers_can_import_iqkit
 from .workers import consume_marker, keep_spark_archive_indexes, spill_dir
 
 _ENCODED_SCHEMA = "__p int, __k binary, __v binary, __seq long"
@@ -116,6 +126,8 @@ def write_store(
     fail after staging its first partition (the marker is consumed).
     ``_spill_bytes``: tests only — a write task's memory budget (default 256 MiB).
     """
+    require_workers_can_import_iqkit(df.sparkSession)
+    root = driver_root(root)
     plan = plan_columns(
         df,
         store,
@@ -127,7 +139,7 @@ def write_store(
         partition_column=mark_as_partitioned,
     )
     window_size = _window_size(df, plan, store) if plan.window_column else None
-    manifest = _ensure_store(root, store, plan, partitions, window_size, retention)
+    manifest = _store_manifest(root, store, plan, partitions, window_size, retention)
     encoded, raw = _encode(df, plan, manifest)
     if not raw:  # raw (JVM-routed) writes count null keys in the job itself: one pass less
         _check_no_null_keys(df, plan, store)
@@ -139,7 +151,7 @@ def write_store(
     sc = df.sparkSession.sparkContext
     with (
         WriteProgress(sc, store, enabled=progress) as bar,
-        JobCommit(root, store, mode=mode, who=f"spark:{sc.appName}") as job,
+        JobCommit(root, store, mode=mode, who=f"spark:{sc.appName}", create=manifest) as job,
     ):
         writer = _stage_partitions_fn(
             job.spec,
@@ -148,7 +160,13 @@ def write_store(
             finish=_finish_fn(manifest, plan, raw=raw),
             spill_bytes=_spill_bytes or _SPILL_BYTES,
         )
-        rows = encoded.mapInArrow(writer, _STAGED_SCHEMA).collect()
+        try:
+            rows = encoded.mapInArrow(writer, _STAGED_SCHEMA).collect()
+        except Exception as exc:
+            refused = _refusal(exc, plan, store)
+            if refused is not None:
+                raise refused from None
+            raise
         if any(r["null_keys"] for r in rows):  # nothing is published: the job aborts
             raise _null_keys_error(store, plan.key_columns[0])
         staged = _one_per_partition(rows, plan, store)
@@ -175,7 +193,7 @@ def write_store(
 
 
 # -- driver-side checks ------------------------------------------------------------------------
-def _ensure_store(
+def _store_manifest(
     root: str | os.PathLike[str],
     store: str,
     plan: ColumnPlan,
@@ -183,6 +201,9 @@ def _ensure_store(
     window_size: int | None,
     retention: int | None,
 ) -> StoreManifest:
+    """The existing store's manifest (its settings must fit the DataFrame), or the one a
+    new store will get. A new store is created only when the job publishes
+    (``JobCommit(create=...)``): a write that fails creates no store."""
     layout = StoreLayout.of(root, store)
     if layout.manifest.exists():
         manifest = StoreManifest.read(layout)
@@ -205,9 +226,8 @@ def _ensure_store(
         if diffs:
             raise ValueError(f"store {store!r} exists with other settings: {', '.join(diffs)}")
         return manifest
-    return create_store(
-        root,
-        store,
+    return StoreManifest(
+        name=store,
         partitions=partitions,
         kind="window" if window_size else "kv",
         key_serde=plan.key_serde,
@@ -390,7 +410,7 @@ def _encode(df: DataFrame, plan: ColumnPlan, manifest: StoreManifest) -> tuple[D
         if set(KAFKA_COLUMNS) <= set(df.columns)
         else F.monotonically_increasing_id()
     ).cast("long")
-    value = _value_column(plan)
+    value = _value_column(df, plan, manifest.name)
     p = _jvm_partition(df, plan, manifest)
     if p is not None:
         cols = [p.alias("__p"), F.col(plan.key_columns[0]).alias("__k"), value.alias("__v")]
@@ -406,18 +426,46 @@ def _encode(df: DataFrame, plan: ColumnPlan, manifest: StoreManifest) -> tuple[D
     return df.select(*cols).mapInArrow(fn, _ENCODED_SCHEMA), False
 
 
-def _value_column(plan: ColumnPlan) -> Column:
+def _value_column(df: DataFrame, plan: ColumnPlan, store: str) -> Column:
     """The value as the write needs it: JSON text made by Spark's ``to_json`` (a record
     of the other columns, or one column wrapped in an array — ``to_json`` needs a
     struct/array/map; the brackets are cut off later), else the column itself. The JSON
     stays a Spark string: Arrow hands its UTF-8 bytes over as they are, where Spark's
     ``encode()`` would decode and re-encode every value."""
     if plan.value_column is None:
-        return F.to_json(F.struct(*[F.col(c) for c in plan.record_columns]))
-    vc = F.col(plan.value_column)
-    if plan.value_serde == "json":
-        return F.when(vc.isNull(), None).otherwise(F.to_json(F.array(vc)))
-    return vc
+        value = F.to_json(F.struct(*[F.col(c) for c in plan.record_columns]))
+    elif plan.value_serde == "json":
+        vc = F.col(plan.value_column)
+        value = F.when(vc.isNull(), None).otherwise(F.to_json(F.array(vc)))
+    else:
+        return F.col(plan.value_column)
+    return _refuse_non_finite(df, plan, store, value)
+
+
+def _refuse_non_finite(df: DataFrame, plan: ColumnPlan, store: str, value: Column) -> Column:
+    """``value``, or Spark's ``raise_error`` (which fails the job) where a JSON-encoded
+    column holds NaN or an infinity (``schema.spark_non_finite``). Evaluated in the JVM
+    with the rest of the projection, so the check costs no pass over the input of its
+    own; ``_refusal`` turns the failure back into the ``ValueError`` it stands for."""
+    guarded = None
+    for name in plan.float_json_columns:
+        bad = spark_non_finite(F.col(name), df.schema[name].dataType)
+        error = F.raise_error(F.lit(non_finite_message(store, name)))
+        guarded = F.when(bad, error) if guarded is None else guarded.when(bad, error)
+    return value if guarded is None else guarded.otherwise(value)
+
+
+def _refusal(exc: Exception, plan: ColumnPlan, store: str) -> ValueError | None:
+    """The ``ValueError`` a job failed by ``_refuse_non_finite`` stands for, else None."""
+    # A raise_error that fails a task reaches the driver as a SparkRuntimeException whose
+    # condition is USER_RAISED_EXCEPTION, the raised text in its errorMessage parameter.
+    condition = getattr(exc, "getCondition", None)
+    if condition is None or condition() != "USER_RAISED_EXCEPTION":
+        return None
+    message = (exc.getMessageParameters() or {}).get("errorMessage")  # type: ignore[attr-defined]
+    if message in {non_finite_message(store, c) for c in plan.float_json_columns}:
+        return ValueError(message)
+    return None
 
 
 def _values_fn(plan: ColumnPlan, serde: Serde, store: str) -> Callable[[pa.Array], pa.Array]:

@@ -2,9 +2,11 @@
 write one with ``df.write.format("iqkit")`` (options and rules of the write side:
 :mod:`iqkit.spark.datasource_write`).
 
-    from iqkit.spark.datasource import register
-    register(spark)        # also enables spark.sql.python.filterPushdown.enabled, see below
+Installing iqkit registers the format in every new Spark session (the ``pyspark_iqkit``
+package, which Spark 4 looks up at session start); :func:`register` does it explicitly.
+
     df = (spark.read.format("iqkit").option("store", "totals")
+          .option("key", "alice")                                    # optional: narrows
           .option("value_schema", "customer string, total bigint")   # optional
           .option("as_of", 3)                                        # optional
           .load("/shared/stores"))
@@ -21,18 +23,28 @@ Options
 ``value_schema``   a DDL string (``"customer string, total bigint"``) for ``json`` values:
                    each JSON object is decoded into these top-level columns instead of one
                    ``value`` column.
-``pushdown``       ``"false"`` gives a reader without ``pushFilters`` (every filter is then
-                   Spark's), for sessions that keep filter pushdown disabled (see below).
+``partitions``, ``key``, ``keys``, ``prefix``, ``key_from``, ``key_to``, ``time_from``,
+``time_to``        narrow the read to what an IQv2 query would return; a key lookup reads
+                   only the partition that owns the key (:mod:`iqkit.spark.read_spec`).
 ``_trace_dir``     hidden, for tests and debugging: every partition read writes one JSON
                    file there (store, partition, version, the IQv2 query it ran, rows).
+Any other option is refused by name (a typo must not silently read the whole store).
+
+Narrowing is by options, never by Spark's filter pushdown
+----------------------------------------------------------
+PySpark 4.1–4.3 keeps the read plan a Python data source's ``pushFilters`` produced on
+the data source object shared by every DataFrame from one ``load()``; a later scan with
+no pushable filter reuses it, so ``df.count()`` after ``df.where("key = 'a'").count()``
+counted only ``a``. The reader therefore does not implement ``pushFilters`` (and iqkit
+sets no session conf): ``where()`` filters are applied by Spark to the rows read, always
+right; the read options narrow what is read, and belong to the ``load()`` alone.
 
 Layout requirement for distributed reads
 ----------------------------------------
 Each Spark task opens ``iqkit.open(root)`` itself, on its executor, so ``root`` must be a
 file-system path that the driver and every executor see with the same contents (one
-machine, or a shared POSIX file system such as NFS, EFS or a FUSE mount). Object-store
-URIs (``s3://``, ``abfss://``) are not supported: RocksDB needs a file system. The
-executors' Python must also be able to import ``iqkit`` (installed, or on ``PYTHONPATH``).
+machine, or a shared POSIX file system such as NFS, EFS or a FUSE mount). The executors'
+Python must also be able to import ``iqkit`` (installed, or on ``PYTHONPATH``).
 
 Consistency: one version per query
 ----------------------------------
@@ -46,12 +58,13 @@ than mixing versions. A store with nothing committed reads as an empty DataFrame
 
 Partitions
 ----------
-One Spark input partition per store partition (``_StorePartition.partition`` is the store
-partition number), so ``df.rdd.getNumPartitions()`` is the store's partition count when
-nothing is pruned. A task runs its query with ``.with_partitions({p})``; a partition with
-no published data (``NOT_PRESENT``) yields no rows; any other failure (``STORE_EXCEPTION``,
-``NOT_ACTIVE``, ...) fails the task with the failure reason and message, because the
-query cannot be answered. The engine is closed when the partition's rows are done.
+One Spark input partition per store partition read (``_StorePartition.partition`` is the
+store partition number), so ``df.rdd.getNumPartitions()`` is the store's partition count
+when nothing is narrowed. A task runs its queries with ``.with_partitions({p})``; a
+partition no commit has touched is empty (no rows, as the engine answers it); any failure
+(``STORE_EXCEPTION``, ``NOT_PRESENT``, ``NOT_ACTIVE``, ...) fails the task with the
+failure reason and message, because the query cannot be answered. The engine is closed
+when the partition's rows are done.
 
 Schema rules
 ------------
@@ -73,53 +86,17 @@ timestamp, window_end timestamp``, then the value column(s).
   as those columns (a one-column key is the bare value, a longer one a tuple of that
   length; anything else fails the task naming the key). Otherwise the key is ONE string
   column ``key`` holding its compact JSON text (tuples as arrays, ``bytes`` as
-  ``"0x<hex>"`` strings): readable and exact for equality, but its text order is not the
-  key order, so no key filter is pushed for it (Spark applies them). ``ordered`` values
-  likewise become JSON text. Decision: a tuple's shape can vary from key to key, and
-  inventing ``key_1..key_n`` columns would silently null out the odd ones.
+  ``"0x<hex>"`` strings). ``ordered`` values likewise become JSON text. Decision: a
+  tuple's shape can vary from key to key, and inventing ``key_1..key_n`` columns would
+  silently null out the odd ones.
 * A user-specified schema (``spark.read.schema(...)``) is honoured the same way: fields
   named ``partition``, the key column(s) and ``window_start``/``window_end`` are filled
   from the record, a lone ``value`` field holds the value, and any other fields are
   decoded from JSON-object values as with ``value_schema``.
 
-Filter pushdown
----------------
-Spark 4.1 only calls ``DataSourceReader.pushFilters`` when
-``spark.sql.python.filterPushdown.enabled`` is ``true`` (default ``false``), and a reader
-that implements ``pushFilters`` while it is ``false`` fails planning with
-``DATA_SOURCE_PUSHDOWN_DISABLED``. Hence :func:`register` sets it to ``true`` (pass
-``enable_filter_pushdown=False`` to leave the session alone, then either set it yourself
-or read with ``.option("pushdown", "false")``).
-
-Pushed (an AND of these; each is also re-checked exactly per row, so a pushed filter is
-never returned to Spark and results never depend on how narrow the query was):
-
-* ``partition``: ``=``, ``IN``, ``<``, ``<=``, ``>``, ``>=`` prune input partitions.
-* key ``=`` / ``IN`` (``string``, ``bytes``, ``int32``, ``int64`` keys, and ``ordered`` key
-  columns declared string, int, bigint, smallint, tinyint, binary or boolean; not
-  double/float, since ``1`` and ``1.0`` are different ordered keys) →
-  ``KeyQuery`` / ``MultiKeyQuery``; on a ``murmur2`` store only the partitions owning
-  those keys are read at all (``partitions()`` returns only them, each with its keys). On
-  window stores → one ``WindowKeyQuery`` per key. For multi-column ordered keys, ``=`` on
-  every column is a point lookup and ``=`` on leading columns a tuple ``PrefixScanQuery``.
-* ``key LIKE 'abc%'`` (``StringStartsWith``) on a ``string`` key → ``PrefixScanQuery``.
-* key ``<``, ``<=``, ``>``, ``>=`` → ``RangeQuery`` only when the key serde is
-  order-preserving (``string``, ``bytes``, one-column ``ordered`` with a string, integer,
-  or binary column); on ``int32``/``int64``/``double`` keys (two's-complement/IEEE byte
-  order) they are left to Spark.
-* ``window_start`` ``=``, ``<``, ``<=``, ``>``, ``>=`` narrow the window start range of
-  ``WindowKeyQuery``/``WindowRangeQuery``.
-* ``IS NOT NULL`` on ``partition`` or a key column.
-
-Everything else (value columns, ``window_end``, ``NOT``, ``double`` and JSON-text keys,
-literals whose Python type does not match the column) is returned to Spark, which applies
-it. When several narrowing filters apply, points beat prefixes beat ranges; the remaining
-ones are applied per row. Where pushdown shows: ``df.rdd.getNumPartitions()`` (the input
-partitions ``partitions()`` planned) and the ``_trace_dir`` files.
-
 Other decisions
 ---------------
-* A partition read that fails for any reason but ``NOT_PRESENT`` raises ``IqkitError``
+* A partition read that fails for any reason raises ``IqkitError``
   ("store 'x' partition 1 at version 3 cannot be read: STORE_EXCEPTION: ..."): a
   DataFrame silently missing a partition would be a wrong answer, not a partial one.
 * ``json`` values are re-encoded compactly (``ensure_ascii=False``), which equals the stored
@@ -135,27 +112,17 @@ import base64
 import contextlib
 import datetime as _dt
 import decimal
-import itertools
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceWriter,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
     InputPartition,
-    IsNotNull,
-    LessThan,
-    LessThanOrEqual,
-    StringStartsWith,
 )
 from pyspark.sql.types import (
     ArrayType,
@@ -180,27 +147,20 @@ from pyspark.sql.types import (
 import iqkit
 from iqkit.errors import IqkitError
 from iqkit.query import (
-    FailureReason,
     KeyQuery,
     MultiKeyQuery,
-    PrefixScanQuery,
     Query,
-    RangeQuery,
     StateQueryRequest,
-    WindowKeyQuery,
-    WindowRangeQuery,
 )
 from iqkit.store.manifest import StoreManifest
-from iqkit.store.partitioners import get_partitioner
-from iqkit.store.serdes import get_serde
 
 from .datasource_write import plan_write
+from .read_spec import parse_read_options
+from .roots import driver_root
+from .worker_python import require_workers_can_import_iqkit
 from .workers import keep_spark_archive_indexes
 
-__all__ = ["FILTER_PUSHDOWN_CONF", "IqkitDataSource", "IqkitReader", "register"]
-
-#: The session conf Spark 4.1 requires for ``pushFilters`` (default ``false``).
-FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+__all__ = ["IqkitDataSource", "IqkitReader", "register"]
 
 PARTITION_COLUMN = "partition"
 KEY_COLUMN = "key"
@@ -220,51 +180,35 @@ _SERDE_DDL = {
 }
 _SCALAR_SERDES = ("string", "int32", "int64", "double", "bytes")
 
-_MIN_MS, _MAX_MS = -(2**63), 2**63 - 1
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
-_ONE_US = _dt.timedelta(microseconds=1)
-_TRUE = ("true", "1", "yes")
-_FALSE = ("false", "0", "no")
 
 
-def register(spark: Any, *, enable_filter_pushdown: bool = True) -> None:
+def register(spark: Any) -> None:
     """Register the ``iqkit`` format with ``spark`` (``spark.read.format("iqkit")`` and
     ``df.write.format("iqkit")``).
 
-    With ``enable_filter_pushdown`` (the default) also sets
-    ``spark.sql.python.filterPushdown.enabled=true`` on the session: Spark 4.1 refuses to
-    plan a reader that implements ``pushFilters`` while it is off.
+    Installing iqkit already registers it in every session started afterwards (Spark 4
+    looks up ``pyspark_<name>`` packages at session start); this is for sessions that
+    started before iqkit was installed, or to be explicit. It first checks that Spark's
+    Python workers can import iqkit (one line saying how to fix it when they cannot), and
+    changes no session setting.
     """
+    require_workers_can_import_iqkit(spark)
     spark.dataSource.register(IqkitDataSource)
-    if enable_filter_pushdown:
-        spark.conf.set(FILTER_PUSHDOWN_CONF, "true")
 
 
 # -- options and the store's shape ---------------------------------------------------------
 def _root_from_options(options: Any) -> str:
     root = options.get("root")
     path = options.get("path")
-    if root and path and _normalize_root(root) != _normalize_root(path):
+    if root and path and driver_root(root) != driver_root(path):
         raise ValueError(f"iqkit: option 'root' ({root!r}) and the load path ({path!r}) differ")
     chosen = root or path
     if not chosen:
         raise ValueError(
             "iqkit: the root folder is missing: use .load(root) or .option('root', root)"
         )
-    return _normalize_root(chosen)
-
-
-def _normalize_root(text: str) -> str:
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    elif text.startswith("file:"):
-        text = text[len("file:") :]
-    elif "://" in text:
-        raise ValueError(
-            f"iqkit: root {text!r} is not a file-system path; every executor must see the "
-            "root as a local or shared POSIX path"
-        )
-    return os.path.abspath(os.path.expanduser(text))
+    return driver_root(chosen)
 
 
 def _store_from_options(options: Any, root: str) -> str:
@@ -290,18 +234,6 @@ def _as_of_from_options(options: Any) -> int | None:
     if version < 1:
         raise ValueError(f"iqkit: option 'as_of' must be >= 1, got {version}")
     return version
-
-
-def _flag(options: Any, name: str, default: bool) -> bool:
-    text = options.get(name)
-    if text is None:
-        return default
-    value = str(text).strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"iqkit: option {name!r} must be true or false, got {text!r}")
 
 
 def _read_manifest(root: str, store: str, as_of: int | None) -> tuple[StoreManifest, int | None]:
@@ -412,6 +344,7 @@ class IqkitDataSource(DataSource):
         root = _root_from_options(self.options)
         store = _store_from_options(self.options, root)
         manifest, _ = _read_manifest(root, store, _as_of_from_options(self.options))
+        parse_read_options(self.options, manifest)  # bad read options fail at load()
         value_schema = self.options.get("value_schema")
         if value_schema is not None and not str(value_schema).strip():
             value_schema = None
@@ -419,8 +352,7 @@ class IqkitDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         keep_spark_archive_indexes()
-        cls = IqkitReader if _flag(self.options, "pushdown", True) else IqkitScanReader
-        return cls(self.options, schema)
+        return IqkitReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """``df.write.format("iqkit")``: ``.mode("append")`` upserts, ``.mode("overwrite")``
@@ -443,16 +375,21 @@ class _StorePartition(InputPartition):
 
 
 # -- the reader ------------------------------------------------------------------------------
-class IqkitScanReader(DataSourceReader):
-    """Reads every row of the store, one input partition per store partition, at the
-    version resolved when the reader is built (on the driver). Subclassed by
-    :class:`IqkitReader`, which adds filter pushdown."""
+class IqkitReader(DataSourceReader):
+    """Reads the store partitions the read options select (all by default), one input
+    partition each, at the version resolved when the reader is built (on the driver).
+
+    Deliberately no ``pushFilters``: see "Narrowing is by options" in the module
+    docstring."""
 
     def __init__(self, options: Any, schema: StructType) -> None:
         self.root = _root_from_options(options)
         self.store = _store_from_options(options, self.root)
         as_of = _as_of_from_options(options)
         manifest, version = _read_manifest(self.root, self.store, as_of)
+        #: What the options narrow the read to (checked here, on the driver).
+        self.spec = parse_read_options(options, manifest)
+        self.manifest = manifest
         #: The version every partition reads (``None``: nothing committed yet).
         self.version = version
         self.kind = manifest.kind
@@ -498,107 +435,10 @@ class IqkitScanReader(DataSourceReader):
                 f"may not reuse {sorted(fixed)})"
             )
 
-        # Pushdown state (filled by IqkitReader.pushFilters; empty = full scan).
-        self.partition_preds: list[tuple[str, Any]] = []
-        self.key_preds: list[tuple[int, str, Any]] = []
-        self.time_preds: list[tuple[str, int]] = []
-
     # -- planning --------------------------------------------------------------------------
     def partitions(self) -> list[InputPartition]:
         keep_spark_archive_indexes()
-        allowed = [
-            p
-            for p in range(self.num_partitions)
-            if all(_compare(op, p, operand) for op, operand in self.partition_preds)
-        ]
-        points = self._points()
-        if points is None:
-            return [_StorePartition(p) for p in allowed]
-        partitioner = get_partitioner(self.partitioner)
-        serde = get_serde(self.key_serde)
-        if not partitioner.routes_keys:
-            return [_StorePartition(p, tuple(points)) for p in allowed] if points else []
-        owned: dict[int, list[Any]] = {}
-        for key in points:
-            try:
-                key_bytes = serde.serialize(key)
-            except (TypeError, ValueError):
-                continue  # a key the serde cannot hold is in no partition
-            owned.setdefault(partitioner.partition(key_bytes, self.num_partitions), []).append(key)
-        return [_StorePartition(p, tuple(owned[p])) for p in allowed if p in owned]
-
-    def _points(self) -> list[Any] | None:
-        """The store keys an AND of ``=``/``IN`` on every key column allows, or ``None``."""
-        sets: list[list[Any] | None] = [None] * len(self.key_names)
-        for col, op, operand in self.key_preds:
-            if op not in ("eq", "in"):
-                continue
-            values = [operand] if op == "eq" else list(operand)
-            current = sets[col]
-            sets[col] = values if current is None else [v for v in current if v in values]
-        if any(s is None for s in sets):
-            return None
-        dedup = [list(dict.fromkeys(s or ())) for s in sets]
-        if self.key_mode != "columns" or len(dedup) == 1:
-            return dedup[0]
-        if _product_size(dedup) > 10_000:
-            return None  # too many combinations: scan and filter instead
-        return [tuple(combo) for combo in itertools.product(*dedup)]
-
-    def _key_query(self) -> Query | None:
-        """The narrowing query for a key-value partition (no points): prefix or range."""
-        if self.key_mode == "value" and self.key_serde == "string":
-            prefixes = [v for c, op, v in self.key_preds if op == "prefix" and c == 0]
-            if prefixes:
-                longest = max(prefixes, key=len)
-                if longest:
-                    return PrefixScanQuery.with_prefix(longest)
-        if self.key_mode == "columns" and len(self.key_names) > 1:
-            lead = []
-            for col in range(len(self.key_names) - 1):
-                eqs = {v for c, op, v in self.key_preds if c == col and op == "eq"}
-                if len(eqs) != 1:
-                    break
-                lead.append(next(iter(eqs)))
-            if lead:
-                return PrefixScanQuery.with_prefix(tuple(lead))
-            return None
-        lo = hi = None
-        for col, op, operand in self.key_preds:
-            if col != 0 or op not in ("gt", "ge", "lt", "le"):
-                continue
-            if op in ("gt", "ge") and (lo is None or operand > lo):
-                lo = operand
-            if op in ("lt", "le") and (hi is None or operand < hi):
-                hi = operand
-        if lo is None and hi is None:
-            return None
-        return RangeQuery.with_range(lo, hi)
-
-    def _time_range(self) -> tuple[int, int]:
-        """Window-start bounds in epoch ms (inclusive) from the pushed ``window_start``
-        filters (microseconds; the per-row check keeps strictness exact)."""
-        lo, hi = _MIN_MS, _MAX_MS
-        for op, us in self.time_preds:
-            if op in ("gt", "ge", "eq"):
-                lo = max(lo, -(-us // 1000))  # ceil
-            if op in ("lt", "le", "eq"):
-                hi = min(hi, us // 1000)  # floor
-        return lo, hi
-
-    def _queries(self, part: _StorePartition) -> list[Query]:
-        if self.kind == "window":
-            lo, hi = self._time_range()
-            if part.keys is not None:
-                return [
-                    WindowKeyQuery.with_key_and_window_start_range(k, lo, hi) for k in part.keys
-                ]
-            return [WindowRangeQuery.with_window_start_range(lo, hi)]
-        if part.keys is not None:
-            if len(part.keys) == 1:
-                return [KeyQuery.with_key(part.keys[0])]
-            return [MultiKeyQuery.with_keys(list(part.keys))]
-        return [self._key_query() or RangeQuery.with_no_bounds()]
+        return [_StorePartition(p, keys) for p, keys in self.spec.plan(self.manifest)]
 
     # -- execution (on the executors) -----------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
@@ -609,10 +449,9 @@ class IqkitScanReader(DataSourceReader):
 
     def _read(self, part: _StorePartition) -> Iterator[tuple[Any, ...]]:
         p = part.partition
-        queries = self._queries(part)
+        queries = self.spec.queries(self.kind, part.keys)
         split = self._key_splitter()
         build = self._row_builder(p)
-        keep = self._row_filter()
         count = 0
         try:
             with iqkit.open(self.root, as_of={self.store: self.version}) as engine:
@@ -624,18 +463,14 @@ class IqkitScanReader(DataSourceReader):
                     )
                     result = engine.query(request).partition_results[p]
                     if result.is_failure:
-                        if result.failure_reason is FailureReason.NOT_PRESENT:
-                            return
                         raise IqkitError(
                             f"iqkit: store {self.store!r} partition {p} at version "
                             f"{self.version} cannot be read: {result.failure_reason.name}: "
                             f"{result.failure_message}"
                         )
                     for key, window, value in _records(query, result.result):
-                        cols = split(key)
-                        if keep is None or keep(cols, window):
-                            count += 1
-                            yield build(cols, window, value)
+                        count += 1
+                        yield build(split(key), window, value)
         finally:
             if self.trace_dir:
                 self._trace(p, queries, count)
@@ -716,102 +551,6 @@ class IqkitScanReader(DataSourceReader):
 
         return split
 
-    def _row_filter(self) -> Callable[[tuple[Any, ...], Any], bool] | None:
-        """The exact per-row check of every pushed key and window_start filter (``None``
-        when nothing was pushed)."""
-        key_preds = list(self.key_preds)
-        time_preds = list(self.time_preds)
-        if not key_preds and not time_preds:
-            return None
-
-        def keep(cols: tuple[Any, ...], window: Any) -> bool:
-            for col, op, operand in key_preds:
-                if not _compare(op, cols[col], operand):
-                    return False
-            if time_preds:
-                start_us = window[0] * 1000
-                for op, us in time_preds:
-                    if not _compare(op, start_us, us):
-                        return False
-            return True
-
-        return keep
-
-
-class IqkitReader(IqkitScanReader):
-    """:class:`IqkitScanReader` plus ``pushFilters`` (see "Filter pushdown" above)."""
-
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        keep_spark_archive_indexes()
-        rejected = []
-        for f in filters:
-            if not self._accept(f):
-                rejected.append(f)
-        return rejected
-
-    def _accept(self, f: Filter) -> bool:
-        op = _op_of(f)
-        if op is None:
-            return False
-        column = f.attribute
-        if len(column) != 1:
-            return False
-        name = column[0]
-        if op == "notnull":
-            # partition and scalar keys are never null; ordered key elements are checked
-            # per row like every other pushed key filter.
-            if name in self.key_names:
-                self.key_preds.append((self.key_names.index(name), op, None))
-            return name == PARTITION_COLUMN or name in self.key_names
-        operand = f.value
-        if name == PARTITION_COLUMN:
-            operand = _typed_operand(op, operand, IntegerType())
-            if operand is _REJECT or op == "prefix":
-                return False
-            self.partition_preds.append((op, operand))
-            return True
-        if self.kind == "window" and name == WINDOW_START_COLUMN:
-            if op not in ("eq", "gt", "ge", "lt", "le"):
-                return False
-            us = _datetime_to_us(operand)
-            if us is None:
-                return False
-            self.time_preds.append((op, us))
-            return True
-        if name not in self.key_names:
-            return False
-        col = self.key_names.index(name)
-        if not self._key_op_allowed(col, op):
-            return False
-        operand = _typed_operand(op, operand, self.key_types[col])
-        if operand is _REJECT:
-            return False
-        self.key_preds.append((col, op, operand))
-        return True
-
-    def _key_op_allowed(self, col: int, op: str) -> bool:
-        dtype = self.key_types[col]
-        if self.key_mode == "json":
-            return False
-        if self.key_mode == "value":
-            if self.key_serde == "double":
-                return False
-            if op == "prefix":
-                return self.key_serde == "string"
-            if op in ("gt", "ge", "lt", "le"):
-                return get_serde(self.key_serde).order_preserving
-            return True
-        # ordered key columns
-        if not isinstance(
-            dtype, (StringType, IntegerType, LongType, ShortType, ByteType, BinaryType, BooleanType)
-        ):
-            return False
-        if op == "prefix":
-            return False
-        if op in ("gt", "ge", "lt", "le"):
-            return len(self.key_names) == 1 and not isinstance(dtype, BooleanType)
-        return True
-
 
 # -- rows ------------------------------------------------------------------------------------
 def _records(query: Query, result: Any) -> Iterator[tuple[Any, Any, Any]]:
@@ -847,90 +586,6 @@ def _json_text(value: Any) -> str:
 
 def _ms_to_datetime(ms: int) -> _dt.datetime:
     return _EPOCH + _dt.timedelta(milliseconds=ms)
-
-
-def _datetime_to_us(value: Any) -> int | None:
-    if not isinstance(value, _dt.datetime):
-        return None
-    aware = value if value.tzinfo is not None else value.replace(tzinfo=_dt.UTC)
-    return (aware - _EPOCH) // _ONE_US
-
-
-# -- filters ---------------------------------------------------------------------------------
-_OPS: dict[type, str] = {
-    EqualTo: "eq",
-    In: "in",
-    GreaterThan: "gt",
-    GreaterThanOrEqual: "ge",
-    LessThan: "lt",
-    LessThanOrEqual: "le",
-    StringStartsWith: "prefix",
-    IsNotNull: "notnull",
-}
-_REJECT: Any = object()
-
-
-def _op_of(f: Filter) -> str | None:
-    return _OPS.get(type(f))
-
-
-def _typed_operand(op: str, operand: Any, dtype: DataType | None) -> Any:
-    """The literal in the column's Python type, or ``_REJECT`` when it does not match
-    (Spark then keeps the filter)."""
-    if op == "in":
-        if not isinstance(operand, (list, tuple)):
-            return _REJECT
-        values = [_typed_literal(v, dtype) for v in operand if v is not None]
-        if any(v is _REJECT for v in values):
-            return _REJECT
-        return tuple(values)
-    if operand is None:
-        return _REJECT
-    if op == "prefix":
-        return operand if isinstance(operand, str) and isinstance(dtype, StringType) else _REJECT
-    return _typed_literal(operand, dtype)
-
-
-def _typed_literal(value: Any, dtype: DataType | None) -> Any:
-    if isinstance(dtype, StringType):
-        return value if isinstance(value, str) else _REJECT
-    if isinstance(dtype, BinaryType):
-        return bytes(value) if isinstance(value, (bytes, bytearray)) else _REJECT
-    if isinstance(dtype, (IntegerType, LongType, ShortType, ByteType)):
-        return value if isinstance(value, int) and not isinstance(value, bool) else _REJECT
-    if isinstance(dtype, BooleanType):
-        return value if isinstance(value, bool) else _REJECT
-    return _REJECT
-
-
-def _compare(op: str, value: Any, operand: Any) -> bool:
-    """SQL semantics of one pushed filter on one value (``NULL`` never matches)."""
-    if op == "notnull":
-        return value is not None
-    if value is None:
-        return False
-    if op == "eq":
-        return bool(value == operand)
-    if op == "in":
-        return value in operand
-    if op == "gt":
-        return bool(value > operand)
-    if op == "ge":
-        return bool(value >= operand)
-    if op == "lt":
-        return bool(value < operand)
-    if op == "le":
-        return bool(value <= operand)
-    if op == "prefix":
-        return isinstance(value, str) and value.startswith(operand)
-    raise ValueError(f"unknown filter op {op!r}")
-
-
-def _product_size(sets: Sequence[Sequence[Any]]) -> int:
-    size = 1
-    for s in sets:
-        size *= len(s)
-    return size
 
 
 # -- JSON → Spark values (value_schema columns, declared key columns) ------------------------

@@ -45,15 +45,16 @@ comes (no shuffle by store partition is possible), then calls ``commit`` on the 
    file of puts (plus, if any, a small file of deletes) per store partition:
    ``partitions/<p>/.job-<job>-<task>-<attempt>-<token>-r<run>.sst``. Readers never look at
    such names; a null key fails the task (so the job) naming the column and the store.
-3. Driver, ``commit()``: creates the store if it is new, opens a ``JobCommit`` (if any
-   commit landed since step 1 the job publishes nothing: ``StoreConflictError``, as for
-   ``write_store``; here also because ``writer()``, the tasks and ``commit()`` run in
-   different Python workers, so no job lease spans the job, and another commit's
-   retention may have removed its fragments), builds each store partition by ingesting
-   its fragments, in task order, into a checkpoint of the base partition (an empty one for
-   a new partition or an overwrite) — RocksDB's bulk-load path, no Python per row on the
-   driver — and publishes exactly one version. ``abort()`` (and a failed commit) removes
-   every fragment of the job. A task attempt that dies leaves fragments under hidden names
+3. Driver, ``commit()``: opens a ``JobCommit`` (if any commit landed since step 1 the
+   job publishes nothing: ``StoreConflictError``, as for ``write_store``; here also
+   because ``writer()``, the tasks and ``commit()`` run in different Python workers, so
+   no job lease spans the job, and another commit's retention may have removed its
+   fragments), builds each store partition by ingesting its fragments, in task order,
+   into a checkpoint of the base partition (an empty one for a new partition or an
+   overwrite) — RocksDB's bulk-load path, no Python per row on the driver — and
+   publishes exactly one version, creating the store if it is new. ``abort()`` (and a
+   failed commit) removes every fragment of the job, and the empty folders of a store
+   that was never created. A task attempt that dies leaves fragments under hidden names
    that the commit (or, if the driver died too, the next commit's retention) removes;
    nothing is ever visible.
 
@@ -82,7 +83,6 @@ import contextlib
 import datetime as _dt
 import decimal
 import json
-import math
 import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -100,15 +100,27 @@ from pyspark.sql.types import StructType
 from ..query.position import Position
 from ..store import keyspace, rocks
 from ..store.commit import build_partition, remove_tree_or_file
-from ..store.jobs import JobCommit, JobSpec, StagedPartition, StoreConflictError, stage_partition
+from ..store.jobs import (
+    JobCommit,
+    JobSpec,
+    StagedPartition,
+    StoreConflictError,
+    remove_uncreated_store,
+    stage_partition,
+)
 from ..store.layout import StoreLayout
 from ..store.manifest import StoreManifest
 from ..store.names import JOB_STAGING_PREFIX
 from ..store.partitioners import Partitioner, get_partitioner
 from ..store.serdes import Serde, get_serde
 from ..store.versions import read_latest_number
-from ..store.writer import create_store
-from .schema import KAFKA_COLUMNS, ColumnPlan, plan_columns
+from .schema import (
+    KAFKA_COLUMNS,
+    ColumnPlan,
+    arrow_has_non_finite,
+    non_finite_message,
+    plan_columns,
+)
 from .workers import consume_marker, keep_spark_archive_indexes
 
 __all__ = ["WRITE_OPTIONS", "IqkitCommitMessage", "IqkitWriter", "plan_write"]
@@ -142,11 +154,9 @@ _ENCODED = pa.schema(
     [("p", pa.int32()), ("k", pa.binary()), ("v", pa.binary()), ("seq", pa.int64())]
 )
 _DELETES = pa.schema([("k", pa.binary())])
-# allow_nan: floats are converted first (_float_json); anything else non-finite is written
-# as the bare token the json serde still reads, rather than failing the task.
-_json_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=True).encode
-#: Arrow's / Python's text of non-finite floats → what Spark's to_json writes (strings).
-_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+# NaN and infinities are refused before encoding (schema.arrow_has_non_finite); JSON has no
+# such numbers, so one reaching the encoder fails the task rather than being written.
+_json_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 #: Characters a JSON string must escape (RE2 syntax): quote, backslash, controls.
 _NEEDS_ESCAPE = r'["\\\x00-\x1f]'
 
@@ -410,13 +420,15 @@ class IqkitWriter(DataSourceArrowWriter):
         assert self.plan is not None
         plan = self.plan
         window_size = self._window_size(messages) if plan.window_column else None
-        self._ensure_store(window_size)
+        manifest = self._store_manifest(window_size)
         position = _merge_offsets(messages) if self.kafka else None
         by_partition: dict[int, list[_Fragment]] = {}
         for m in messages:
             for f in m.fragments:
                 by_partition.setdefault(f.partition, []).append(f)
-        with JobCommit(self.root, self.store, mode=self.mode, who="spark:iqkit-datasource") as job:
+        with JobCommit(
+            self.root, self.store, mode=self.mode, who="spark:iqkit-datasource", create=manifest
+        ) as job:
             spec = job.spec
             if spec.base_version != self.base_version:
                 raise StoreConflictError(
@@ -467,10 +479,11 @@ class IqkitWriter(DataSourceArrowWriter):
             )
         return lo
 
-    def _ensure_store(self, window_size: int | None) -> None:
-        """Create the store on the first successful write (a failed first write leaves no
-        store behind); an existing one must still match (it may have been created since
-        planning, or its window size was unknown until now)."""
+    def _store_manifest(self, window_size: int | None) -> StoreManifest:
+        """The existing store's manifest, which must still match (the store may have been
+        created since planning, or its window size was unknown until now), or the one a
+        new store gets when the job publishes (``JobCommit(create=...)``: a failed first
+        write leaves no store behind)."""
         plan = self.plan
         assert plan is not None
         kind = "window" if window_size else "kv"
@@ -494,10 +507,9 @@ class IqkitWriter(DataSourceArrowWriter):
                 raise ValueError(
                     f"store {self.store!r} exists with other settings: {', '.join(diffs)}"
                 )
-            return
-        create_store(
-            self.root,
-            self.store,
+            return existing
+        return StoreManifest(
+            name=self.store,
             window_size_ms=window_size,
             **{k: v for k, v in settings.items() if k != "window_size_ms"},
             **({"retention": self.retention} if self.retention else {}),
@@ -511,19 +523,21 @@ class IqkitWriter(DataSourceArrowWriter):
         )
 
     def _remove_fragments(self) -> None:
-        """Every file or folder this job's tasks left (any attempt, any partition)."""
+        """Every file or folder this job's tasks left (any attempt, any partition), and
+        the folders they were made in when the store was never created."""
         layout = StoreLayout.of(self.root, self.store)
         prefix = f"{JOB_STAGING_PREFIX}{self.job_id}-"
         try:
             pnames = os.listdir(layout.partitions_dir)
         except FileNotFoundError:
-            return
+            pnames = []
         for pname in pnames:
             pdir = layout.partitions_dir / pname
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 for fname in os.listdir(pdir):
                     if fname.startswith(prefix):
                         remove_tree_or_file(pdir / fname)
+        remove_uncreated_store(layout)
 
 
 # -- building partitions from fragments (driver) ---------------------------------------------
@@ -737,6 +751,9 @@ class _Encoder:
 
     def _values(self, batch: pa.RecordBatch) -> pa.Array:
         plan = self.plan
+        for name in plan.float_json_columns:  # JSON has no NaN: refused, as write_store does
+            if arrow_has_non_finite(batch.column(name)):
+                raise ValueError(non_finite_message(self.store, name))
         if plan.value_column is None:
             return _json_records(batch, plan.record_columns).cast(pa.binary())
         col = batch.column(plan.value_column)
@@ -881,13 +898,10 @@ def _json_texts(col: pa.Array) -> pa.Array:
     if pa.types.is_floating(t):
         # Arrow writes the shortest text that reads back exactly, float32 in float32
         # precision like Java's Float.toString; a JSON reader needs "1.0" (not "1") to
-        # see a float, and Spark (Jackson) writes NaN and infinities as quoted strings.
+        # see a float. (NaN and infinities were refused before: ``_Encoder._values``.)
         text = col.cast(pa.string())
         integral = pc.match_substring_regex(text, r"^-?[0-9]+$")
-        text = pc.if_else(integral, pc.binary_join_element_wise(text, ".0", ""), text)
-        for arrow, spark in _NON_FINITE.items():
-            text = pc.if_else(pc.equal(text, arrow), _json_encode(spark), text)
-        return text
+        return pc.if_else(integral, pc.binary_join_element_wise(text, ".0", ""), text)
     is_text = pa.types.is_string(t) or pa.types.is_large_string(t)
     if is_text and not pc.any(pc.match_substring_regex(col, _NEEDS_ESCAPE)).as_py():
         return pc.binary_join_element_wise('"', col.cast(pa.string()), '"', "")
@@ -902,7 +916,7 @@ def _json_converter(t: pa.DataType) -> Callable[[Any], Any] | None:
     """Python value of an Arrow type → the JSON-able value Spark's to_json would write, or
     ``None`` when the value is already that (strings, integers, booleans)."""
     if pa.types.is_floating(t):
-        return _float32_json if pa.types.is_float32(t) else _float_json
+        return _float32_json if pa.types.is_float32(t) else None
     if pa.types.is_timestamp(t):
         return _spark_timestamp if t.tz is not None else _spark_timestamp_ntz
     if pa.types.is_date(t):
@@ -937,15 +951,10 @@ def _json_converter(t: pa.DataType) -> Callable[[Any], Any] | None:
     return None
 
 
-def _float_json(v: float) -> float | str:
-    """Spark (Jackson) writes NaN and infinities as the strings "NaN", "Infinity"."""
-    return v if math.isfinite(v) else _NON_FINITE[str(v)]
-
-
-def _float32_json(v: float) -> float | str:
+def _float32_json(v: float) -> float:
     """A float32 as Java's ``Float.toString`` writes it: its shortest float32 text (Arrow
     hands it over widened to float64, 0.1f as 0.10000000149011612)."""
-    return float(str(np.float32(v))) if math.isfinite(v) else _NON_FINITE[str(v)]
+    return float(str(np.float32(v)))
 
 
 def _spark_timestamp(v: _dt.datetime) -> str:

@@ -4,6 +4,14 @@ A key is one column (its serde follows its type) or several (a composite key, al
 ``ordered`` serde, so byte order is value order and a shorter tuple is a prefix). A value
 is one column, or — with ``value=None`` — every other column as a JSON record, encoded
 by Spark's own ``to_json`` (timestamps, decimals and nested types included).
+
+JSON has no NaN or infinities: the ``json`` serde refuses them (``StoreWriter`` raises),
+and Spark's ``to_json`` would write them as the strings ``"NaN"``/``"Infinity"`` (the
+number silently becomes text). So a JSON-encoded value holding one, at any depth, is
+refused naming the column and the store (``non_finite_message``), by every Spark writer:
+``write_store``/``store_sink`` check in the JVM (``spark_non_finite``), the data source in
+its tasks (``arrow_has_non_finite``). A ``double`` value column keeps them (the ``double``
+serde stores NaN and infinities).
 """
 
 from __future__ import annotations
@@ -11,7 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 #: The serde a single key or value column gets when none is named.
@@ -49,6 +60,9 @@ class ColumnPlan:
     value_serde: str
     window_column: str | None
     partition_column: str | None
+    #: The columns written as JSON text (the record's, or a ``json`` value column) whose
+    #: type holds floating-point numbers: checked for NaN and infinities.
+    float_json_columns: tuple[str, ...] = ()
 
     @property
     def composite_key(self) -> bool:
@@ -134,6 +148,7 @@ def plan_columns(
         record = tuple(f.name for f in df.schema.fields if f.name not in used)
         if not record:
             raise ValueError(f"store {store!r}: no columns are left for the value")
+    json_columns = record if value is None else (value,) if value_serde == "json" else ()
     return ColumnPlan(
         key_columns=keys,
         key_serde=key_serde,
@@ -142,6 +157,9 @@ def plan_columns(
         value_serde=value_serde,
         window_column=window_column,
         partition_column=partition_column,
+        float_json_columns=tuple(
+            c for c in json_columns if _holds_floats(_field(df, c, store, "value").dataType)
+        ),
     )
 
 
@@ -154,3 +172,66 @@ def _check_fits(field: T.StructField, serde: str, store: str, role: str) -> None
             f"store {store!r}: {role} column {field.name!r} of type "
             f"{field.dataType.simpleString()} does not fit the {serde!r} serde"
         )
+
+
+# -- NaN and infinities in JSON values (see the module docstring) ---------------------------
+def non_finite_message(store: str, column: str) -> str:
+    return (
+        f"store {store!r}: value column {column!r} holds NaN or an infinity, which JSON "
+        "cannot hold (StoreWriter refuses them too): make them null or finite first, or "
+        "store a double column with the 'double' serde"
+    )
+
+
+def spark_non_finite(column: Column, dtype: T.DataType) -> Column:
+    """A Spark expression, true where ``column`` (of a ``dtype`` that holds floats, see
+    ``ColumnPlan.float_json_columns``) holds NaN or an infinity at any depth (struct
+    fields, array elements, map values), false elsewhere, nulls included."""
+    return F.coalesce(_non_finite(column, dtype), F.lit(False))
+
+
+def _holds_floats(dtype: T.DataType) -> bool:
+    if isinstance(dtype, T.DoubleType | T.FloatType):
+        return True
+    if isinstance(dtype, T.ArrayType):
+        return _holds_floats(dtype.elementType)
+    if isinstance(dtype, T.MapType):
+        return _holds_floats(dtype.valueType)
+    if isinstance(dtype, T.StructType):
+        return any(_holds_floats(f.dataType) for f in dtype.fields)
+    return False
+
+
+def _non_finite(column: Column, dtype: T.DataType) -> Column:
+    """``spark_non_finite``, but null where the value is null."""
+    if isinstance(dtype, T.DoubleType | T.FloatType):
+        return F.isnan(column) | (F.abs(column) == F.lit(float("inf")))
+    if isinstance(dtype, T.ArrayType | T.MapType):
+        inner = dtype.elementType if isinstance(dtype, T.ArrayType) else dtype.valueType
+        items = column if isinstance(dtype, T.ArrayType) else F.map_values(column)
+        return F.exists(items, lambda x: spark_non_finite(x, inner))
+    assert isinstance(dtype, T.StructType)
+    parts = [
+        spark_non_finite(column.getField(f.name), f.dataType)
+        for f in dtype.fields
+        if _holds_floats(f.dataType)
+    ]
+    out = parts[0]
+    for part in parts[1:]:
+        out = out | part
+    return out
+
+
+def arrow_has_non_finite(values: pa.Array) -> bool:
+    """Whether an Arrow column holds NaN or an infinity at any depth (nulls do not)."""
+    t = values.type
+    if pa.types.is_floating(t):
+        return bool(pc.any(pc.or_(pc.is_nan(values), pc.is_inf(values))).as_py())
+    if pa.types.is_map(t):  # Arrow cannot flatten a map: take its values' range
+        lo, hi = values.offsets[0].as_py(), values.offsets[-1].as_py()
+        return arrow_has_non_finite(values.items.slice(lo, hi - lo))
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return arrow_has_non_finite(values.flatten())
+    if pa.types.is_struct(t):
+        return any(arrow_has_non_finite(f) for f in values.flatten())
+    return False

@@ -2,8 +2,10 @@
 
 ``store_sink(root, store, key=..., partitions=...)`` returns a function for
 ``writeStream.foreachBatch``. Each micro-batch is one job commit (see ``batch.py``) whose
-version record remembers the sink's batch id; a replayed batch id (Spark re-runs the last
-batch after a crash and restart from its checkpoint) is recognised and changes nothing.
+version record remembers the batch id under the sink's name and the streaming query's id
+(``iqkit.store.sinks``); a replayed batch id of the same query (Spark re-runs the last
+batch after a crash and restart from its checkpoint) is recognised and changes nothing,
+while another query's batches (a new checkpoint) are never mistaken for replays.
 With Kafka's source schema the written partitions' positions advance to the batch's
 highest offsets, and the source's end offsets are recorded with every commit so
 ``engine.lags()`` works without the user passing end offsets.
@@ -16,27 +18,59 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
 from ..query.position import Position
 from ..store.layout import StoreLayout
+from ..store.sinks import UNIDENTIFIED, last_batch, latest_batch
 from ..store.versions import read_latest_number, read_version
 from ..store.writer import StoreWriter
 from .batch import write_store
+from .roots import driver_root
+from .worker_python import require_workers_can_import_iqkit
 
 EndOffsets = Callable[[], Position | None]
 
+#: The local property Spark sets, on the thread running a streaming query's batches, to
+#: the query's id (kept in its checkpoint, so the same across restarts)...
+_QUERY_ID_PROPERTY = "sql.streaming.queryId"
+#: ... and to the id of the batch being run.
+_BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
-def last_committed_batch(root: str | os.PathLike[str], store: str, sink: str) -> int | None:
-    """The highest batch id ``sink`` committed to ``store`` (None: never)."""
+
+def last_committed_batch(
+    root: str | os.PathLike[str], store: str, sink: str, query_id: str | None = None
+) -> int | None:
+    """The highest batch id ``sink`` committed to ``store`` for streaming query
+    ``query_id`` (Spark's ``StreamingQuery.id``); without ``query_id``, that of the query
+    that committed through ``sink`` last. None: never."""
     layout = StoreLayout.of(root, store)
     latest = read_latest_number(layout)
     if latest is None:
         return None
-    sinks = read_version(layout, latest).metadata.get("sinks", {})
-    value = sinks.get(sink)
-    return int(value) if value is not None else None
+    metadata = read_version(layout, latest).metadata
+    if query_id is not None:
+        return last_batch(metadata, sink, str(query_id))
+    entry = latest_batch(metadata, sink)
+    return entry.batch if entry is not None else None
+
+
+def _streaming_query_id(batch_df: DataFrame, batch_id: int) -> str:
+    """The id of the streaming query whose batch ``batch_id`` this is, or ``UNIDENTIFIED``
+    when the function was not called by a streaming query for that batch (a direct call).
+
+    Spark sets the query id as a local property of the thread that runs the query's
+    batches; PySpark's pinned-thread mode (the default) makes the ``foreachBatch``
+    callback's calls into the JVM run on that thread, so each of several concurrent
+    queries reads its own id. The batch id property must match ``batch_id`` too, so a
+    call that is not Spark's own call for this batch is never attributed to a query.
+    """
+    sc = batch_df.sparkSession.sparkContext
+    query = sc.getLocalProperty(_QUERY_ID_PROPERTY)
+    if query and sc.getLocalProperty(_BATCH_ID_PROPERTY) == str(batch_id):
+        return query
+    return UNIDENTIFIED
 
 
 def store_sink(
@@ -57,18 +91,33 @@ def store_sink(
 
     ``end_offsets``: returns the source's log-end offsets (a ``Position``), recorded with
     each commit for lag — e.g. ``LocalKafkaTopic.end_position`` or
-    ``SourceEndOffsetsListener.end_position``. ``sink_name`` distinguishes several
-    streaming queries writing one store (default: the store name).
+    ``SourceEndOffsetsListener.end_position``. ``sink_name`` names the sink in the
+    store's version records (default: the store name). Batch ids are remembered per sink
+    name and per streaming query (Spark's query id, kept in the checkpoint): a batch id
+    at or below the last one the same query committed is a replay and changes nothing; a
+    new query (a new checkpoint) starts afresh. Called directly rather than by a
+    streaming query, the function remembers the caller's batch ids under the sink name.
     """
     name = sink_name or store
+    root = driver_root(root)  # the folder meant when the sink was made, whatever cwd later
+    active = SparkSession.getActiveSession()
+    if active is not None:  # fail before the stream starts, not at its first batch
+        require_workers_can_import_iqkit(active)
 
     def sink(batch_df: DataFrame, batch_id: int) -> None:
-        done = last_committed_batch(root, store, name)
+        require_workers_can_import_iqkit(batch_df.sparkSession)
+        query = _streaming_query_id(batch_df, batch_id)
+        done = last_committed_batch(root, store, name, query)
         if done is not None and batch_id <= done:
-            return  # a replay of a committed batch: exactly once means nothing to do
+            return  # this query's replay of a committed batch: exactly once, nothing to do
         end = end_offsets() if end_offsets is not None else None
+        progress = {
+            "sinks": {name: {query: batch_id}},
+            "spark_batch_id": batch_id,
+            "spark_query_id": None if query == UNIDENTIFIED else query,
+        }
         if batch_df.isEmpty():
-            _record_empty_batch(root, store, name, batch_id, end)
+            _record_empty_batch(root, store, name, progress, end)
             return
         write_store(
             batch_df,
@@ -81,7 +130,7 @@ def store_sink(
             value_serde=value_serde,
             window=window,
             mark_as_partitioned=mark_as_partitioned,
-            metadata={"sinks": {name: batch_id}, "spark_batch_id": batch_id},
+            metadata=progress,
             source_end=end,
             progress=False,  # one bar per micro-batch would flood the output
         )
@@ -90,14 +139,18 @@ def store_sink(
 
 
 def _record_empty_batch(
-    root: str | os.PathLike[str], store: str, sink: str, batch_id: int, end: Position | None
+    root: str | os.PathLike[str],
+    store: str,
+    sink: str,
+    progress: dict[str, Any],
+    end: Position | None,
 ) -> None:
     """An empty micro-batch changes no data; record its id (and the source's end offsets,
     for lag) once the store exists, so a replay is still recognised."""
     if not StoreLayout.of(root, store).manifest.exists():
         return
     with StoreWriter(root, store, who=f"sink:{sink}") as writer:
-        writer.set_metadata(sinks={sink: batch_id}, spark_batch_id=batch_id)
+        writer.set_metadata(**progress)
         if end is not None:
             writer.record_source_end(end)
 

@@ -25,6 +25,7 @@ from .layout import StoreLayout
 from .manifest import StoreManifest
 from .names import COMMIT_KEY
 from .partition import encode_commit_record, parse_commit_record
+from .sinks import carry_forward as carry_sinks_forward
 from .versions import VersionRecord, collect_garbage, publish, read_latest_number
 
 #: Compact a partition after a commit once level 0 holds this many files: every commit
@@ -116,8 +117,9 @@ def publish_partitions(
             source_end = Position.from_map(previous.source_end).merge(source_end)
         kept = {} if replace_all or previous is None else previous.partitions
         # Streaming sinks' last batch ids carry forward, so any later version knows them.
-        sinks = {**(previous.metadata.get("sinks", {}) if previous else {})}
-        sinks.update(metadata.get("sinks", {}))
+        sinks = carry_sinks_forward(
+            previous.metadata if previous else None, metadata.get("sinks", {}), version
+        )
         record = VersionRecord(
             version=version,
             partitions={**kept, **{p: version for p in built}},

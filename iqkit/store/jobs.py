@@ -6,7 +6,9 @@ job has succeeded. So the commit is split the way Spark's own state store checkp
 splits it:
 
 1. The driver opens a ``JobCommit``: it pins the base version, picks a job id and takes
-   a *job lease* (``jobs/<id>``), which keeps retention away from the job's folders.
+   a *job lease* (``jobs/<id>``), which keeps retention away from the job's folders. A
+   job may write a store that does not exist yet (``create=``, its manifest): the store
+   is created when the job publishes, so a job that fails creates no store.
 2. Each task attempt calls ``stage_partition(spec, p, rows, attempt=...)``: it builds
    ``partitions/<p>/.job-<id>-<attempt>`` (a checkpoint of the base folder, or empty
    for an overwrite; plus the rows and the partition's commit record) and returns a
@@ -28,6 +30,7 @@ them at the end, so a big partition never has to fit in memory.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -48,6 +51,7 @@ from .locking import CommitLock
 from .manifest import StoreManifest
 from .names import JOB_STAGING_PREFIX
 from .versions import Lease, read_latest_number, read_version
+from .writer import create_store
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -464,7 +468,13 @@ def _merge_runs(runs: list[Iterator[pa.RecordBatch]]) -> Iterator[pa.RecordBatch
 
 
 class JobCommit:
-    """The driver's side of a job commit (see the module docstring)."""
+    """The driver's side of a job commit (see the module docstring).
+
+    ``create``: the manifest a store that does not exist yet gets when the job publishes
+    (``create_store``, so a store created meanwhile must have the same settings). Until
+    then nothing but the job's own hidden folders exists, and a job that fails or is
+    aborted removes those and the empty folders they were made in.
+    """
 
     def __init__(
         self,
@@ -474,14 +484,18 @@ class JobCommit:
         mode: str = "upsert",
         who: str = "job",
         lock_timeout: float = 60.0,
+        create: StoreManifest | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self._layout = StoreLayout.of(root, store)
+        self._create: StoreManifest | None = None
         try:
             manifest = StoreManifest.read(self._layout)
         except StoreNotFoundError:
-            raise UnknownStoreError(store, list_store_names(root)) from None
+            if create is None:
+                raise UnknownStoreError(store, list_store_names(root)) from None
+            manifest = self._create = create
         base = read_latest_number(self._layout)
         record = read_version(self._layout, base) if base is not None else None
         self.job_id = uuid.uuid4().hex[:16]
@@ -531,6 +545,8 @@ class JobCommit:
             raise StoreNotFoundError(f"job {self.job_id}: staged folders are missing: {missing}")
         layout = self._layout
         try:
+            if self._create is not None:
+                _create_store(self.spec.root, self._create)
             with CommitLock(layout, who=self._who, timeout=self._lock_timeout):
                 latest = read_latest_number(layout)
                 if latest != self.spec.base_version:
@@ -571,7 +587,41 @@ class JobCommit:
         if self._lease is not None:
             self._lease.release()
             self._lease = None
+        if self._create is not None:
+            remove_uncreated_store(layout)
 
     def __repr__(self) -> str:
         state = "open" if self._lease is not None else "finished"
         return f"JobCommit({self.spec.store!r}, job={self.job_id}, {self.spec.mode}, {state})"
+
+
+def _create_store(root: str, manifest: StoreManifest) -> None:
+    m = manifest
+    create_store(
+        root,
+        m.name,
+        partitions=m.partitions,
+        kind=m.kind,
+        key_serde=m.key_serde,
+        value_serde=m.value_serde,
+        partitioner=m.partitioner,
+        window_size_ms=m.window_size_ms,
+        retention=m.retention,
+        properties=m.properties,
+    )
+
+
+def remove_uncreated_store(layout: StoreLayout) -> None:
+    """Remove the empty folders a failed first write left for a store that was never
+    created (no manifest): ``partitions/<p>/``, ``partitions/``, ``jobs/`` and the store
+    folder. Only empty folders are removed (``rmdir``), so whatever another writer has
+    put there meanwhile stays."""
+    if layout.manifest.exists():
+        return
+    try:
+        folders = [layout.partitions_dir / name for name in os.listdir(layout.partitions_dir)]
+    except (FileNotFoundError, NotADirectoryError):
+        folders = []
+    for folder in [*folders, layout.partitions_dir, layout.jobs_dir, layout.store_dir]:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)

@@ -1,7 +1,8 @@
 """An in-memory partition behind the same ``BytesPartition`` interface as RocksDB.
 
 Used by tests as the reference model (a RocksDB partition must answer every query the
-way this one does) and wherever a store is wanted without disk.
+way this one does), by the engine as the partition no commit has touched (empty), and
+wherever a store is wanted without disk.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .partition import parse_commit_record
 
 
 class MemoryPartition:
-    location = "memory"
+    """``location`` is what execution info names as the rows' origin."""
 
     def __init__(
         self,
@@ -24,7 +25,9 @@ class MemoryPartition:
         *,
         written_by_version: int = 1,
         position: Position | None = None,
+        location: str = "memory",
     ) -> None:
+        self.location = location
         data = dict(items)
         self._commit = parse_commit_record(data.pop(COMMIT_KEY, None), self.location)
         if position is not None:

@@ -25,6 +25,7 @@ from ..query.position import Position
 from ..query.window import to_epoch_millis
 from . import keyspace, rocks
 from .commit import build_partition, publish_partitions, remove_if_exists
+from .inputs import store_partitions_fed_by
 from .layout import StoreLayout, list_store_names
 from .locking import CommitLock
 from .manifest import DEFAULT_RETENTION, StoreManifest
@@ -103,7 +104,9 @@ class StoreWriter:
     """Buffers writes to one store and commits them atomically when the block ends.
 
     ``source=(topic, partition, offset)`` on a put or delete advances the position of
-    the store partition the record lands in (offset = the last input record applied).
+    the store partition the record lands in (offset = the last input record applied);
+    ``record_applied({topic: {partition: offset}})`` says the store as a whole applied
+    the input up to there (every partition the input feeds advances).
     A ``put`` of ``None`` is a delete, as in Kafka. ``writer.version`` is the version
     the commit published (``None`` before the commit, or when nothing was written).
     """
@@ -200,10 +203,45 @@ class StoreWriter:
         self._check_partition(partition)
         self._buffer(partition).position = self._advanced(self._buffer(partition).position, source)
 
+    def record_applied(self, applied: Position | Mapping[str, Mapping[int, int]]) -> None:
+        """Say that every input record up to these offsets is applied to the store:
+        ``{topic: {partition: offset}}``, offset = the last record applied (Kafka
+        Streams' ``Position`` convention, as ``source=``).
+
+        ``source=`` on a put advances only the partition the record lands in; but in a
+        ``murmur2`` store every partition reads every input partition, so a partition no
+        record reached has still applied the input, and without this call bounds would
+        fail on it and lag would count records that can never reach it. This advances the
+        position of every store partition the input feeds (``store/inputs.py``): all
+        partitions of a ``murmur2`` store, partition ``p`` of an ``explicit`` store for
+        input partition ``p`` — the streaming sink does the same for each micro-batch.
+        An input partition that feeds no store partition is refused (``ValueError``).
+        """
+        self._check_open()
+        position = self._position(applied, "record_applied")
+        n = self.manifest.partitions
+        advanced: dict[int, Position] = {}
+        for topic in sorted(position.topics):
+            for in_p, offset in sorted(position.partition_positions(topic).items()):
+                fed = store_partitions_fed_by(self._partitioner, in_p, n)
+                if not fed:
+                    raise ValueError(
+                        f"store {self.manifest.name!r}: record_applied: input partition "
+                        f"{in_p} of {topic!r} feeds no partition of this {n}-partition "
+                        f"{self.manifest.partitioner} store"
+                    )
+                for p in fed:
+                    advanced[p] = advanced.get(p, Position.empty()).with_component(
+                        topic, in_p, offset
+                    )
+        for p, applied_here in advanced.items():  # checked everything first: all or nothing
+            buf = self._buffer(p)
+            buf.position = buf.position.merge(applied_here)
+
     def record_source_end(self, end: Position | Mapping[str, Mapping[int, int]]) -> None:
         """Record the source's log-end offsets (for ``engine.lags()``) with this commit."""
         self._check_open()
-        position = end if isinstance(end, Position) else Position.from_map(end)
+        position = self._position(end, "record_source_end")
         self._source_end = position.merge(self._source_end) if self._source_end else position
 
     def set_metadata(self, **facts: Any) -> None:
@@ -296,6 +334,14 @@ class StoreWriter:
                 f"got {partition!r}"
             )
         return partition
+
+    def _position(self, value: Position | Mapping[str, Mapping[int, int]], what: str) -> Position:
+        if isinstance(value, Position):
+            return value
+        try:
+            return Position.from_map(value)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"store {self.manifest.name!r}: {what}: {exc}") from None
 
     def _buffer(self, partition: int) -> _PartitionBuffer:
         buf = self._buffers.get(partition)

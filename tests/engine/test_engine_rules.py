@@ -73,23 +73,83 @@ def test_partition_beyond_the_count_does_not_exist(totals):
     assert r.partition_results[1].is_success
 
 
-def test_partition_never_written_is_not_present(explicit):
+# (issue 10 changed these two: a partition no commit touched was NOT_PRESENT, now empty)
+def test_partition_never_written_is_empty_not_failed(explicit):
     with iqkit.open(explicit) as engine:
         r = engine.query(request("byp", KeyQuery.with_key("k0")))
+        scan = engine.query(request("byp", iqkit.RangeQuery.with_no_bounds()))
+        traced = engine.query(
+            request("byp", KeyQuery.with_key("k0")).with_partitions({2}).enable_execution_info()
+        )
     assert sorted(r.partition_results) == [0, 1, 2]
-    assert r.partition_results[2].failure_reason is FailureReason.NOT_PRESENT
+    assert all(q.is_success for q in r.partition_results.values())
+    assert r.partition_results[2].result is None  # a KeyQuery on an empty partition: None
+    assert r.partition_results[2].position == Position.empty()
     assert r.partition_results[0].result == 0
     assert r.partition_results[1].result is None
+    assert r.only_partition_result().result == 0
+    never = scan.partition_results[2]
+    assert never.is_success and never.position.is_empty
+    with never.result as it:
+        assert list(it) == []
+    assert "never written" in traced.partition_results[2].execution_info[-1]
 
 
-def test_nothing_committed_is_not_present_everywhere(root):
+def test_nothing_committed_is_empty_everywhere(root):
     iqkit.create_store(root, "empty", partitions=2)
+    iqkit.create_store(root, "wempty", partitions=1, kind="window", window_size_ms=10)
     with iqkit.open(root) as engine:
         r = engine.query(request("empty", iqkit.RangeQuery.with_no_bounds()))
-    assert {p: q.failure_reason for p, q in r.partition_results.items()} == {
-        0: FailureReason.NOT_PRESENT,
-        1: FailureReason.NOT_PRESENT,
-    }
+        k = engine.query(request("empty", iqkit.MultiKeyQuery.with_keys(["a", "b"])))
+        w = engine.query(
+            request("wempty", iqkit.WindowKeyQuery.with_key_and_window_start_range("a", 0, 9))
+        )
+    assert sorted(r.partition_results) == [0, 1]
+    for q in [*r.partition_results.values(), *w.partition_results.values()]:
+        assert q.is_success and q.position.is_empty
+        with q.result as it:
+            assert list(it) == []
+    assert all(q.result == {} for q in k.partition_results.values())
+
+
+def test_position_bounds_still_apply_to_an_empty_partition(explicit, totals, root):
+    iqkit.create_store(root, "fresh", partitions=2)
+    # byp's partition 2 was never written; only in[2] binds it (explicit store)
+    binding = PositionBound.at(Position.from_map({"in": {2: 0}}))
+    other = PositionBound.at(Position.from_map({"in": {0: 5}}))
+    with iqkit.open(root) as engine:
+        failed = engine.query(
+            request("byp", iqkit.RangeQuery.with_no_bounds())
+            .with_partitions({2})
+            .with_position_bound(binding)
+        ).partition_results[2]
+        passed = engine.query(
+            request("byp", iqkit.RangeQuery.with_no_bounds())
+            .with_partitions({2})
+            .with_position_bound(other)
+        ).partition_results[2]
+        fresh = engine.query(
+            request("fresh", KeyQuery.with_key("a")).with_position_bound(other)
+        ).only_partition_result()
+    assert failed.failure_reason is FailureReason.NOT_UP_TO_BOUND
+    assert failed.position.is_empty
+    assert passed.is_success  # in[0] does not bind store partition 2
+    passed.result.close()
+    assert fresh.failure_reason is FailureReason.NOT_UP_TO_BOUND  # murmur2: every component
+
+
+def test_require_active_applies_to_a_partition_an_old_version_never_wrote(root):
+    iqkit.create_store(root, "s", partitions=2, partitioner="explicit")
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 1, partition=0)
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("b", 2, partition=1)
+    with iqkit.open(root, as_of=1) as old:
+        stale = old.query(request("s", KeyQuery.with_key("b")).require_active())
+        relaxed = old.query(request("s", KeyQuery.with_key("b")))
+    assert stale.partition_results[1].failure_reason is FailureReason.NOT_ACTIVE
+    assert relaxed.partition_results[1].is_success
+    assert relaxed.partition_results[1].result is None  # version 1 never wrote it
 
 
 def test_a_corrupt_partition_fails_alone(totals):
@@ -250,7 +310,7 @@ def test_key_query_on_explicit_store_fans_out(explicit):
     assert sorted(r.partition_results) == [0, 1, 2]
     assert r.partition_results[0].result is None
     assert r.partition_results[1].result == 1
-    assert r.partition_results[2].failure_reason is FailureReason.NOT_PRESENT
+    assert r.partition_results[2].is_success and r.partition_results[2].result is None
 
 
 def test_multi_key_query_groups_keys_by_owner(totals):

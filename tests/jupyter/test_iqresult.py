@@ -88,17 +88,19 @@ def test_partitions_frame_reports_each_partition(shards):
     f = r.partitions
     assert list(f.columns) == PARTITION_COLUMNS
     assert f["partition"].tolist() == [0, 1, 2, 3, 9]
-    assert f["status"].tolist() == ["success", "failed", "failed", "success", "failed"]
-    assert f["failure_reason"].tolist()[1:3] == ["NOT_PRESENT", "STORE_EXCEPTION"]
+    # partition 1 was never written: empty, not failed (issue 10; it was NOT_PRESENT)
+    assert f["status"].tolist() == ["success", "success", "failed", "success", "failed"]
+    assert pd.isna(f["failure_reason"].iloc[1]) and f["failure_reason"].iloc[2] == "STORE_EXCEPTION"
     assert f["failure_reason"].iloc[4] == "DOES_NOT_EXIST"
     assert pd.isna(f["failure_reason"].iloc[0]) and pd.isna(f["message"].iloc[0])
     assert "partition 9 does not exist" in f["message"].iloc[4]
     assert f["rows"].tolist()[0] == 1 and f["rows"].tolist()[3] == 1
-    assert f["rows"].isna().tolist() == [False, True, True, False, True]
+    assert f["rows"].isna().tolist() == [False, False, True, False, True]
+    assert f["rows"].iloc[1] == 0 and f["position"].iloc[1] == ""
     assert f["position"].tolist()[0] == "in[0]=5" and f["position"].tolist()[3] == "in[3]=4"
-    assert set(r.failures) == {1, 2, 9}
+    assert set(r.failures) == {2, 9}
     assert r.failures[2].failure_reason is FailureReason.STORE_EXCEPTION
-    assert r.ok_partitions == 2
+    assert r.ok_partitions == 3
     assert r.position == Position.from_map({"in": {0: 5, 3: 4}})
 
 
@@ -179,16 +181,24 @@ def test_lag_has_one_row_per_input_component(totals):
         assert rows["lag"].sum() == info.offset_lag
 
 
-def test_unknown_end_is_na_never_zero(root):
-    write_store(root, "s", [("a", 1, {"source": ("t", 0, 3)})], partitions=2)
-    with iqkit.open(root) as engine:
-        infos = engine.lags()["s"]
-        frame = lag_frame({"s": infos})
-    assert all(info.offset_lag is None for info in infos.values())
-    assert frame["end"].isna().all() and frame["lag"].isna().all()
-    # the partition that applied nothing still has its row, topic unknown
-    assert sorted(frame["partition"].tolist()) == [0, 1]
-    assert frame["current"].dropna().tolist() == [3]
+def test_a_store_with_no_source_recorded_says_so_in_words(totals):
+    # issue 10: its partitions were rows of <NA>; now no rows, and the words
+    write_store(totals, "s", [("a", 1, {"source": ("t", 0, 3)})], partitions=2)
+    with iqkit.open(totals) as engine:
+        infos = engine.lags()
+        frame = lag_frame(infos)
+        alone = lag_frame({"s": infos["s"]})
+    assert all(info.offset_lag is None for info in infos["s"].values())
+    assert set(frame["store"]) == {"totals"} and frame["lag"].notna().all()
+    assert frame.no_source == ("s",) and alone.no_source == ("s",)
+    assert alone.empty and list(alone.columns) == LAG_COLUMNS
+    assert repr(alone) == "s: no source recorded (lag unknown)"
+    assert repr(frame).endswith("\ns: no source recorded (lag unknown)")
+    assert "s: no source recorded (lag unknown)" in frame._repr_html_()
+    sliced = frame[frame["partition"] == 0].reset_index(drop=True)
+    assert sliced.no_source == ("s",)  # kept through pandas operations
+    assert frame["lag"].sum() == sum(i.offset_lag for i in infos["totals"].values())
+    assert lag_frame({"totals": infos["totals"]}).no_source == ()
 
 
 def test_explicit_stores_bind_only_their_own_input_partition(shards):
@@ -203,6 +213,24 @@ def test_explicit_stores_bind_only_their_own_input_partition(shards):
     assert p0["input_partition"].tolist() == [0] and p0["lag"].tolist() == [4]
     for p, info in infos["shards"].items():
         assert given[given["partition"] == p]["lag"].sum() == info.offset_lag
+
+
+def test_lag_shows_only_the_partitions_the_query_ran_on(totals, root):
+    iqkit.create_store(root, "batch", partitions=4)  # a batch write: no source
+    with iqkit.StoreWriter(root, "batch") as w:
+        w.put("a", 1)
+    with iqkit.open(totals) as engine:
+        infos = engine.lags(stores=["totals"])["totals"]
+        owner = engine.partition_for_key("totals", "u07")
+        key = run(engine, request("totals", KeyQuery.with_key("u07")), lags=infos)
+        some = run(engine, scan_request("totals", 0, 2), lags=infos)
+        batch = run(engine, scan_request("batch"), lags=engine.lags(stores=["batch"])["batch"])
+    assert set(key.lag_infos) == {owner}
+    assert set(key.lag["partition"]) == {owner} and len(key.lag) == 2  # orders[0], orders[1]
+    assert key.lag["lag"].sum() == infos[owner].offset_lag
+    assert set(some.lag_infos) == {0, 2} and set(some.lag["partition"]) == {0, 2}
+    assert batch.has_source is False and batch.lag.empty  # no rows of nulls
+    assert batch.lag.no_source == ("batch",)
 
 
 def test_lag_is_read_lazily_once(totals):
@@ -296,4 +324,5 @@ def test_stores_frame(totals):
     assert f.loc["empty", "approx_rows"] == 0
     assert f.loc["totals", "position"] == "orders[0]=22,orders[1]=23"
     assert f.loc["totals", "lag"] == sum(i.offset_lag for i in lags["totals"].values())
-    assert pd.isna(f.loc["win", "lag"])  # no end offsets recorded: unknown, not 0
+    # no end offsets recorded: unknown, never 0 -- in words (issue 10; it was NA)
+    assert f.loc["win", "lag"] == f.loc["empty", "lag"] == "no source recorded"

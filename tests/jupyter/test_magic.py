@@ -119,9 +119,8 @@ def test_assignment_semicolon_and_as(shell):
 def test_bound_active_and_as_of_failures_are_results(shell, nb_root):
     r = run(shell, "%iq scan totals --bound orders:0=999")
     assert set(r.partitions["status"]) == {"failed"}
-    # partitions with data are behind the bound; an empty one is NOT_PRESENT
-    assert "NOT_UP_TO_BOUND" in set(r.partitions["failure_reason"])
-    assert set(r.partitions["failure_reason"]) <= {"NOT_UP_TO_BOUND", "NOT_PRESENT"}
+    # every partition is behind the bound, an empty one too (its position is empty)
+    assert set(r.partitions["failure_reason"]) == {"NOT_UP_TO_BOUND"}
     with iqkit.StoreWriter(nb_root, "totals") as w:
         w.put("zoe", {"customer": "zoe", "total": 1, "orders": 1})
     r = run(shell, "%iq get totals zoe --as-of 1 --active")
@@ -165,6 +164,21 @@ def test_stores_and_lag(shell, nb_root):
     everything = run(shell, "%iq lag")
     only_totals = everything[everything["store"] == "totals"].reset_index(drop=True)
     pd.testing.assert_frame_equal(only_totals, lag.reset_index(drop=True))
+
+
+def test_lag_and_stores_say_no_source_recorded_in_words(shell):
+    # 'counts' and 'clicks' were written without a source (as a batch write_store is)
+    lag = run(shell, "%iq lag")
+    assert set(lag["store"]) == {"totals"}  # no <NA> rows for the others
+    assert lag.no_source == ("clicks", "counts")
+    assert repr(lag).endswith("clicks, counts: no source recorded (lag unknown)")
+    counts = run(shell, "%iq lag counts")
+    assert counts.empty and repr(counts) == "counts: no source recorded (lag unknown)"
+    stores = run(shell, "%iq stores").set_index("name")
+    assert stores.loc["counts", "lag"] == stores.loc["clicks", "lag"] == "no source recorded"
+    r = run(shell, "%iq get counts 7")
+    (section,) = [s for s in r._repr_html_().split("<details>") if "Lag (" in s]
+    assert "Lag (no source recorded)" in section and "<table>" not in section
 
 
 def test_open_switches_root(shell, tmp_path: Path):

@@ -297,6 +297,15 @@ def test_get_runs_through_the_session(p: IQPanel) -> None:
     assert p.error_box.layout.display == "none"
 
 
+def test_lag_tab_says_no_source_recorded_in_words(p: IQPanel) -> None:
+    p.store.value = "counts"  # written without a source: its lag is unknown
+    p.key.value = "7"
+    p.run.click()
+    assert p.error is None and p.result.rows["value"].tolist() == [70]
+    assert "No source recorded for counts" in p.lag_out.value
+    assert "<table>" not in p.lag_out.value  # no table of nulls (issue 10)
+
+
 def test_several_keys_make_a_multi_key_get(p: IQPanel) -> None:
     p.key.value = "alice, dave\nnobody"
     result = p.run()  # calling the button runs the query and returns the result

@@ -197,6 +197,22 @@ def test_summary_line(totals):
     assert " ms" in summary and summary.endswith("version 2")
 
 
+def test_never_written_partitions_read_ok_in_the_summary(root):
+    # issue 10: a healthy store with untouched partitions read "1 ok / 3 failed" in red
+    iqkit.create_store(root, "sparse", partitions=4, partitioner="explicit")
+    with iqkit.StoreWriter(root, "sparse") as w:
+        w.put("a", 1, partition=2)
+    with iqkit.open(root) as engine:
+        r = result_of(engine, scan("sparse"))
+    summary = Page(render._summary(r)).visible
+    assert summary.startswith("sparse · RangeQuery · 1 row · partitions 4 ok / 0 failed · ")
+    page = Page(r._repr_html_())
+    statuses = [row["cells"][1] for row in page.tables[1][1:]]
+    assert statuses == ["success"] * 4 and "failure" not in page.tables[1][0]["cells"]
+    assert r.partitions["rows"].tolist() == [0, 0, 1, 0]
+    assert "partition 0 failed" not in str(r)
+
+
 def test_partitions_table_highlights_failures_and_draws_bars(totals):
     with iqkit.open(totals) as engine:
         lags = engine.lags(stores=["totals"])["totals"]
@@ -256,7 +272,11 @@ def test_lag_section(totals):
     sections = {d["summary"] for d in Page(known._repr_html_()).details}
     assert f"Lag ({total:,} records behind)" in sections
     page = Page(unknown._repr_html_())
-    assert "Lag (unknown)" in {d["summary"] for d in page.details}
+    # no end offsets: said in words, no table of nulls (issue 10; the title was "unknown")
+    (lag,) = [d for d in page.details if d["summary"].startswith("Lag")]
+    assert lag["summary"] == "Lag (no source recorded)"
+    assert "No source recorded for totals" in page.visible
+    assert len(page.tables) == 3  # rows, partitions, trace: the lag section has no table
     lag_cells = [row["cells"][3] for row in page.tables[1][1:]]
     assert set(lag_cells) == {"unknown"}  # never shown as 0
     assert not any(d["summary"].startswith("Lag") for d in Page(none._repr_html_()).details)

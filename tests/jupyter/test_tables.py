@@ -230,12 +230,9 @@ def test_failed_partitions_contribute_no_rows(root):
         )
         c = collect(result, engine.manifest("x"))
     reasons = {p: r.failure_reason for p, r in result.partition_results.items() if r.is_failure}
-    assert reasons == {
-        1: FailureReason.NOT_PRESENT,
-        2: FailureReason.STORE_EXCEPTION,
-        5: FailureReason.DOES_NOT_EXIST,
-    }
-    assert c.rows_per_partition == {0: 1}
+    # partition 1 was never written: empty, no failure (issue 10; it was NOT_PRESENT)
+    assert reasons == {2: FailureReason.STORE_EXCEPTION, 5: FailureReason.DOES_NOT_EXIST}
+    assert c.rows_per_partition == {0: 1, 1: 0}
     assert c.table.to_pylist() == [{"partition": 0, "key": "a", "value": 1}]
 
 
@@ -277,7 +274,7 @@ def test_limit_reached_at_a_partition_end_checks_later_partitions(root):
         two = scan(engine, "x", limit=2)
         engine_rows = kv_rows(engine, "x")
     assert two.table.num_rows == 2 and two.truncated is True  # "c" in partition 2 was left
-    assert two.rows_per_partition == {0: 2, 2: 0}
+    assert two.rows_per_partition == {0: 2, 1: 0, 2: 0}  # 1: never written, empty
     assert len(engine_rows) == 3
 
 

@@ -1,6 +1,7 @@
 """spark.read.format("iqkit"): schema rules, one input partition per store partition,
-filter pushdown proven by the input partitions Spark plans and by the reader's trace files
-(one per store partition actually read, naming the IQv2 query it ran), pinned versions.
+narrowing read options proven by the input partitions Spark plans and by the reader's
+trace files (one per store partition actually read, naming the IQv2 query it ran), pinned
+versions; ``where()`` filters are Spark's and never leak between DataFrames.
 
 Every test reads real stores written with ``iqkit.create_store``/``StoreWriter`` through a
 real local Spark session; expected rows come from the engine or from what was written.
@@ -17,7 +18,7 @@ from pyspark.sql import functions as F
 
 import iqkit
 from iqkit import KeyQuery, PrefixScanQuery, RangeQuery, WindowKeyQuery
-from iqkit.spark.datasource import FILTER_PUSHDOWN_CONF, IqkitReader, register
+from iqkit.spark.datasource import IqkitReader, register
 from iqkit.store.layout import StoreLayout
 
 N_PARTITIONS = 4
@@ -31,7 +32,6 @@ def order(i: int) -> dict:
 @pytest.fixture(scope="module", autouse=True)
 def iqkit_format(spark):
     register(spark)
-    spark.conf.set(FILTER_PUSHDOWN_CONF, "true")  # what register() does; explicit here
     yield
 
 
@@ -187,29 +187,38 @@ def test_window_store_reads_windows_as_timestamps(spark, root):
         assert r["partition"] == owner(root, "clicks", r["key"])
 
 
-def test_window_store_pushdown_key_and_window_start(spark, root, tmp_path):
+def test_window_store_key_and_time_options(spark, root, tmp_path):
     iqkit.create_store(root, "clicks", partitions=4, kind="window", window_size_ms=1000)
     with iqkit.StoreWriter(root, "clicks") as w:
         for user in ("ann", "bob", "cy", "dee"):
             for s in range(10):
                 w.put(user, s, window_start=s * 1000)
     trace_dir = tmp_path / "trace"
-    df = reader(spark, root, "clicks", _trace_dir=str(trace_dir))
-    lo = datetime.fromtimestamp(3, UTC)
-    hi = datetime.fromtimestamp(6, UTC)
-    sel = df.filter((F.col("key") == "bob") & (F.col("window_start") > lo))
-    sel = sel.filter(F.col("window_start") <= hi)
+    sel = reader(
+        spark,
+        root,
+        "clicks",
+        key="bob",
+        time_from="4000",
+        time_to="1970-01-01T00:00:06",  # ISO-8601, naive = UTC; both ends inclusive
+        _trace_dir=str(trace_dir),
+    )
     assert sel.rdd.getNumPartitions() == 1
     got = sorted((r["key"], r["window_start"].second, r["value"]) for r in sel.collect())
     assert got == [("bob", 4, "4"), ("bob", 5, "5"), ("bob", 6, "6")]
     (t,) = traces(trace_dir)
     assert t["partition"] == owner(root, "clicks", "bob")
-    assert t["queries"] == [repr(WindowKeyQuery.with_key_and_window_start_range("bob", 3000, 6000))]
-    # window_start alone: every partition, a WindowRangeQuery over the time range
-    every = df.filter(F.col("window_start") >= datetime.fromtimestamp(8, UTC))
+    assert t["queries"] == [repr(WindowKeyQuery.with_key_and_window_start_range("bob", 4000, 6000))]
+    # times alone: every partition, a WindowRangeQuery over the time range
+    every = reader(spark, root, "clicks", time_from="8000")
     assert sorted((r["key"], r["value"]) for r in every.collect()) == sorted(
         (u, str(s)) for u in ("ann", "bob", "cy", "dee") for s in (8, 9)
     )
+    # where() on window_start is Spark's, and right
+    df = reader(spark, root, "clicks")
+    lo = datetime.fromtimestamp(3, UTC)
+    late = df.filter((F.col("key") == "bob") & (F.col("window_start") > lo))
+    assert sorted(r["value"] for r in late.collect()) == [str(s) for s in range(4, 10)]
 
 
 def test_an_empty_store_is_an_empty_dataframe(spark, root):
@@ -228,11 +237,10 @@ def test_partitions_without_data_read_as_no_rows(spark, root):
     assert [(r["partition"], r["key"], r["value"]) for r in df.collect()] == [(2, "a", "1")]
 
 
-# -- pushdown ----------------------------------------------------------------------------------
-def test_key_equality_reads_exactly_one_store_partition(spark, orders_root, tmp_path):
+# -- narrowing options -------------------------------------------------------------------------
+def test_key_option_reads_exactly_one_store_partition(spark, orders_root, tmp_path):
     trace_dir = tmp_path / "trace"
-    df = reader(spark, orders_root, "orders", _trace_dir=str(trace_dir))
-    one = df.filter(F.col("key") == "cust-07")
+    one = reader(spark, orders_root, "orders", key="cust-07", _trace_dir=str(trace_dir))
     assert one.rdd.getNumPartitions() == 1  # partitions() planned one input partition
     rows = one.collect()
     assert [(r["partition"], r["key"]) for r in rows] == [
@@ -243,19 +251,19 @@ def test_key_equality_reads_exactly_one_store_partition(spark, orders_root, tmp_
     assert t["partition"] == owner(orders_root, "orders", "cust-07")
     assert t["queries"] == [repr(KeyQuery.with_key("cust-07"))]
     assert t["rows"] == 1
+    assert one.count() == 1 and one.count() == 1  # a narrowed DataFrame stays narrowed
 
 
-def test_key_equality_on_a_missing_key_is_empty(spark, orders_root):
-    df = reader(spark, orders_root, "orders").filter(F.col("key") == "nobody")
+def test_key_option_on_a_missing_key_is_empty(spark, orders_root):
+    df = reader(spark, orders_root, "orders", key="nobody")
     assert df.rdd.getNumPartitions() == 1
     assert df.collect() == []
 
 
-def test_key_in_reads_only_the_owning_partitions(spark, orders_root, tmp_path):
+def test_keys_option_reads_only_the_owning_partitions(spark, orders_root, tmp_path):
     trace_dir = tmp_path / "trace"
     wanted = ["cust-01", "cust-02", "cust-03", "cust-04", "nobody"]
-    df = reader(spark, orders_root, "orders", _trace_dir=str(trace_dir))
-    sel = df.filter(F.col("key").isin(wanted))
+    sel = reader(spark, orders_root, "orders", keys=json.dumps(wanted), _trace_dir=str(trace_dir))
     owners = {owner(orders_root, "orders", k) for k in wanted}
     assert sel.rdd.getNumPartitions() == len(owners)
     assert keys_of(sel) == ["cust-01", "cust-02", "cust-03", "cust-04"]
@@ -264,12 +272,14 @@ def test_key_in_reads_only_the_owning_partitions(spark, orders_root, tmp_path):
     for t in read:
         (q,) = t["queries"]
         assert q.startswith(("KeyQuery(", "MultiKeyQuery("))
+    # PySpark turns a Python list option into its repr; that is accepted too
+    as_list = spark.read.format("iqkit").option("store", "orders").option("keys", wanted[:2])
+    assert keys_of(as_list.load(str(orders_root))) == ["cust-01", "cust-02"]
 
 
-def test_startswith_is_a_prefix_scan(spark, orders_root, tmp_path):
+def test_prefix_option_is_a_prefix_scan(spark, orders_root, tmp_path):
     trace_dir = tmp_path / "trace"
-    df = reader(spark, orders_root, "orders", _trace_dir=str(trace_dir))
-    sel = df.filter(F.col("key").startswith("cust-1"))
+    sel = reader(spark, orders_root, "orders", prefix="cust-1", _trace_dir=str(trace_dir))
     assert keys_of(sel) == [f"cust-1{i}" for i in range(10)]
     read = traces(trace_dir)
     assert len(read) == N_PARTITIONS
@@ -277,71 +287,92 @@ def test_startswith_is_a_prefix_scan(spark, orders_root, tmp_path):
     assert sum(t["rows"] for t in read) == 10
 
 
-def test_ranges_on_string_keys(spark, orders_root, tmp_path):
+def test_key_range_options_on_string_keys(spark, orders_root, tmp_path):
     trace_dir = tmp_path / "trace"
-    df = reader(spark, orders_root, "orders", _trace_dir=str(trace_dir))
-    sel = df.filter((F.col("key") > "cust-05") & (F.col("key") <= "cust-12"))
+    sel = reader(
+        spark,
+        orders_root,
+        "orders",
+        key_from="cust-06",
+        key_to="cust-12",
+        _trace_dir=str(trace_dir),
+    )
     assert keys_of(sel) == [f"cust-{i:02d}" for i in range(6, 13)]
     read = traces(trace_dir)
-    assert all(t["queries"] == [repr(RangeQuery.with_range("cust-05", "cust-12"))] for t in read)
-    # open-ended and strict bounds
-    assert keys_of(df.filter(F.col("key") >= "odd")) == ["odd-scalar", "odd-types"]
-    assert keys_of(df.filter(F.col("key") < "cust-02")) == ["cust-00", "cust-01"]
-    assert keys_of(df.filter((F.col("key") > "x") & (F.col("key") < "a"))) == []
+    assert all(t["queries"] == [repr(RangeQuery.with_range("cust-06", "cust-12"))] for t in read)
+    assert keys_of(reader(spark, orders_root, "orders", key_from="odd")) == [
+        "odd-scalar",
+        "odd-types",
+    ]
+    assert keys_of(reader(spark, orders_root, "orders", key_to="cust-01")) == [
+        "cust-00",
+        "cust-01",
+    ]
+    assert keys_of(reader(spark, orders_root, "orders", key_from="x", key_to="a")) == []
 
 
-def test_partition_filter_prunes_input_partitions(spark, orders_root, tmp_path):
+def test_partitions_option_prunes_input_partitions(spark, orders_root, tmp_path):
     trace_dir = tmp_path / "trace"
-    df = reader(spark, orders_root, "orders", _trace_dir=str(trace_dir))
-    p2 = df.filter(F.col("partition") == 2)
+    p2 = reader(spark, orders_root, "orders", partitions="2", _trace_dir=str(trace_dir))
     assert p2.rdd.getNumPartitions() == 1
     rows = p2.collect()
     assert rows and {r["partition"] for r in rows} == {2}
     expected = sorted(k for k in expected_orders() if owner(orders_root, "orders", k) == 2)
     assert sorted(r["key"] for r in rows) == expected
     assert [t["partition"] for t in traces(trace_dir)] == [2]
-    two = df.filter(F.col("partition").isin(0, 3))
+    two = reader(spark, orders_root, "orders", partitions="0,3")
     assert two.rdd.getNumPartitions() == 2
     assert {r["partition"] for r in two.collect()} == {0, 3}
-    assert df.filter(F.col("partition") >= 3).rdd.getNumPartitions() == 1
+    assert reader(spark, orders_root, "orders", partitions="1-3").rdd.getNumPartitions() == 3
+    # a where() on partition is Spark's filter: right, and reads every partition
+    assert {r["partition"] for r in reader(spark, orders_root, "orders").where("partition = 1")
+            .collect()} == {1}  # fmt: skip
 
 
-def test_key_and_partition_filters_combine(spark, orders_root):
+def test_key_and_partitions_options_combine(spark, orders_root):
     home = owner(orders_root, "orders", "cust-07")
-    df = reader(spark, orders_root, "orders")
     other = (home + 1) % N_PARTITIONS
-    assert df.filter((F.col("key") == "cust-07") & (F.col("partition") == other)).collect() == []
-    hit = df.filter((F.col("key") == "cust-07") & (F.col("partition") == home))
+    miss = reader(spark, orders_root, "orders", key="cust-07", partitions=str(other))
+    assert miss.collect() == []
+    hit = reader(spark, orders_root, "orders", key="cust-07", partitions=str(home))
     assert [r["key"] for r in hit.collect()] == ["cust-07"]
 
 
-def test_filters_on_values_are_left_to_spark_and_correct(spark, orders_root):
+def test_filters_are_spark_s_and_correct(spark, orders_root):
     df = reader(spark, orders_root, "orders", value_schema="customer string, total bigint")
     sel = df.filter((F.col("total") > 300) & F.col("key").startswith("cust-3"))
     assert keys_of(sel) == [f"cust-{i}" for i in range(31, 40)]
     assert keys_of(df.filter(F.col("total").isNull())) == ["odd-scalar", "odd-types"]
     raw = reader(spark, orders_root, "orders")
     assert keys_of(raw.filter(F.col("value").contains('"total":390'))) == ["cust-39"]
-    # NOT and OR are Spark's too
     assert len(raw.filter(F.col("key") != "cust-00").collect()) == len(expected_orders()) - 1
     either = raw.filter((F.col("key") == "cust-00") | (F.col("value") == "7"))
     assert keys_of(either) == ["cust-00", "odd-scalar"]
+    # options and where() together: the where() applies to the narrowed rows
+    narrowed = reader(spark, orders_root, "orders", prefix="cust-3", value_schema="total bigint")
+    assert keys_of(narrowed.where("total >= 370")) == ["cust-37", "cust-38", "cust-39"]
 
 
-def test_int_keys_point_lookups_pushed_ranges_left_to_spark(spark, root, tmp_path):
+def test_int_keys_are_typed_and_ranges_need_an_order_preserving_serde(spark, root, tmp_path):
     iqkit.create_store(root, "ints", partitions=4, key_serde="int32", value_serde="int64")
     with iqkit.StoreWriter(root, "ints") as w:
         for k in range(-10, 11):
             w.put(k, k * 100)
     trace_dir = tmp_path / "trace"
-    df = reader(spark, root, "ints", _trace_dir=str(trace_dir))
-    five = df.filter(F.col("key") == 5)
+    five = reader(spark, root, "ints", key="5", _trace_dir=str(trace_dir))
     assert five.rdd.getNumPartitions() == 1
     assert [(r["key"], r["value"]) for r in five.collect()] == [(5, 500)]
     assert [t["queries"] for t in traces(trace_dir)] == [[repr(KeyQuery.with_key(5))]]
-    # big-endian int32 bytes do not sort negatives first: a range is Spark's job, and right
-    between = df.filter((F.col("key") > -3) & (F.col("key") <= 2))
+    many = reader(spark, root, "ints", keys="[-3, 4, 99]")
+    assert sorted(r["key"] for r in many.collect()) == [-3, 4]
+    # big-endian int32 bytes do not sort negatives first: a key range is refused by name...
+    with pytest.raises(Exception, match=r"key_from'/'key_to' need keys whose byte order"):
+        reader(spark, root, "ints", key_from="-3")
+    # ...and where() is right
+    between = reader(spark, root, "ints").filter((F.col("key") > -3) & (F.col("key") <= 2))
     assert sorted(r["key"] for r in between.collect()) == [-2, -1, 0, 1, 2]
+    with pytest.raises(Exception, match=r"option 'key': serde 'int32' cannot parse 'five'"):
+        reader(spark, root, "ints", key="five")
 
 
 def test_explicit_store_key_lookup_reads_every_partition_and_is_right(spark, root):
@@ -350,7 +381,7 @@ def test_explicit_store_key_lookup_reads_every_partition_and_is_right(spark, roo
         w.put("a", 1, partition=0)
         w.put("b", 2, partition=2)
         w.put("a", 3, partition=2)  # explicit stores may hold one key in several places
-    sel = reader(spark, root, "placed").filter(F.col("key") == "a")
+    sel = reader(spark, root, "placed", key="a")
     assert sel.rdd.getNumPartitions() == 3  # no function of the key says where it lives
     assert sorted((r["partition"], r["value"]) for r in sel.collect()) == [(0, "1"), (2, "3")]
 
@@ -368,24 +399,28 @@ def test_ordered_keys_with_declared_columns(spark, root, tmp_path):
         for k, v in data.items():
             w.put(k, v)
     trace_dir = tmp_path / "trace"
-    df = reader(spark, root, "by_region", _trace_dir=str(trace_dir))
+    df = reader(spark, root, "by_region")
     assert df.schema.simpleString() == (
         "struct<partition:int,region:string,customer:bigint,value:string>"
     )
     got = {(r["region"], r["customer"]): json.loads(r["value"]) for r in df.collect()}
     assert got == data
-    clear(trace_dir)
-    point = df.filter((F.col("region") == "b") & (F.col("customer") == 3))
+    point = reader(spark, root, "by_region", key='["b", 3]', _trace_dir=str(trace_dir))
     assert point.rdd.getNumPartitions() == 1
     assert [(r["region"], r["customer"]) for r in point.collect()] == [("b", 3)]
     (t,) = traces(trace_dir)
     assert t["queries"] == [repr(KeyQuery.with_key(("b", 3)))]
     clear(trace_dir)
-    lead = df.filter(F.col("region") == "a")
+    lead = reader(spark, root, "by_region", prefix='["a"]', _trace_dir=str(trace_dir))
     assert sorted(r["customer"] for r in lead.collect()) == [0, 1, 2, 3, 4]
     assert {q for t in traces(trace_dir) for q in t["queries"]} == {
         repr(PrefixScanQuery.with_prefix(("a",)))
     }
+    # where() on a key column is Spark's filter
+    assert sorted(r["customer"] for r in df.where("region = 'b' AND customer > 2").collect()) == [
+        3,
+        4,
+    ]
 
 
 def test_ordered_single_column_ranges(spark, root):
@@ -400,10 +435,9 @@ def test_ordered_single_column_ranges(spark, root):
     with iqkit.StoreWriter(root, "seq") as w:
         for n in range(-20, 21, 5):
             w.put(n, f"v{n}")
-    df = reader(spark, root, "seq")
+    df = reader(spark, root, "seq", key_from="-10", key_to="5")
     assert df.columns == ["partition", "n", "value"]
-    sel = df.filter((F.col("n") >= -10) & (F.col("n") < 10))
-    assert sorted(r["n"] for r in sel.collect()) == [-10, -5, 0, 5]
+    assert sorted(r["n"] for r in df.collect()) == [-10, -5, 0, 5]
 
 
 def test_ordered_keys_without_columns_are_json_text(spark, root):
@@ -510,20 +544,43 @@ def test_an_unreadable_partition_fails_the_read_with_the_reason(spark, root):
     with pytest.raises(Exception, match=r"store 'broken' partition 1 .*STORE_EXCEPTION"):
         reader(spark, root, "broken").collect()
     # the healthy partition alone still reads
-    assert reader(spark, root, "broken").filter(F.col("partition") == 0).count() > 0
+    assert reader(spark, root, "broken", partitions="0").count() > 0
 
 
-def test_pushdown_conf_off_needs_the_scan_only_reader(spark, orders_root):
-    spark.conf.set(FILTER_PUSHDOWN_CONF, "false")
-    try:
-        with pytest.raises(Exception, match="DATA_SOURCE_PUSHDOWN_DISABLED"):
-            reader(spark, orders_root, "orders").filter(F.col("key") == "cust-07").collect()
-        plain = reader(spark, orders_root, "orders", pushdown="false")
-        sel = plain.filter(F.col("key") == "cust-07")
-        assert sel.rdd.getNumPartitions() == N_PARTITIONS  # nothing pushed
-        assert keys_of(sel) == ["cust-07"]
-    finally:
-        spark.conf.set(FILTER_PUSHDOWN_CONF, "true")
+def test_reading_sets_no_session_conf_and_works_with_pushdown_on_or_off(spark, orders_root):
+    """iqkit must not change how other data sources behave: register() and reads leave
+    Spark's Python filter-pushdown setting as the user had it, and either value works."""
+    conf = "spark.sql.python.filterPushdown.enabled"
+    before = spark.conf.get(conf, None)
+    register(spark)
+    reader(spark, orders_root, "orders").where("key = 'cust-07'").collect()
+    assert spark.conf.get(conf, None) == before
+    for value in ("true", "false"):
+        spark.conf.set(conf, value)
+        try:
+            df = reader(spark, orders_root, "orders")
+            assert keys_of(df.where("key = 'cust-07'")) == ["cust-07"]
+            assert df.count() == len(expected_orders())
+        finally:
+            spark.conf.unset(conf)
+
+
+def test_unknown_and_misplaced_options_are_refused_by_name(spark, orders_root, root):
+    with pytest.raises(Exception, match=r"unknown read option\(s\) 'prefx'"):
+        reader(spark, orders_root, "orders", prefx="cust")
+    with pytest.raises(Exception, match=r"option 'time_from' does not apply to store 'orders'"):
+        reader(spark, orders_root, "orders", time_from="0")
+    with pytest.raises(Exception, match=r"option 'prefix' cannot be combined with a key lookup"):
+        reader(spark, orders_root, "orders", key="a", prefix="b")
+    with pytest.raises(Exception, match=r"'partitions': '7' is outside store 'orders'"):
+        reader(spark, orders_root, "orders", partitions="7")
+    with pytest.raises(Exception, match=r"option 'keys' takes a non-empty JSON array"):
+        reader(spark, orders_root, "orders", keys="cust-01")
+    iqkit.create_store(root, "w", partitions=1, kind="window", window_size_ms=10)
+    with pytest.raises(Exception, match=r"option 'prefix' does not apply to store 'w'"):
+        reader(spark, root, "w", prefix="a")
+    with pytest.raises(Exception, match=r"option 'time_to' takes epoch milliseconds or ISO"):
+        reader(spark, root, "w", time_to="yesterday")
 
 
 def test_bad_value_schema_fails_at_load(spark, orders_root, root):

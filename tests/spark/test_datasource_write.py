@@ -13,7 +13,7 @@ import decimal
 from pathlib import Path
 
 import pytest
-from helpers import kv_rows, tree_digest, windowed_counts, written_counts
+from helpers import kv_rows, non_finite_frames, tree_digest, windowed_counts, written_counts
 from pyspark.sql import functions as F
 
 import iqkit
@@ -48,7 +48,7 @@ def contents(root, store) -> dict:
 
 
 def positions(root, store) -> dict[int, dict]:
-    """Every partition's position (failures such as NOT_PRESENT carry one too)."""
+    """Every partition's position (failures carry one too; an empty partition's is empty)."""
     with iqkit.open(root) as engine:
         r = engine.query(StateQueryRequest.in_store(store).with_query(RangeQuery.with_no_bounds()))
         return {p: q.position.to_map() for p, q in r.partition_results.items()}
@@ -105,7 +105,7 @@ def record_rows(count: int) -> list[tuple]:
             decimal.Decimal(f"{i}.10"),
             decimal.Decimal(i),
             bytes([i % 256, 0, 255]),
-            [0.1, 1.0, float("nan"), float("inf"), -0.0, 3e38][i % 6],
+            [0.1, 1.0, 1.5e-7, 3.25, -0.0, 3e38][i % 6],  # NaN/inf: refused, see below
             None,
         )
         for i in range(count)
@@ -157,7 +157,7 @@ def test_single_value_column_append_upserts_and_overwrite_replaces(spark, tmp_pa
         assert engine.versions("amounts") == [1, 2]
     save(update, root, "amounts", mode="overwrite", key="id", value="amount")
     assert contents(root, "amounts") == {1: 111, 99: 990}
-    # An overwrite empties the partitions no row reached: empty, not NOT_PRESENT.
+    # An overwrite empties the partitions no row reached.
     with iqkit.open(root) as engine:
         r = engine.query(
             StateQueryRequest.in_store("amounts").with_query(RangeQuery.with_no_bounds())
@@ -528,3 +528,21 @@ def test_windows_are_counted_as_rows_not_rocksdb_keys(spark, tmp_path):
     save(windowed_counts(spark, 8, 5), tmp_path, "w", key="user", value="n", window="window",
          partitions=2)  # fmt: skip
     assert written_counts(tmp_path, "w") == (40, 40)  # was (80, 80): two keys per window
+
+
+def test_nan_and_infinities_in_json_values_are_refused_like_write_store(spark, tmp_path):
+    for store, df, message in non_finite_frames(spark):
+        with pytest.raises(Exception, match=message):
+            save(df, tmp_path, store, key="k", partitions=2)
+        assert not (tmp_path / store / "manifest.json").exists()
+    with iqkit.open(tmp_path) as engine:
+        assert engine.store_names() == []
+    assert debris(tmp_path) == []
+
+
+def test_a_first_write_that_fails_in_its_tasks_leaves_nothing(spark, tmp_path):
+    # Spark partition 0 stages its fragment; partition 1 holds a null key and fails.
+    bad = spread(spark, [[("b", 2)], [(None, 5)]], "k string, v long")
+    with pytest.raises(Exception, match="store 's': key column 'k' holds null keys"):
+        save(bad, tmp_path, "s", key="k", value="v", partitions=2)
+    assert not (tmp_path / "s").exists()  # no store, and no empty folders of one

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from helpers import kv_rows
+import pytest
+from helpers import kv_rows, non_finite_frames
 from pyspark.sql import functions as F
 
 import iqkit
@@ -113,3 +114,76 @@ def test_an_empty_micro_batch_records_its_id_and_end_offsets(spark, tmp_path):
     assert last_committed_batch(root, "s", "s") == 1
     with iqkit.open(root) as engine:
         assert engine.lags()["s"][0].end_position == end
+
+
+def store_values(root, store):
+    with iqkit.open(root) as engine:
+        return engine.version(store), {k: v for _, k, v in kv_rows(engine, store)}
+
+
+def test_a_new_query_is_never_taken_for_a_replay_and_a_restart_replays_nothing(spark, tmp_path):
+    root = tmp_path / "stores"
+    sink = store_sink(root, "latest", key="user", value="amount", partitions=4)
+    # One input partition: one file per produce call, one micro-batch per file.
+    orders_topic = LocalKafkaTopic(tmp_path / "topics", "orders", 1)
+    for start in (0, 20, 40):
+        orders_topic.produce(orders(start, 20))
+    # Query A (its own checkpoint): batch ids 0, 1, 2; the last one sets user-1 to 57.
+    run_available_now(spark, orders_topic, sink, tmp_path / "cp-a", max_files_per_trigger=1)
+    assert last_committed_batch(root, "latest", "latest") == 2
+    # Query B: a new checkpoint writing to the same store under the same (default) sink
+    # name; its batch ids start again at 0, below A's 2. 50 new keys, and user-1 again.
+    refunds = LocalKafkaTopic(tmp_path / "topics", "refunds", 1)
+    refunds.produce([(f"new-{i}", json.dumps({"amount": -i})) for i in range(50)])
+    refunds.produce([("user-1", json.dumps({"amount": -1}))])
+    run_available_now(spark, refunds, sink, tmp_path / "cp-b", max_files_per_trigger=1)
+    version, values = store_values(root, "latest")
+    assert {k: v for k, v in values.items() if k.startswith("new-")} == {
+        f"new-{i}": -i for i in range(50)
+    }
+    assert values["user-1"] == -1
+    assert last_committed_batch(root, "latest", "latest") == 1  # B committed last
+    # A restarts from its checkpoint after dying between the store commit of batch 2 and
+    # Spark's commit log entry: Spark runs batch 2 again (same offsets, same query id).
+    # It was committed: nothing changes (re-applying it would put user-1 back to 57).
+    for name in ("2", ".2.crc"):  # the entry and Hadoop's checksum file beside it
+        (tmp_path / "cp-a" / "commits" / name).unlink()
+    run_available_now(spark, orders_topic, sink, tmp_path / "cp-a")
+    assert (tmp_path / "cp-a" / "commits" / "2").exists()  # Spark did run batch 2 again
+    assert store_values(root, "latest") == (version, values)
+    # Both queries' progress is kept, each under its own query id.
+    from iqkit.store.layout import StoreLayout
+    from iqkit.store.sinks import sink_progress
+    from iqkit.store.versions import read_version
+
+    record = read_version(StoreLayout.of(root, "latest"), version)
+    assert sorted(e.batch for e in sink_progress(record.metadata, "latest").values()) == [1, 2]
+    assert record.metadata["spark_query_id"] in sink_progress(record.metadata, "latest")
+
+
+def test_sink_progress_in_old_version_records_still_reads(spark, tmp_path):
+    """Records written before query ids were kept hold ``sinks: {name: batch id}``."""
+    from iqkit.store.layout import StoreLayout
+
+    root = tmp_path / "stores"
+    sink = store_sink(root, "s", key="k", value="v", partitions=2)
+    sink(spark.createDataFrame([("a", 1)], "k string, v long"), 0)
+    record = StoreLayout.of(root, "s").version_record(1)
+    data = json.loads(record.read_text())
+    data["metadata"]["sinks"] = {"s": 5}  # the old shape
+    record.write_text(json.dumps(data))
+    assert last_committed_batch(root, "s", "s") == 5
+    sink(spark.createDataFrame([("a", 2)], "k string, v long"), 5)  # a replay: skipped
+    with iqkit.open(root) as engine:
+        assert engine.version("s") == 1
+    sink(spark.createDataFrame([("a", 3)], "k string, v long"), 6)
+    assert store_values(root, "s") == (2, {"a": 3})
+    assert last_committed_batch(root, "s", "s") == 6
+
+
+def test_a_micro_batch_with_nan_in_a_json_value_is_refused_and_creates_no_store(spark, tmp_path):
+    sink = store_sink(tmp_path, "s", key="k", partitions=2)
+    _, df, _ = non_finite_frames(spark)[0]
+    with pytest.raises(ValueError, match="store 's': value column 'x' holds NaN"):
+        sink(df, 0)
+    assert not (tmp_path / "s").exists()

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 import pytest
-from helpers import kv_rows, windowed_counts, written_counts
+from helpers import NON_FINITE_DDL, kv_rows, non_finite_frames, windowed_counts, written_counts
 from pyspark.sql import functions as F
 
 import iqkit
-from iqkit import FailureReason, KeyQuery, StateQueryRequest
+from iqkit import KeyQuery, StateQueryRequest
 from iqkit.spark import write_store
 from iqkit.store.partitioners import murmur2_partition
 
@@ -225,7 +226,7 @@ def test_a_job_that_fails_leaves_the_previous_version(spark, tmp_path):
     assert job_debris(root) == []
 
 
-def test_not_present_partitions_after_a_small_upsert(spark, tmp_path):
+def test_partitions_a_small_upsert_never_reached_are_empty(spark, tmp_path):
     root = tmp_path / "stores"
     write_store(
         spark.createDataFrame([("a", 1)], "k string, v long"),
@@ -239,12 +240,10 @@ def test_not_present_partitions_after_a_small_upsert(spark, tmp_path):
         r = engine.query(
             StateQueryRequest.in_store("s").with_query(iqkit.RangeQuery.with_no_bounds())
         )
-    owner = murmur2_partition(b"a", 8)
-    assert {
-        p
-        for p, q in r.partition_results.items()
-        if q.is_failure and q.failure_reason is FailureReason.NOT_PRESENT
-    } == set(range(8)) - {owner}
+        # never written: empty, not failed (issue 10: they were NOT_PRESENT)
+        assert all(q.is_success for q in r.partition_results.values())
+        found = kv_rows(engine, "s")
+    assert found == [(murmur2_partition(b"a", 8), "a", 1)]
 
 
 def test_progress_reports_what_was_written(spark, tmp_path, capsys):
@@ -266,3 +265,64 @@ def test_progress_counts_windows_not_rocksdb_keys(spark, tmp_path, capsys):
     )  # fmt: skip
     assert "rows=40," in capsys.readouterr().err
     assert written_counts(tmp_path, "w") == (40, 40)
+
+
+def test_a_first_write_that_fails_creates_no_store(spark, tmp_path):
+    root = tmp_path / "stores"
+    nulls = spark.createDataFrame([("a", "x", 1), (None, "y", 2)], "k string, k2 string, v long")
+    spread_rows = spark.createDataFrame(
+        [(f"k{i}", i % 2) for i in range(40)], "k string, p int"
+    ).repartition(4)
+    nan = spark.createDataFrame([("a", 1.0), ("b", float("nan"))], "k string, x double")
+    cases = [
+        # JVM-routed: the write tasks count null keys, the driver refuses the job
+        ("jvm_nulls", nulls, dict(key="k", value="v"), "key column 'k' holds null keys"),
+        # Python-routed: null keys are looked for before the job
+        ("py_nulls", nulls, dict(key=["k", "k2"], value="v"), "key column 'k' holds null keys"),
+        (
+            "out_of_range",
+            spark.createDataFrame([("a", 5)], "k string, p int"),
+            dict(key="k", value="p", mark_as_partitioned="p"),
+            r"must hold integers in \[0, 2\); found 5",
+        ),
+        (
+            "not_partitioned",
+            spread_rows,
+            dict(key="k", value="p", mark_as_partitioned="p"),
+            "more than one Spark partition",
+        ),
+        ("nan", nan, dict(key="k"), "value column 'x' holds NaN or an infinity"),
+    ]
+    for name, df, options, message in cases:
+        with pytest.raises(ValueError, match=message):
+            write_store(df, root, name, partitions=2, progress=False, **options)
+        assert not (root / name).exists(), name  # no store, no folder, nothing staged
+    with iqkit.open(root) as engine:
+        assert engine.store_names() == []
+
+
+def test_nan_and_infinities_in_json_values_are_refused_naming_the_column(spark, tmp_path):
+    for store, df, message in non_finite_frames(spark):
+        with pytest.raises(ValueError, match=message):
+            write_store(df, tmp_path, store, key="k", partitions=2, progress=False)
+        assert not (tmp_path / store).exists()
+    # one json value column, routed in Python (binary keys): the same rule
+    _, df, _ = non_finite_frames(spark)[1]
+    df = df.withColumn("k", F.col("k").cast("binary"))
+    with pytest.raises(ValueError, match="store 'one': value column 'xs' holds NaN"):
+        write_store(df, tmp_path, "one", key="k", value="xs", value_serde="json", partitions=2)
+    # the data a store already holds is untouched by a refused write
+    fine = spark.createDataFrame([("a", 1.5, [1.0], {"u": 1.0}, (0.5,))], NON_FINITE_DDL)
+    write_store(fine, tmp_path, "kept", key="k", partitions=2, progress=False)
+    with pytest.raises(ValueError, match="store 'kept': value column 'x' holds NaN"):
+        write_store(non_finite_frames(spark)[0][1], tmp_path, "kept", key="k", partitions=2)
+    with iqkit.open(tmp_path) as engine:
+        assert engine.version("kept") == 1
+        assert get(engine, "kept", "a") == {"x": 1.5, "xs": [1.0], "m": {"u": 1.0}, "s": {"a": 0.5}}
+        assert get(engine, "kept", "b") is None
+    # a double value column keeps them: the double serde stores NaN and infinities
+    x = spark.createDataFrame([("a", float("nan")), ("b", float("-inf"))], "k string, x double")
+    write_store(x, tmp_path, "doubles", key="k", value="x", partitions=2, progress=False)
+    with iqkit.open(tmp_path) as engine:
+        assert math.isnan(get(engine, "doubles", "a"))
+        assert get(engine, "doubles", "b") == float("-inf")

@@ -8,7 +8,6 @@ import pytest
 from helpers import request
 
 import iqkit
-from iqkit import FailureReason
 from iqkit.store.jobs import JobCommit, StoreConflictError, stage_partition
 from iqkit.store.keyspace import kv_key
 from iqkit.store.layout import StoreLayout
@@ -99,9 +98,9 @@ def test_upsert_builds_on_the_base_and_overwrite_replaces(store):
     with iqkit.open(store) as engine:
         r = engine.query(request("s", iqkit.RangeQuery.with_no_bounds()))
         assert r.partition_results[0].is_success
-        assert all(
-            r.partition_results[p].failure_reason is FailureReason.NOT_PRESENT for p in (1, 2, 3)
-        )
+        for p in (1, 2, 3):  # not rebuilt by the overwrite: empty (issue 10: was NOT_PRESENT)
+            with r.partition_results[p].result as it:
+                assert list(it) == []
         with r.partition_results[0].result as it:
             assert all(kv.value <= 0 for kv in it)
 
@@ -167,3 +166,34 @@ def test_unsorted_rows_for_the_sst_path_fail_cleanly(store):
             stage_partition(job.spec, 0, rows, attempt="0", sorted_unique=True)
     assert job_folders(store) == []
     assert not (store / "s" / "LATEST").exists()
+
+
+def test_a_new_store_is_created_only_when_the_job_publishes(root):
+    from iqkit.errors import StoreExistsError, UnknownStoreError
+    from iqkit.store.manifest import StoreManifest
+
+    def planned(name, **settings):
+        kv = dict(kind="kv", key_serde="string", partitioner="murmur2")
+        return StoreManifest(name=name, **kv, **settings)
+
+    s = planned("s", partitions=4, value_serde="int64")
+    with pytest.raises(UnknownStoreError):
+        JobCommit(root, "s")  # without create=, a missing store is an error
+    with JobCommit(root, "s", create=s) as job:  # a job that fails
+        stage_partition(job.spec, 0, rows_for(0, ITEMS), attempt="a0")
+        assert not (root / "s" / "manifest.json").exists()
+        job.abort()
+    assert not (root / "s").exists()  # no store, no folders
+    with JobCommit(root, "s", create=s) as job:
+        staged = [stage_partition(job.spec, p, rows_for(p, ITEMS), attempt="a") for p in range(4)]
+        assert job.publish(staged) == 1
+    with iqkit.open(root) as engine:
+        assert engine.manifest("s").value_serde == "int64"
+        assert get(engine, "user-7") == 7
+    # a store created meanwhile with other settings is not overwritten
+    with JobCommit(root, "t", create=planned("t", partitions=2, value_serde="json")) as job:
+        iqkit.create_store(root, "t", partitions=3)
+        with pytest.raises(StoreExistsError, match="partitions=3 \\(asked 2\\)"):
+            job.publish([])
+    with iqkit.open(root) as engine:
+        assert engine.manifest("t").partitions == 3

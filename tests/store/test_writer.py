@@ -291,6 +291,62 @@ def test_advance_moves_a_position_without_data(root):
         assert r.partition_results[1].position.to_map() == {"orders": {1: 99}}
 
 
+def test_record_applied_advances_every_partition_of_a_murmur2_store(root):
+    iqkit.create_store(root, "s", partitions=4)
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("alice", 1, source=("orders", 0, 17))
+        w.put("bob", 2, source=("orders", 1, 3))
+        w.record_applied({"orders": {0: 19, 1: 3}})
+        w.record_source_end({"orders": {0: 20, 1: 4}})  # log-end: everything applied
+    applied = {"orders": {0: 19, 1: 3}}
+    bound = iqkit.PositionBound.at(iqkit.Position.from_map(applied))
+    with iqkit.open(root) as engine:
+        r = engine.query(request("s", iqkit.RawScanQuery.scan()).with_position_bound(bound))
+        lags = engine.lags()["s"]
+    assert sorted(r.partition_results) == [0, 1, 2, 3]
+    for qr in r.partition_results.values():  # partitions no record reached included
+        assert qr.is_success and qr.position.to_map() == applied
+        qr.result.close()
+    assert {p: info.offset_lag for p, info in lags.items()} == {0: 0, 1: 0, 2: 0, 3: 0}
+
+
+def test_record_applied_on_an_explicit_store_advances_partition_p_for_input_p(root):
+    iqkit.create_store(root, "s", partitions=3, partitioner="explicit")
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 1, partition=0, source=("in", 0, 4))
+        w.record_applied(iqkit.Position.from_map({"in": {0: 9, 2: 5}}))
+        w.record_source_end({"in": {0: 10, 1: 3, 2: 6}})
+    with iqkit.open(root) as engine:
+        r = engine.query(request("s", iqkit.RawScanQuery.scan()))
+        lags = engine.lags()["s"]
+    positions = {p: qr.position.to_map() for p, qr in r.partition_results.items()}
+    assert positions == {0: {"in": {0: 9}}, 1: {}, 2: {"in": {2: 5}}}
+    assert {p: info.offset_lag for p, info in lags.items()} == {0: 0, 1: 3, 2: 0}
+    for qr in r.partition_results.values():
+        qr.result.close()
+
+
+def test_record_applied_never_lowers_and_refuses_bad_input_whole(root):
+    iqkit.create_store(root, "s", partitions=2, partitioner="explicit")
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 1, partition=0, source=("in", 0, 50))
+        w.record_applied({"in": {0: 7}})  # lower than what the put applied: kept at 50
+    with iqkit.StoreWriter(root, "s") as w:
+        with pytest.raises(ValueError, match=r"store 's': record_applied: input partition 5"):
+            w.record_applied({"in": {1: 8, 5: 1}})  # 5 feeds no partition: nothing recorded
+        with pytest.raises(ValueError, match=r"store 's': record_applied: offset must be >= -1"):
+            w.record_applied({"in": {1: -4}})
+        with pytest.raises(TypeError, match=r"store 's': record_applied: .*mapping"):
+            w.record_applied([("in", 1, 8)])
+    assert w.version == 1  # nothing was buffered: nothing published
+    with iqkit.open(root) as engine:
+        r = engine.query(request("s", iqkit.RawScanQuery.scan()))
+        positions = {p: qr.position.to_map() for p, qr in r.partition_results.items()}
+        for qr in r.partition_results.values():
+            qr.result.close()
+    assert positions == {0: {"in": {0: 50}}, 1: {}}
+
+
 # -- readers never change what they read -----------------------------------------------------
 def test_queries_do_not_modify_published_files(root):
     iqkit.create_store(root, "s", partitions=2)
