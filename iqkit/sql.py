@@ -29,6 +29,21 @@ the Arrow C stream interface with projection pushdown.
 
 Decisions:
 
+* **What SQL can touch** is decided here, per session (``access=``, in the magic
+  ``%config IQMagics.sql_access``), not left to DuckDB's defaults:
+
+  - ``"files"`` (the default): iqkit's tables, plus the files the kernel's user can
+    read and write, through DuckDB's own functions (``read_csv``, ``read_parquet``,
+    ``COPY ... TO``, ``ATTACH``): joining a scan with a local CSV is a notebook's daily
+    work. Nothing from the network by itself: DuckDB would otherwise download and load
+    an extension (``httpfs``) the moment a query names an ``https://`` or ``s3://``
+    path (``autoinstall_known_extensions``, ``autoload_known_extensions``); here those
+    are off, so such a query fails. ``INSTALL``/``LOAD`` typed on purpose still work.
+  - ``"none"``: only iqkit's tables (stores, named results, notebook DataFrames):
+    ``enable_external_access=false`` turns off every file, network and extension
+    access, except under ``directories`` (DuckDB's ``allowed_directories``), and
+    ``lock_configuration`` keeps SQL from changing any setting back.
+
 * DuckDB's own progress bar is switched **off** on the private connection. A store
   scan is an Arrow stream of unknown length, so DuckDB cannot say how far it is; in
   Jupyter the bar is an ipywidget that appears only for queries slower than
@@ -77,7 +92,10 @@ if TYPE_CHECKING:
 
     from .engine import StateEngine
 
-__all__ = ["SQLError", "SQLSession", "sql"]
+__all__ = ["SQL_ACCESS", "SQLError", "SQLSession", "sql"]
+
+#: What a session's SQL may reach besides iqkit's tables (module docstring).
+SQL_ACCESS = ("files", "none")
 
 #: Default memory for store snapshots (``SQLSession(cache_bytes=...)``).
 DEFAULT_CACHE_BYTES = 256 * 2**20
@@ -123,6 +141,10 @@ class SQLSession:
     never be stale; a new commit is a new version and is streamed afresh. Least recently
     used snapshots go first; a scan bigger than the budget is streamed and not kept;
     ``0`` turns the cache off.
+
+    ``access``: ``"files"`` (default) or ``"none"``, and ``directories``: the folders
+    SQL may still read and write under ``"none"`` — what SQL can touch besides iqkit's
+    own tables (see the module docstring).
     """
 
     def __init__(
@@ -132,9 +154,17 @@ class SQLSession:
         namespace: Mapping[str, Any] | None = None,
         progress: Callable[[str, int], None] | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        access: str = "files",
+        directories: Sequence[str | os.PathLike[str]] = (),
     ) -> None:
         if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
             raise ValueError(f"cache_bytes must be an int >= 0, got {cache_bytes!r}")
+        if access not in SQL_ACCESS:
+            raise ValueError(f"access must be one of {', '.join(SQL_ACCESS)}, got {access!r}")
+        if directories and access != "none":
+            raise ValueError("directories only apply with access='none' ('files' reaches all)")
+        self.access = access
+        self.directories = tuple(os.path.abspath(d) for d in directories)
         self.cache_bytes = cache_bytes
         self._snapshots: OrderedDict[_SnapshotKey, pa.Table] = OrderedDict()
         self._snapshot_lock = threading.Lock()
@@ -147,6 +177,7 @@ class SQLSession:
         # Explicit resolution only (see the module docstring); and no DuckDB progress bar.
         self._con.execute("SET python_enable_replacements = false")
         self._con.execute("SET enable_progress_bar = false")
+        _limit_access(self._con, access, self.directories)
         self._registered: dict[str, Any] = {}  # name → the object DuckDB scans
         self._temporary: dict[str, Any] = {}  # per-statement registrations still in DuckDB
         self._stream_errors: list[tuple[str, BaseException]] = []  # raised in store scans
@@ -277,6 +308,7 @@ class SQLSession:
         con = self._connection()
         if not isinstance(sql, str):
             raise SQLError(f"SQL must be a string, got {type(sql).__name__}")
+        _check_unicode(sql)
         ns = namespace if namespace is not None else self._namespace
         with self._lock:
             outcome: list[tuple[bool, Any]] = []
@@ -634,6 +666,19 @@ def _snapshot_key(engine: StateEngine, store: str) -> _SnapshotKey | None:
     return None if version is None else (os.fspath(engine.root), store, version)
 
 
+def _limit_access(con: duckdb.DuckDBPyConnection, access: str, directories: Sequence[str]) -> None:
+    """Apply ``access`` (module docstring) to a fresh connection. Order matters: DuckDB
+    refuses ``allowed_directories`` once external access is off, and every setting once
+    the configuration is locked."""
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    if access == "none":
+        if directories:
+            con.execute("SET allowed_directories = ?", [list(directories)])
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+
+
 def _unregister(con: duckdb.DuckDBPyConnection, name: str) -> bool:
     """Unregister ``name``; ``False`` if it is still registered.
 
@@ -654,9 +699,33 @@ def _unregister(con: duckdb.DuckDBPyConnection, name: str) -> bool:
     return False
 
 
+def _check_unicode(sql: str) -> None:
+    """Quirk: DuckDB's Python binding takes SQL as UTF-8, and a ``str`` holding a lone
+    surrogate (``'\\ud800'``, from a bad copy-paste or ``surrogateescape`` decoding) has
+    no UTF-8 form: pybind11 then rejects the call with a ``TypeError`` listing every
+    overload. Say what is wrong, and where."""
+    at = _lone_surrogate(sql)
+    if at is not None:
+        raise SQLError(
+            f"the SQL holds {sql[at]!r} at character {at + 1}: a lone surrogate, which is "
+            "not valid Unicode (retype that character)"
+        )
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Where ``text`` holds a character with no UTF-8 form (a lone surrogate), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
 def _check_name(name: object) -> None:
     if not isinstance(name, str) or not name or "\x00" in name:
         raise SQLError(f"a table name must be a non-empty string, got {name!r}")
+    if _lone_surrogate(name) is not None:
+        raise SQLError(f"a table name must be valid Unicode, got {name!r} (a lone surrogate)")
 
 
 def _is_pandas_frame(obj: Any) -> bool:

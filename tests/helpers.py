@@ -41,6 +41,39 @@ def kv_rows(engine: iqkit.StateEngine, store: str) -> list[tuple[int, object, ob
     return out
 
 
+# -- Spark writes -------------------------------------------------------------------------
+def windowed_counts(spark, users: int, windows: int):
+    """``users * windows`` rows of a windowed count (5-minute windows, one click each)."""
+    import datetime as dt
+
+    from pyspark.sql import functions as F
+
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    clicks = spark.createDataFrame(
+        [(f"u{u}", t0 + dt.timedelta(minutes=5 * w)) for u in range(users) for w in range(windows)],
+        "user string, ts timestamp",
+    )
+    return clicks.groupBy(F.window("ts", "5 minutes"), "user").agg(F.count("*").alias("n"))
+
+
+def written_counts(root, store: str) -> tuple[int, int]:
+    """The latest version's ``rows_written`` and the puts its commit records count."""
+    from iqkit.store.layout import StoreLayout
+    from iqkit.store.partition import RocksDBPartition
+    from iqkit.store.versions import read_latest_number, read_version
+
+    layout = StoreLayout.of(root, store)
+    record = read_version(layout, read_latest_number(layout))
+    puts = 0
+    for p, folder in record.partitions.items():
+        partition = RocksDBPartition(layout.partition_version_dir(p, folder), folder)
+        try:
+            puts += partition.commit_record()["puts"]
+        finally:
+            partition.close()
+    return record.metadata["rows_written"], puts
+
+
 #: The records behind the notebook test stores (see ``write_notebook_stores``).
 NOTEBOOK_TOTALS = {
     "alice": {"customer": "alice", "total": 42, "orders": 3},

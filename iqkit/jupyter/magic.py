@@ -18,11 +18,12 @@ from IPython.core.magic import (
     needs_local_scope,
     no_var_expand,
 )
-from traitlets import Bool, Int, TraitError, Unicode, observe, validate
+from traitlets import Bool, Enum, Int, List, TraitError, Unicode, observe, validate
 from traitlets.config import Configurable
 
+from ..sql import SQL_ACCESS
 from .complete import register_completer
-from .parse import overview, parse_line
+from .parse import check_result_name, overview, parse_line
 from .session import IQSession
 
 __all__ = ["IQMagics"]
@@ -48,6 +49,17 @@ class IQMagics(Magics, Configurable):
     progress = Bool(True, help="Show a progress bar when reading takes over 0.5 s.").tag(
         config=True
     )
+    sql_access = Enum(
+        list(SQL_ACCESS),
+        "files",
+        help="What %iq sql may touch besides stores, named results and DataFrames: "
+        "'files' (local files through read_csv, COPY ... TO; never a download) or 'none' "
+        "(nothing else; sql_directories excepted, and no SET).",
+    ).tag(config=True)
+    sql_directories = List(
+        Unicode(),
+        help="With sql_access = 'none': folders %iq sql may still read and write.",
+    ).tag(config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         # The session exists before traitlets loads the config, because loading it fires
@@ -58,6 +70,7 @@ class IQMagics(Magics, Configurable):
         self.session.display_limit = self.displaylimit
         self.session.autolimit = self.autolimit
         self.session.progress = self.progress
+        self.session.set_sql_access(self.sql_access, self.sql_directories)
         # Magics.__init__ already appends self to shell.configurables (%config sees it).
 
     @validate("displaylimit", "autolimit")
@@ -71,6 +84,10 @@ class IQMagics(Magics, Configurable):
         name = "display_limit" if change["name"] == "displaylimit" else change["name"]
         setattr(self.session, name, change["new"])
 
+    @observe("sql_access", "sql_directories")
+    def _sync_sql_access(self, change: Any) -> None:
+        self.session.set_sql_access(self.sql_access, self.sql_directories)
+
     @observe("root")
     def _sync_root(self, change: Any) -> None:
         # Set the root without opening: a configured root that does not exist yet must not
@@ -83,6 +100,8 @@ class IQMagics(Magics, Configurable):
     @line_cell_magic("iqkit")
     def iq(self, line: str, cell: str | None = None, local_ns: dict[str, Any] | None = None) -> Any:
         command = parse_line(line, cell)
+        if command.as_name and self.shell is not None:
+            check_result_name(command.as_name, self.shell.user_ns_hidden)
         namespace = dict(self.shell.user_ns) if self.shell is not None else {}
         namespace.update(local_ns or {})
         result = self.session.execute(command, namespace)

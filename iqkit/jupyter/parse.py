@@ -13,11 +13,12 @@ POSIX shell splitting would strip.
 
 from __future__ import annotations
 
+import builtins
 import difflib
+import keyword
 import re
-import shlex
-from argparse import SUPPRESS, ArgumentParser
-from collections.abc import Sequence
+from argparse import SUPPRESS, ArgumentParser, ArgumentTypeError
+from collections.abc import Collection, Sequence
 
 from IPython.core.error import UsageError
 
@@ -25,6 +26,7 @@ from ..query.position import Position
 from .command import ACTIONS, IQCommand
 
 __all__ = [
+    "check_result_name",
     "command_help",
     "option_flags",
     "overview",
@@ -75,7 +77,13 @@ def _query_options(p: _Parser, *, order: bool = True) -> None:
     p.add_argument(
         "--limit", metavar="N", type=_non_negative_int, help="stop after N rows (0 = all)"
     )
-    p.add_argument("--as", dest="as_name", metavar="NAME", help="name the result (for %%iq sql)")
+    p.add_argument(
+        "--as",
+        dest="as_name",
+        metavar="NAME",
+        type=_result_name,
+        help="name the result (for %%iq sql)",
+    )
     p.add_argument(
         "--as-of", dest="as_of", metavar="VERSION", type=_non_negative_int, help="read this version"
     )
@@ -93,6 +101,47 @@ def _non_negative_int(text: str) -> int:
 
 
 _non_negative_int.__name__ = "number"  # argparse shows it: "invalid number value: 'x'"
+
+#: Names IPython keeps in every user namespace (``InteractiveShell.init_user_ns``) or its
+#: builtins; ``shell.user_ns_hidden`` adds whatever a given shell has on top.
+_IPYTHON_NAMES = frozenset(
+    {"In", "Out", "get_ipython", "exit", "quit", "display", "_ih", "_oh", "_dh", "_sh"}
+)
+#: IPython's output and input history: ``_``, ``__``, ``___``, ``_5``, ``_i``, ``_ii``,
+#: ``_iii``, ``_i5``.
+_IPYTHON_PATTERN = re.compile(r"_{1,3}|_i{1,3}|_i?\d+")
+#: Python's own special names (``__builtins__``, ``__name__``).
+_DUNDER = re.compile(r"__\w*__")
+
+
+def check_result_name(name: str, reserved: Collection[str] = ()) -> str:
+    """``name`` if ``--as`` may bind it in the notebook, else one ``UsageError`` line.
+
+    ``--as x`` assigns ``x`` in the user's namespace, so a name must be a Python
+    identifier that shadows nothing the kernel relies on: not a keyword, not a builtin
+    (``--as __builtins__`` used to break ``import``), not IPython's own names (``In``,
+    ``_``, ``get_ipython``: the magic's own line calls ``get_ipython()``), nor anything
+    in ``reserved`` (the shell's ``user_ns_hidden``)."""
+    if not name.isidentifier():
+        raise UsageError(f"%iq: --as needs a Python identifier, got {name!r}")
+    if keyword.iskeyword(name):
+        why = "is a Python keyword"
+    elif _DUNDER.fullmatch(name):
+        why = "is one of Python's special names"
+    elif name in _IPYTHON_NAMES or name in reserved or _IPYTHON_PATTERN.fullmatch(name):
+        why = "is one of IPython's own names"
+    elif hasattr(builtins, name):
+        why = "would shadow a Python builtin"
+    else:
+        return name
+    raise UsageError(f"%iq: --as {name!r} {why}; pick another name, e.g. --as result")
+
+
+def _result_name(text: str) -> str:
+    try:
+        return check_result_name(text)
+    except UsageError as exc:  # argparse passes this one's message on as it is
+        raise ArgumentTypeError(str(exc).removeprefix("%iq: --as ")) from None
 
 
 def _build_parsers() -> dict[str, _Parser]:
@@ -143,16 +192,38 @@ def _build_parsers() -> dict[str, _Parser]:
 _PARSERS = _build_parsers()
 
 
+#: ``shlex``'s whitespace: what separates words.
+_SPACE = re.compile(r"[ \t\r\n]*")
+_WORD = re.compile(r"[^ \t\r\n]+")
+
+
 def split_words(line: str) -> list[str]:
-    """Shell-like split that keeps inner quotes (see the module docstring)."""
-    try:
-        lexer = shlex.shlex(line, posix=False)
-        lexer.whitespace_split = True
-        lexer.commenters = ""
-        words = list(lexer)
-    except ValueError as exc:  # "No closing quotation"
-        raise UsageError(f"%iq: {exc}: {line.strip()!r}") from None
-    return [_unquote(w) for w in words]
+    """Shell-like split that keeps inner quotes (see the module docstring).
+
+    The rules of ``shlex`` with ``posix=False`` and ``whitespace_split``: a word that
+    starts with a quote runs to the next same quote (whitespace included) and ends
+    there; any other word runs to the next whitespace, quotes inside it kept as typed.
+    Written out here because ``shlex`` builds each word one character at a time
+    (``self.token += c`` on an attribute, which CPython cannot extend in place), so a
+    1 MB key took 13 s; this is linear: slices between ``find``/regex matches."""
+    words: list[str] = []
+    i, n = 0, len(line)
+    while True:
+        i = _SPACE.match(line, i).end()  # type: ignore[union-attr]
+        if i >= n:
+            return [_unquote(w) for w in words]
+        quote = line[i]
+        if quote in "'\"":
+            end = line.find(quote, i + 1)
+            if end < 0:
+                raise UsageError(f"%iq: No closing quotation: {line.strip()!r}")
+            words.append(line[i : end + 1])
+            i = end + 1
+        else:
+            m = _WORD.match(line, i)
+            assert m is not None  # line[i] is not whitespace
+            words.append(m.group())
+            i = m.end()
 
 
 def _unquote(word: str) -> str:
@@ -233,10 +304,8 @@ def _parse_sql(rest: str, cell: str | None) -> IQCommand:
     as_name = None
     m = _SQL_AS.match(rest)
     if m:
-        as_name = m.group(1)
+        as_name = check_result_name(m.group(1))
         rest = rest[m.end() :]
-        if not as_name.isidentifier():
-            raise UsageError(f"%iq sql: --as needs a Python identifier, got {as_name!r}")
     elif rest.lstrip().startswith("--as"):
         raise UsageError("%iq sql: --as needs a name: %iq sql --as NAME SELECT ...")
     parts = [rest.strip(), (cell or "").strip()]
@@ -246,23 +315,51 @@ def _parse_sql(rest: str, cell: str | None) -> IQCommand:
     return IQCommand("sql", sql=query, as_name=as_name)
 
 
-_RANGE = re.compile(r"^(\d+)-(\d+)$")
+_PARTITION = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")  # ASCII digits only
+#: Kafka's partition numbers are Java ints.
+_MAX_PARTITION = 2**31 - 1
+#: How many partitions one ``--partitions`` may name: far more than any store has, far
+#: fewer than would strain the kernel (``0-99999999999`` would build a set of 10^11).
+MAX_LISTED_PARTITIONS = 10_000
+
+
+def _partition_number(digits: str) -> int:
+    """The number, or just past the largest partition number for longer digit strings
+    (never ``int()`` of thousands of digits, which Python refuses)."""
+    return int(digits) if len(digits) <= 10 else _MAX_PARTITION + 1
 
 
 def parse_partitions(text: str) -> tuple[int, ...]:
-    """``"0,2"`` / ``"0-3"`` / ``"0,2-3"`` → sorted partition numbers."""
-    out: set[int] = set()
+    """``"0,2"`` / ``"0-3"`` / ``"0,2-3"`` → sorted partition numbers.
+
+    Ranges are checked before they are expanded: a list naming more than
+    ``MAX_LISTED_PARTITIONS`` partitions, or a number above Kafka's largest partition
+    number, is one ``UsageError``. Numbers the store does not have stay the engine's to
+    answer (``DOES_NOT_EXIST`` for that partition, the IQv2 rule)."""
+    spans: list[tuple[int, int]] = []
     for part in text.replace(" ", "").split(","):
-        if part.isdigit():
-            out.add(int(part))
-            continue
-        m = _RANGE.match(part)
-        if m and int(m.group(1)) <= int(m.group(2)):
-            out.update(range(int(m.group(1)), int(m.group(2)) + 1))
-            continue
+        m = _PARTITION.match(part)
+        lo = _partition_number(m.group(1)) if m else -1
+        hi = _partition_number(m.group(2)) if m and m.group(2) is not None else lo
+        if not m or lo > hi:
+            raise UsageError(
+                f"%iq: --partitions expects partition numbers like 0,2 or 0-3, got {text!r}"
+            )
+        if hi > _MAX_PARTITION:
+            raise UsageError(
+                f"%iq: --partitions: a partition number is at most {_MAX_PARTITION:,} "
+                "(Kafka's largest)"
+            )
+        spans.append((lo, hi))
+    named = sum(hi - lo + 1 for lo, hi in spans)  # an upper bound (overlaps count twice)
+    if named > MAX_LISTED_PARTITIONS:
         raise UsageError(
-            f"%iq: --partitions expects partition numbers like 0,2 or 0-3, got {text!r}"
+            f"%iq: --partitions names {named:,} partitions; at most "
+            f"{MAX_LISTED_PARTITIONS:,} (leave --partitions out to query every partition)"
         )
+    out: set[int] = set()
+    for lo, hi in spans:
+        out.update(range(lo, hi + 1))
     return tuple(sorted(out))
 
 

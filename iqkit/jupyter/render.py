@@ -27,7 +27,15 @@ from ..query.lag import NO_SOURCE
 if TYPE_CHECKING:
     from .result import IQResult
 
-__all__ = ["clip", "frame_html", "lag_html", "result_html", "result_text", "table_html"]
+__all__ = [
+    "clip",
+    "frame_html",
+    "lag_html",
+    "result_html",
+    "result_text",
+    "table_html",
+    "truncation_note",
+]
 
 #: Characters of one cell shown before it is cut with "…" (the data keeps them all).
 CELL_CHARS = 200
@@ -201,10 +209,21 @@ def _summary(r: IQResult) -> str:
     return '<div class="iq-summary">' + " · ".join(parts) + "</div>"
 
 
+def truncation_note(r: IQResult) -> str:
+    """What a result cut off by the fetch limit says (HTML and text alike): how many
+    rows were read, that reading stopped there with rows left, how to read more."""
+    return (
+        f"Reading stopped at the fetch limit after {len(r):,} rows; the store has more. "
+        "Read more with --limit N (--limit 0 reads everything), or for every query "
+        "%config IQMagics.autolimit = N."
+    )
+
+
 def _rows_section(r: IQResult) -> str:
     n = len(r)
     if n == 0:
-        return '<div class="iq-note">No rows.</div>'
+        notes = "".join(f"<br>{escape(note)}" for note in r.notes)
+        return f'<div class="iq-note">No rows.{notes}</div>'
     limit = r.display_limit
     html = table_html(r.arrow(), limit)
     notes = []
@@ -215,10 +234,7 @@ def _rows_section(r: IQResult) -> str:
             "<code>%config IQMagics.displaylimit = 0</code> (0 = all)."
         )
     if r.truncated:
-        notes.append(
-            f"Reading stopped after {n:,} rows (the fetch limit): read more with "
-            "<code>--limit N</code> (<code>--limit 0</code> reads everything)."
-        )
+        notes.append(escape(truncation_note(r)))
     if notes:
         html += '<div class="iq-note">' + "<br>".join(notes) + "</div>"
     return html
@@ -359,7 +375,11 @@ def result_text(r: IQResult) -> str:
         shown = r.rows if not limit else r.rows.head(limit)
         lines += _text_table(shown)
         if len(shown) < n:
-            lines.append(f"… {n - len(shown):,} more rows (.rows has them all)")
+            where = " in .rows" if r.truncated else " (.rows has them all)"
+            lines.append(f"… {n - len(shown):,} more rows{where}")
+    if r.truncated:
+        lines.append(truncation_note(r))
+    lines += r.notes
     for p, qr in r.failures.items():
         lines.append(f"partition {p} failed: {qr.failure_reason.name}: {qr.failure_message}")
     return "\n".join(lines)

@@ -18,20 +18,33 @@ import pandas as pd
 import pyarrow as pa
 
 from ..errors import IqkitError
-from ..query import LagInfo, Position, QueryResult, StateQueryRequest, StateQueryResult
+from ..query import (
+    LagInfo,
+    Position,
+    QueryResult,
+    RangeQuery,
+    StateQueryRequest,
+    StateQueryResult,
+    WindowKeyQuery,
+    WindowRangeQuery,
+)
 from ..query.lag import NO_SOURCE
 from ..store.inputs import binds, offset_lag, records_behind
 from ..store.manifest import StoreManifest
+from ..store.ordered import short_repr
 from ..store.partitioners import Partitioner, get_partitioner
+from ..store.serdes import get_serde
 from ..tables import Collected, to_pandas
 from . import render
 
 __all__ = [
+    "STORE_PROBLEMS",
     "IQResult",
     "LagFrame",
     "compact_position",
     "lag_frame",
     "parse_trace_line",
+    "problem",
     "stores_frame",
 ]
 
@@ -57,7 +70,15 @@ STORES_COLUMNS = [
     "approx_rows",
     "position",
     "lag",
+    "error",
 ]
+#: ``%iq lag`` adds this column: why a store's lag could not be read (else null).
+ERROR_COLUMN = "error"
+
+#: What reading one store can raise when that store is broken (a corrupt or missing
+#: manifest, version record or LATEST, a folder iqkit cannot read): ``%iq stores`` and
+#: ``%iq lag`` report it on that store's row and go on with the others.
+STORE_PROBLEMS = (IqkitError, OSError, ValueError, LookupError)
 
 _TRACE_LINE = re.compile(r"Handled in (?P<layer>\S+) in (?P<ns>\d+)ns(?::\s?(?P<detail>.*))?", re.S)
 _VERSION = re.compile(r"\bat version (\d+)\b")
@@ -72,6 +93,12 @@ def compact_position(position: Position | None) -> str:
         return ""
     m = position.to_map()
     return ",".join(f"{t}[{p}]={o}" for t in sorted(m) for p, o in sorted(m[t].items()))
+
+
+def problem(exc: BaseException) -> str:
+    """An exception as one short line: ``TypeName: first line of the message``."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def parse_trace_line(line: str) -> tuple[str | None, str, int | None]:
@@ -176,6 +203,14 @@ class IQResult:
     def truncated(self) -> bool:
         """True when the fetch limit stopped reading with rows left."""
         return self.collected.truncated
+
+    @property
+    def notes(self) -> list[str]:
+        """One-line explanations of a result that could surprise: an empty range whose
+        bounds are the wrong way round (IQv2 answers it with an empty success, which
+        stays the rule; this only says why, and what to type instead)."""
+        note = _reversed_bounds_note(self.query, self.manifest) if len(self) == 0 else None
+        return [note] if note else []
 
     @property
     def position(self) -> Position:
@@ -325,6 +360,44 @@ class IQResult:
         p.text(repr(self) if cycle else str(self))
 
 
+def _reversed_bounds_note(query: Any, manifest: StoreManifest) -> str | None:
+    """Why a range with ``lower > upper`` is empty. The stores compare the serialized
+    bounds (``TypedLayer._range``: byte order is key order), so this does too."""
+    if isinstance(query, WindowKeyQuery | WindowRangeQuery):
+        if query.time_from <= query.time_to:
+            return None
+        return (
+            f"No windows: --from ({query.time_from} ms) is later than --to ({query.time_to} "
+            "ms), and a time range runs from the earlier to the later time. For the newest "
+            "windows first, swap --from and --to and add --desc."
+        )
+    if not isinstance(query, RangeQuery) or None in (query.lower_bound, query.upper_bound):
+        return None
+    serde = get_serde(manifest.key_serde)
+    try:
+        lower, upper = serde.serialize(query.lower_bound), serde.serialize(query.upper_bound)
+    except (TypeError, ValueError):
+        return None
+    if lower <= upper:
+        return None
+    lo, hi = short_repr(query.lower_bound), short_repr(query.upper_bound)
+    numbers = all(
+        isinstance(b, int | float) and not isinstance(b, bool)
+        for b in (query.lower_bound, query.upper_bound)
+    )
+    if numbers and not serde.order_preserving and query.lower_bound <= query.upper_bound:
+        return (
+            f"No rows: in {serde.name} key order --from {lo} sorts after --to {hi} "
+            "(keys sort by their big-endian bytes: negative numbers after positive ones); "
+            "query the negative and the positive keys separately, or use the ordered serde."
+        )
+    return (
+        f"No rows: --from {lo} sorts after --to {hi}, and a range runs from its lower "
+        f"to its upper key. For keys from {lo} down to {hi}, swap --from and --to and add "
+        "--desc."
+    )
+
+
 # -- %iq lag -------------------------------------------------------------------------------
 def _nullable(value: int | None) -> Any:
     return pd.NA if value is None else value
@@ -392,6 +465,7 @@ def lag_frame(
     lags: Mapping[str, Mapping[int, LagInfo]],
     *,
     manifests: Mapping[str, StoreManifest] | None = None,
+    errors: Mapping[str, str] | None = None,
 ) -> LagFrame:
     """``engine.lags()`` as a DataFrame: one row per (store, partition, input topic,
     input partition) — the components the partition has applied and the end offsets
@@ -404,8 +478,11 @@ def lag_frame(
     component at all still gets one row (topic NA, ``lag`` its ``offset_lag``).
     ``manifests`` (store → manifest) says which end components bind an ``explicit``
     store's partitions; without it this is inferred from ``offset_lag``.
+
+    ``errors`` (store → one line) adds an ``error`` column: each store in it gets one
+    row with nothing but its name and why its lag could not be read (``%iq lag``).
     """
-    records = []
+    records: list[tuple[Any, ...]] = []
     no_source = []
     for store, infos in lags.items():
         if all(info.end_position is None for info in infos.values()):
@@ -437,7 +514,15 @@ def lag_frame(
                 records.append(
                     (store, p, topic, in_p, _nullable(have), _nullable(end_offset), _nullable(lag))
                 )
-    frame = LagFrame(pd.DataFrame.from_records(records, columns=LAG_COLUMNS)).astype(
+    columns = list(LAG_COLUMNS)
+    if errors is not None:
+        columns.append(ERROR_COLUMN)
+        records = [(*r, None) for r in records]
+        records += [
+            (store, *[pd.NA] * (len(LAG_COLUMNS) - 1), why) for store, why in errors.items()
+        ]
+        records.sort(key=lambda r: r[0])  # stores in name order, broken ones in place
+    frame = LagFrame(pd.DataFrame.from_records(records, columns=columns)).astype(
         {
             "store": "object",
             "partition": "Int64",
@@ -481,37 +566,49 @@ def _approx_rows(engine: Any, store: str, manifest: StoreManifest) -> int | None
 
 def stores_frame(engine: Any) -> pd.DataFrame:
     """``%iq stores``: one row per store under the engine's root with its settings, the
-    version served, approximate rows, merged position and total offset lag (in words,
+    version served, approximate rows, merged position, total offset lag (in words,
     ``"no source recorded"``, when the store's end offsets are unknown: a table for
-    reading, so its ``lag`` column mixes counts and that text)."""
-    names = engine.store_names()
-    lags = engine.lags(stores=names) if names else {}
+    reading, so its ``lag`` column mixes counts and that text) and ``error``: null, or
+    why the store could not be read (its other columns are then NA; one broken store
+    never hides the others)."""
     records = []
-    for name in names:
-        manifest = engine.manifest(name)
-        infos = lags.get(name, {})
-        position = Position.empty()
-        for info in infos.values():
-            position = position.merge(info.current_position)
-        known = [i.offset_lag for i in infos.values()]
-        lag: Any = NO_SOURCE
-        if known and all(v is not None for v in known):
-            lag = sum(known)  # type: ignore[arg-type]
-        records.append(
-            (
-                name,
-                manifest.kind,
-                manifest.partitions,
-                manifest.key_serde,
-                manifest.value_serde,
-                manifest.partitioner,
-                _nullable(engine.version(name)),
-                _nullable(_approx_rows(engine, name, manifest)),
-                compact_position(position),
-                lag,
-            )
-        )
+    for name in engine.store_names():
+        try:
+            records.append((*_store_row(engine, name), None))
+        except STORE_PROBLEMS as exc:
+            records.append((name, *[pd.NA] * (len(STORES_COLUMNS) - 2), problem(exc)))
     frame = pd.DataFrame.from_records(records, columns=STORES_COLUMNS)
     return frame.astype(
-        {"partitions": "Int64", "version": "Int64", "approx_rows": "Int64", "lag": "object"}
+        {
+            "kind": "object",
+            "partitions": "Int64",
+            "version": "Int64",
+            "approx_rows": "Int64",
+            "lag": "object",
+            "error": "object",
+        }
+    )
+
+
+def _store_row(engine: Any, name: str) -> tuple[Any, ...]:
+    manifest = engine.manifest(name)
+    infos = engine.lags(stores=[name]).get(name, {})
+    position = Position.empty()
+    for info in infos.values():
+        position = position.merge(info.current_position)
+    known = [i.offset_lag for i in infos.values()]
+    lag: Any = NO_SOURCE
+    if known and all(v is not None for v in known):
+        lag = sum(known)  # type: ignore[arg-type]
+    return (
+        name,
+        manifest.kind,
+        manifest.partitions,
+        manifest.key_serde,
+        manifest.value_serde,
+        manifest.partitioner,
+        _nullable(engine.version(name)),
+        _nullable(_approx_rows(engine, name, manifest)),
+        compact_position(position),
+        lag,
     )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,9 @@ from ..query import (
     WindowKeyQuery,
     WindowRangeQuery,
 )
+from ..sql import SQL_ACCESS
 from ..store.manifest import StoreManifest
+from ..store.ordered import short_repr
 from .command import IQCommand
 from .messages import Message
 from .parse import command_help, overview
@@ -76,6 +78,8 @@ class IQSession:
         self.progress = progress
         self.last: Any = None
         self.named: dict[str, Any] = {}
+        self.sql_access = "files"
+        self.sql_directories: tuple[str, ...] = ()
 
     # -- root and engine -------------------------------------------------------------------
     @property
@@ -115,8 +119,23 @@ class IQSession:
             self._sql.close()
             self._sql = None
 
-    def manifest(self, store: str) -> StoreManifest:
-        return self.engine.manifest(store)
+    def manifest(self, store: str, engine: StateEngine | None = None) -> StoreManifest:
+        """``store``'s manifest; a name that cannot be a store is a usage error.
+
+        ``validate_store_name`` refuses ``''``, ``.``, ``../x`` and NUL with
+        ``ValueError``; the filesystem may refuse what it lets through (``OSError``, e.g.
+        a name longer than the filesystem allows). Either is one line in a notebook.
+        Anything else (an unknown store, a corrupt manifest) is ``IqkitError``, which
+        ``execute`` turns into one line too."""
+        engine = engine if engine is not None else self.engine
+        try:
+            return engine.manifest(store)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"%iq: {exc}") from None
+        except OSError as exc:
+            raise UsageError(
+                f"%iq: store {short_repr(store)}: {exc.strerror or type(exc).__name__}"
+            ) from None
 
     # -- dispatch ----------------------------------------------------------------------------
     def execute(self, command: IQCommand, namespace: Mapping[str, Any] | None = None) -> Any:
@@ -233,7 +252,7 @@ class IQSession:
                 engine = (
                     open_engine(self.root, as_of={store: command.as_of}) if pinned else self.engine
                 )
-                manifest = engine.manifest(store)
+                manifest = self.manifest(store, engine)
                 request = self.request(command, namespace, manifest)
                 started = time.perf_counter_ns()
                 result = engine.query(request)
@@ -278,21 +297,49 @@ class IQSession:
 
     # -- other commands ----------------------------------------------------------------------
     def lag(self, store: str | None) -> Any:
-        from .result import lag_frame
+        """``%iq lag [STORE]``: one frame for the named store or every store. A store
+        that cannot be read does not hide the others: it gets one row whose ``error``
+        says why (the partitions of a store are results, and so are stores here)."""
+        from .result import STORE_PROBLEMS, lag_frame, problem
 
         engine = self.engine
+        if store is not None:
+            self.manifest(store)  # an unknown or impossible name is a usage error
         names = [store] if store is not None else engine.store_names()
         # lag_frame needs each store's partitioner to count only the inputs that feed a
         # partition (an explicit store's partition p reads input partition p only).
-        manifests = {name: engine.manifest(name) for name in names}  # unknown → hint
-        return lag_frame(engine.lags(stores=names), manifests=manifests)
+        manifests, lags, errors = {}, {}, {}
+        for name in names:
+            try:
+                manifests[name] = engine.manifest(name)
+                lags[name] = engine.lags(stores=[name])[name]
+            except STORE_PROBLEMS as exc:
+                errors[name] = problem(exc)
+        return lag_frame(lags, manifests=manifests, errors=errors)
+
+    def set_sql_access(self, access: str, directories: Sequence[str] = ()) -> None:
+        """What ``%iq sql`` may touch (``SQLSession``'s ``access``/``directories``). Takes
+        effect from the next SQL statement, on a fresh DuckDB connection (DuckDB cannot
+        give back access it took away): tables made in SQL go, named results stay."""
+        if access not in SQL_ACCESS:
+            raise UsageError(f"%iq: sql_access must be one of {', '.join(SQL_ACCESS)}")
+        if (access, tuple(directories)) == (self.sql_access, self.sql_directories):
+            return
+        self.sql_access, self.sql_directories = access, tuple(directories)
+        if self._sql is not None:
+            self._sql.close()
+            self._sql = None
 
     @property
     def sql_session(self) -> Any:
         if self._sql is None:
             from ..sql import SQLSession
 
-            self._sql = SQLSession(engine=lambda: self.engine)
+            self._sql = SQLSession(
+                engine=lambda: self.engine,
+                access=self.sql_access,
+                directories=self.sql_directories if self.sql_access == "none" else (),
+            )
             for name, value in self.named.items():
                 self._sql.register(name, value)
         return self._sql

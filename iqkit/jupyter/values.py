@@ -24,7 +24,8 @@ from IPython.core.error import UsageError
 
 from ..query.position import Position, PositionBound
 from ..store.manifest import StoreManifest
-from ..store.serdes import get_serde
+from ..store.ordered import short_repr
+from ..store.serdes import TextTooDeepError, get_serde
 from .parse import parse_bound
 
 __all__ = ["bound_value", "key_value", "time_value", "variable"]
@@ -49,10 +50,10 @@ def key_value(text: str, manifest: StoreManifest, namespace: Mapping[str, Any]) 
     try:
         return serde.parse_text(text)
     except ValueError as exc:
-        if manifest.key_serde == "json":
+        if manifest.key_serde == "json" and not isinstance(exc, TextTooDeepError):
             return text  # a bare word in a JSON-keyed store: the string the user typed
         raise UsageError(
-            f"%iq: key {text!r} does not fit store {manifest.name!r} "
+            f"%iq: key {short_repr(text)} does not fit store {manifest.name!r} "
             f"(key serde {manifest.key_serde}): {exc}"
         ) from None
 
@@ -66,15 +67,18 @@ def time_value(text: str, namespace: Mapping[str, Any], *, now: datetime | None 
     text = text.strip()
     if text.startswith(":") and text[1:].isidentifier():
         return variable(text, namespace, "time")
-    if re.fullmatch(r"-?\d+", text):
-        return int(text)
     m = _RELATIVE.match(text)
-    if m:
-        moment = now or datetime.now(UTC)
-        if m.group(1):
-            delta = timedelta(milliseconds=int(m.group(2)) * _UNITS[m.group(3)])
-            moment = moment + delta if m.group(1) == "+" else moment - delta
-        return moment
+    try:
+        if re.fullmatch(r"-?\d+", text):
+            return int(text)
+        if m:
+            moment = now or datetime.now(UTC)
+            if m.group(1):
+                delta = timedelta(milliseconds=int(m.group(2)) * _UNITS[m.group(3)])
+                moment = moment + delta if m.group(1) == "+" else moment - delta
+            return moment
+    except (ValueError, OverflowError):  # int() of 4301+ digits; beyond datetime's years
+        raise UsageError(f"%iq: time {short_repr(text)} is out of range") from None
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:

@@ -564,8 +564,10 @@ def _stage_fragments(
     source: Path | None = None
     if spec.mode == "upsert" and partition in spec.base_partitions:
         source = layout.partition_version_dir(partition, spec.base_partitions[partition])
-    puts = sum(f.puts for f in fragments)
-    deletes = sum(f.deletes for f in fragments)
+    # Records, not RocksDB keys (a window is two keys), as every writer counts them.
+    kind = spec.manifest.kind
+    puts = keyspace.records_in(kind, sum(f.puts for f in fragments))
+    deletes = keyspace.records_in(kind, sum(f.deletes for f in fragments))
     previous: Path | None = None
     record: dict[str, Any] = {}
     staging = layout.job_staging_dir(partition, spec.job_id, "driver")

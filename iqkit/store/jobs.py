@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import IqkitError, StoreNotFoundError, UnknownStoreError
 from ..query.position import Position
-from . import rocks
+from . import keyspace, rocks
 from .commit import build_partition, publish_partitions, remove_if_exists, remove_tree_or_file
 from .layout import StoreLayout, list_store_names
 from .locking import CommitLock
@@ -134,7 +134,7 @@ def stage_partition(
                     version=spec.planned_version,
                     sst_files=[os.fspath(sst)] if puts else [],
                     position=position,
-                    counts={"puts": puts, "deletes": 0},
+                    counts=_record_counts(spec, puts, 0),
                 )
             finally:
                 remove_if_exists(sst)
@@ -154,7 +154,7 @@ def stage_partition(
                 version=spec.planned_version,
                 batch=batch,
                 position=position,
-                counts={"puts": puts, "deletes": deletes},
+                counts=_record_counts(spec, puts, deletes),
             )
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -167,6 +167,12 @@ def stage_partition(
         deletes=record.get("deletes", 0),
         position=record["position"].to_map(),
     )
+
+
+def _record_counts(spec: JobSpec, puts: int, deletes: int) -> dict[str, int]:
+    """The commit record's counts: records, not RocksDB keys (a window is two keys)."""
+    kind = spec.manifest.kind
+    return {"puts": keyspace.records_in(kind, puts), "deletes": keyspace.records_in(kind, deletes)}
 
 
 #: Rows per Arrow slice handed to the SST writer, and per block when runs are merged.

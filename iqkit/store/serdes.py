@@ -32,6 +32,7 @@ import difflib
 import json
 import numbers
 import operator
+import re
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -54,6 +55,7 @@ __all__ = [
     "OrderedSerde",
     "Serde",
     "StringSerde",
+    "TextTooDeepError",
     "get_serde",
 ]
 
@@ -466,6 +468,35 @@ class DoubleSerde(Serde):
 
 
 # --- json -----------------------------------------------------------------------------
+#: How deep a JSON literal typed as text (``parse_text``) may nest. Keys are flat or a
+#: few levels deep; Python's JSON parser and the ordered codec recurse once per level,
+#: so a deeper literal would end in a ``RecursionError`` at a depth that depends on the
+#: caller's stack (about 800 inside IPython).
+MAX_TEXT_DEPTH = 100
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+class TextTooDeepError(ValueError):
+    """A JSON literal nests deeper than ``MAX_TEXT_DEPTH``: not a value anyone typed, and
+    not a plain word either (callers that take unparsable text as a string must not)."""
+
+
+def _check_text_depth(serde: Serde, text: str) -> None:
+    """Refuse ``text`` when its brackets (outside JSON strings) nest deeper than
+    ``MAX_TEXT_DEPTH``; linear in the text, no recursion."""
+    if "[" not in text and "{" not in text:
+        return
+    depth = 0
+    for bracket in _BRACKETS.findall(_JSON_STRING.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        if depth > MAX_TEXT_DEPTH:
+            raise TextTooDeepError(
+                f"serde {serde.name!r} cannot parse {short_repr(text)}: nested more than "
+                f"{MAX_TEXT_DEPTH} levels deep"
+            )
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -515,6 +546,7 @@ class JsonSerde(Serde):
     def parse_text(self, text: str) -> Any:
         """Strict JSON: ``42``, ``"abc"``, ``[1, 2]``, ``{"a": 1}``; bare words fail."""
         text = self._require_text(text)
+        _check_text_depth(self, text)
         try:
             return _json_decode_strict(text)
         except ValueError as exc:
@@ -553,6 +585,7 @@ class OrderedSerde(Serde):
         text that is not JSON is taken as a plain string (``abc`` -> ``'abc'``).
         """
         text = self._require_text(text)
+        _check_text_depth(self, text)
         try:
             value = _json_decode(text)
         except ValueError:

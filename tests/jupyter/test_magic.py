@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -256,3 +257,77 @@ def test_tab_completion(shell, line, expected):
 def test_completion_survives_reload(shell):
     shell.run_line_magic("reload_ext", "iqkit")
     assert shell.complete("", "%iq get c", 9)[1] == ["clicks", "counts"]
+
+
+# -- input that must not surprise or break the kernel (issue 14) -------------------------------
+@pytest.mark.parametrize("name", ["../x", "''", ".", "a\x00b", "..", "'a/b'"])
+def test_lag_of_a_name_that_cannot_be_a_store_is_one_line(shell, name):
+    with pytest.raises(UsageError, match=r"^%iq: store name") as err:
+        shell.run_cell(f"%iq lag {name}")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "name", ["__builtins__", "print", "get_ipython", "In", "_", "_i2", "__name__", "class"]
+)
+def test_as_refuses_names_that_would_break_the_kernel(shell, name):
+    for line in (f"%iq scan totals --limit 1 --as {name}", f"%iq sql --as {name} SELECT 1"):
+        with pytest.raises(UsageError, match=rf"--as:? '{re.escape(name)}' ") as err:
+            shell.run_cell(line)
+        assert "\n" not in str(err.value)
+    shell.run_cell(
+        "import os\nchecked = os.sep + print.__name__ + get_ipython().__class__.__name__"
+    )
+    assert shell.user_ns["checked"] == "/printIQTestShell"
+    assert run(shell, "%iq scan totals --limit 1 --as fine").rows.shape[0] == 1
+
+
+def test_as_also_refuses_the_shells_own_hidden_names(shell):
+    shell.user_ns_hidden["my_tool"] = object()  # what a shell extension may add
+    with pytest.raises(UsageError, match="one of IPython's own names"):
+        shell.run_cell("%iq scan totals --as my_tool")
+
+
+def test_partitions_ranges_are_bounded_before_they_are_built(shell):
+    with pytest.raises(UsageError, match=r"names 10,001 partitions; at most 10,000") as err:
+        shell.run_cell("%iq scan totals --partitions 0-10000")
+    assert "leave --partitions out" in str(err.value)
+    with pytest.raises(UsageError, match="at most 2,147,483,647"):
+        shell.run_cell("%iq scan totals --partitions 0-99999999999")  # was a 10^11-number set
+    with pytest.raises(UsageError, match="at most 2,147,483,647"):
+        shell.run_cell(f"%iq scan totals --partitions {'9' * 5000}")  # int() refuses 4301+ digits
+    r = run(shell, "%iq scan totals --partitions 0-1,7")
+    assert r.partitions.set_index("partition").loc[7, "failure_reason"] == "DOES_NOT_EXIST"
+
+
+def test_a_lone_surrogate_in_sql_is_one_line(shell):
+    with pytest.raises(UsageError, match=r"^%iq sql: the SQL holds '\\ud800' at character 9"):
+        shell.run_cell("%iq sql SELECT '\ud800'")
+
+
+def test_one_broken_store_does_not_hide_the_others(shell, nb_root):
+    (nb_root / "counts" / "manifest.json").write_text("{not json")
+    (nb_root / "clicks" / "LATEST").write_text("garbage")
+    stores = run(shell, "%iq stores").set_index("name")
+    assert list(stores.index) == ["clicks", "counts", "totals"]
+    assert stores.loc["totals", "kind"] == "kv" and pd.isna(stores.loc["totals", "error"])
+    assert "manifest" in stores.loc["counts", "error"] and "LATEST" in stores.loc["clicks", "error"]
+    assert stores.loc[["clicks", "counts"], ["kind", "version", "lag"]].isna().all().all()
+    lag = run(shell, "%iq lag")
+    healthy = lag[lag["error"].isna()]
+    assert set(healthy["store"]) == {"totals"} and healthy["lag"].sum() > 0
+    broken = lag[lag["error"].notna()].set_index("store")
+    assert sorted(broken.index) == ["clicks", "counts"]
+    assert "manifest" in broken.loc["counts", "error"]
+    assert broken[["partition", "lag"]].isna().all().all()
+    # One store asked for by name: its own problem, on its row.
+    one = run(shell, "%iq lag clicks")
+    assert len(one) == 1 and "LATEST" in one["error"].iloc[0]
+
+
+def test_reversed_window_times_say_why_nothing_came_back(shell):
+    r = run(shell, "%iq window clicks alice --from 240000 --to 0")
+    assert len(r) == 0
+    (note,) = r.notes
+    assert "later than --to" in note and "--desc" in note
+    assert run(shell, "%iq window clicks alice --from 0 --to 240000 --desc").notes == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from datetime import UTC, datetime
 
 import pytest
@@ -183,3 +184,86 @@ def test_every_action_has_help():
     for action in ACTIONS:
         if action != "help":
             assert parse_line(f"help {action}") == IQCommand("help", path=action)
+
+
+# -- input that must not exhaust the kernel (issue 14) ----------------------------------------
+def _shlex_words(line: str) -> list[str]:
+    """What split_words did before: shlex with posix=False (quadratic in a word's size)."""
+    lexer = shlex.shlex(line, posix=False)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    return [w[1:-1] if len(w) >= 2 and w[0] == w[-1] and w[0] in "'\"" else w for w in lexer]
+
+
+@given(st.text(alphabet=st.sampled_from(list("ab '\"[],\t\n-")), max_size=30))
+def test_split_words_splits_exactly_as_shlex_did(line):
+    try:
+        expected = _shlex_words(line)
+    except ValueError:  # "No closing quotation"
+        with pytest.raises(UsageError, match="No closing quotation"):
+            split_words(line)
+        return
+    assert split_words(line) == expected
+
+
+@pytest.mark.parametrize("quote", ["", "'", '"'])
+def test_a_megabyte_key_parses_whole_and_round_trips(quote):
+    # shlex grew each word one character at a time: 13 s for this key.
+    key = "k" * 500_000 + " " * bool(quote) + "[1]" * 150_000
+    cmd = parse_line(f"get totals {quote}{key}{quote} --limit 1")
+    assert cmd.keys == (key,) and cmd.limit == 1
+    assert parse_line(cmd.to_line().removeprefix("%iq ")) == cmd
+
+
+@pytest.mark.parametrize("serde", ["json", "ordered"])
+def test_keys_nested_deeper_than_a_person_types_are_one_usage_error(serde):
+    for depth in (101, 1_500, 20_000):  # RecursionError from about 800 levels on
+        with pytest.raises(UsageError, match="nested more than 100 levels deep") as err:
+            key_value("[" * depth + "1" + "]" * depth, manifest(serde), {})
+        assert "\n" not in str(err.value) and len(str(err.value)) < 300
+    nested = key_value("[" * 100 + "1" + "]" * 100, manifest(serde), {})  # the limit: fine
+    for _ in range(100):
+        (nested,) = nested
+    assert nested == 1
+    # brackets inside JSON strings are text, not nesting
+    assert key_value('["' + "[" * 500 + '"]', manifest(serde), {}) in (["[" * 500], ("[" * 500,))
+
+
+def test_partition_lists_are_checked_before_they_are_expanded():
+    assert parse_partitions("0-9999") == tuple(range(10_000))
+    for text in ("0-10000", "0-5000,5000-9999,1"):
+        with pytest.raises(UsageError, match="at most 10,000"):
+            parse_partitions(text)
+    for text in ("0-99999999999", "2147483648", "9" * 5_000):
+        with pytest.raises(UsageError, match="at most 2,147,483,647"):
+            parse_partitions(text)
+    with pytest.raises(UsageError, match="expects partition numbers"):
+        parse_partitions("\u0663")  # a non-ASCII digit: int() takes it, we do not
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("__builtins__", "one of Python's special names"),
+        ("print", "would shadow a Python builtin"),
+        ("In", "one of IPython's own names"),
+        ("_", "one of IPython's own names"),
+        ("_i3", "one of IPython's own names"),
+        ("_42", "one of IPython's own names"),
+        ("lambda", "a Python keyword"),
+        ("a b", "needs a Python identifier"),
+    ],
+)
+def test_as_names_that_would_shadow_the_kernels_own_are_refused(text, why):
+    for line in (f"scan t --as '{text}'", f"sql --as {text} SELECT 1"):
+        if " " in text and line.startswith("sql"):
+            continue  # the SQL form takes --as up to the first space
+        with pytest.raises(UsageError, match=why):
+            parse_line(line)
+    assert parse_line("scan t --as _private").as_name == "_private"
+
+
+def test_times_out_of_range_are_usage_errors():
+    for text in ("9" * 5_000, "now-99999999999999d", "now+9999999d"):
+        with pytest.raises(UsageError, match="is out of range"):
+            time_value(text, {})

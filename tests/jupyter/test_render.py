@@ -318,3 +318,38 @@ def test_table_html_matches_the_arrow_table():
     assert rows[3]["cells"][3] == "[]"
     assert rows[1]["cell_attrs"][0] == {"class": "n"}
     assert len(Page(render.table_html(table, 2)).tables[0]) == 3
+
+
+def test_a_truncated_result_says_it_stopped_at_the_limit_not_that_rows_has_all(totals):
+    # The text form used to say "… N more rows (.rows has them all)" for a scan the
+    # fetch limit cut off: .rows held only what was read, the store had more.
+    with iqkit.open(totals) as engine:
+        r = result_of(engine, scan("totals"), limit=5, display_limit=2)
+    assert r.truncated
+    lines = str(r).splitlines()
+    assert "… 3 more rows in .rows" in lines
+    assert not any("has them all" in line for line in lines)
+    stopped = [line for line in lines if "fetch limit" in line]
+    assert stopped == [render.truncation_note(r)]
+    assert "after 5 rows" in stopped[0] and "--limit 0" in stopped[0]
+    assert "IQMagics.autolimit" in stopped[0]
+    assert render.truncation_note(r) in Page(r._repr_html_()).visible
+
+
+@pytest.mark.parametrize(
+    ("store", "lo", "hi", "says"),
+    [
+        ("totals", "m", "a", "swap --from and --to and add --desc"),
+        ("counts", -3, 7, "negative numbers after positive ones"),  # int32: bytes order
+    ],
+)
+def test_a_range_with_its_bounds_reversed_says_why_it_is_empty(nb_root, store, lo, hi, says):
+    # Still an empty success (IQv2's rule); a note says why, and what to type instead.
+    with iqkit.open(nb_root) as engine:
+        empty = result_of(engine, request(store, RangeQuery.with_range(lo, hi)))
+        fine = result_of(engine, request(store, RangeQuery.with_range(hi, hi)))
+    assert len(empty) == 0
+    (note,) = empty.notes
+    assert says in note and note in str(empty).splitlines()
+    assert note in Page(empty._repr_html_()).visible
+    assert fine.notes == []

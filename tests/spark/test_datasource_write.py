@@ -13,7 +13,7 @@ import decimal
 from pathlib import Path
 
 import pytest
-from helpers import kv_rows, non_finite_frames, tree_digest
+from helpers import kv_rows, non_finite_frames, tree_digest, windowed_counts, written_counts
 from pyspark.sql import functions as F
 
 import iqkit
@@ -522,6 +522,12 @@ def test_root_option_and_existing_store_defaults(spark, tmp_path):
     # key, value and partitions default to what the store was created with.
     more.write.format("iqkit").mode("append").option("store", "s").save(str(tmp_path))
     assert contents(tmp_path, "s") == {"a": 1, "b": 2, "c": 3}
+
+
+def test_windows_are_counted_as_rows_not_rocksdb_keys(spark, tmp_path):
+    save(windowed_counts(spark, 8, 5), tmp_path, "w", key="user", value="n", window="window",
+         partitions=2)  # fmt: skip
+    assert written_counts(tmp_path, "w") == (40, 40)  # was (80, 80): two keys per window
 
 
 def test_nan_and_infinities_in_json_values_are_refused_like_write_store(spark, tmp_path):

@@ -6,7 +6,7 @@ import datetime as dt
 import math
 
 import pytest
-from helpers import NON_FINITE_DDL, kv_rows, non_finite_frames
+from helpers import NON_FINITE_DDL, kv_rows, non_finite_frames, windowed_counts, written_counts
 from pyspark.sql import functions as F
 
 import iqkit
@@ -254,6 +254,17 @@ def test_progress_reports_what_was_written(spark, tmp_path, capsys):
     assert "rows=30" in err and "version=1" in err
     write_store(df, tmp_path, "s", key="k", value="v", partitions=3, progress=False)
     assert "iqkit write" not in capsys.readouterr().err
+
+
+def test_progress_counts_windows_not_rocksdb_keys(spark, tmp_path, capsys):
+    # Each window is two RocksDB keys (the window and its time-index entry): the bar,
+    # the version's rows_written and the commit records said 80 for these 40 windows.
+    write_store(
+        windowed_counts(spark, 8, 5), tmp_path, "w", key="user", value="n", window="window",
+        partitions=2,
+    )  # fmt: skip
+    assert "rows=40," in capsys.readouterr().err
+    assert written_counts(tmp_path, "w") == (40, 40)
 
 
 def test_a_first_write_that_fails_creates_no_store(spark, tmp_path):

@@ -559,3 +559,87 @@ def test_partial_scans_and_a_zero_budget_keep_nothing(big_root: Path) -> None:
             assert sum(streamed) == 2 * 200_000
         with pytest.raises(ValueError, match="cache_bytes"):
             SQLSession(cache_bytes=-1)
+
+
+# -- bad text -------------------------------------------------------------------------------
+@pytest.mark.parametrize(("text", "at"), [("SELECT '\ud800' AS x", 9), ("SELECT 1 -- \udcff", 13)])
+def test_a_lone_surrogate_in_the_sql_is_one_sqlerror_naming_it(text: str, at: int) -> None:
+    # DuckDB's binding refused it with a TypeError listing every extract_statements overload.
+    with SQLSession() as session:
+        with pytest.raises(SQLError, match=r"lone surrogate") as err:
+            session.query(text)
+        assert f"at character {at}:" in str(err.value) and "\n" not in str(err.value)
+        assert session.query("SELECT 1 AS x")["x"].tolist() == [1]  # still usable
+
+
+# -- what SQL can touch ---------------------------------------------------------------------
+def _setting(session: SQLSession, name: str) -> object:
+    return session.query(f"SELECT current_setting('{name}') AS v")["v"].tolist()[0]
+
+
+def test_by_default_sql_reads_and_writes_local_files_but_never_downloads(tmp_path: Path) -> None:
+    (tmp_path / "regions.csv").write_text("customer,region\nc001,eu\nc002,us\n")
+    frame = pd.DataFrame({"customer": ["c001", "c002"], "total": [10, 20]})
+    with SQLSession() as session:
+        # Joining a local CSV is a notebook's daily work: allowed.
+        joined = session.query(
+            f"SELECT f.customer, r.region FROM frame f JOIN read_csv('{tmp_path}/regions.csv') r "
+            "USING (customer) ORDER BY 1",
+            namespace={"frame": frame},
+        )
+        assert joined.values.tolist() == [["c001", "eu"], ["c002", "us"]]
+        session.query(f"COPY (SELECT 1 AS x) TO '{tmp_path}/out.csv'")
+        assert (tmp_path / "out.csv").read_text().split() == ["x", "1"]
+        # No extension is ever fetched or loaded behind the user's back.
+        assert _setting(session, "autoinstall_known_extensions") is False
+        assert _setting(session, "autoload_known_extensions") is False
+        with pytest.raises(SQLError) as err:
+            session.query("SELECT * FROM read_csv('https://example.invalid/a.csv')")
+        assert "httpfs" in str(err.value) and "download" not in str(err.value).lower()
+
+
+def test_access_none_keeps_sql_to_iqkit_tables(engine, tmp_path: Path) -> None:
+    (tmp_path / "regions.csv").write_text("customer,region\nc001,eu\n")
+    frame = pd.DataFrame({"customer": ["c001"], "n": [1]})
+    with SQLSession(engine=engine, access="none") as session:
+        # stores, registered results and notebook DataFrames still work
+        session.register("named", pa.table({"x": [1, 2]}))
+        assert session.query('SELECT count(*) AS n FROM "orders-totals"')["n"].tolist() == [60]
+        assert session.query("SELECT sum(x) AS s FROM named")["s"].tolist() == [3]
+        assert session.query("SELECT n FROM f", namespace={"f": frame})["n"].tolist() == [1]
+        for statement in (
+            f"SELECT * FROM read_csv('{tmp_path}/regions.csv')",
+            "SELECT * FROM read_text('/etc/passwd')",
+            f"COPY (SELECT 1) TO '{tmp_path}/out.csv'",
+            f"ATTACH '{tmp_path}/x.duckdb'",
+            "INSTALL httpfs",
+            "SET enable_external_access = true",
+            "SET lock_configuration = false",
+        ):
+            with pytest.raises(SQLError, match=r"Permission Error|configuration has been locked"):
+                session.query(statement)
+        assert not (tmp_path / "out.csv").exists() and not (tmp_path / "x.duckdb").exists()
+
+
+def test_access_none_with_directories_reaches_only_those(tmp_path: Path) -> None:
+    allowed, other = tmp_path / "allowed", tmp_path / "other"
+    for folder in (allowed, other):
+        folder.mkdir()
+        (folder / "a.csv").write_text("x\n1\n")
+    with SQLSession(access="none", directories=[allowed]) as session:
+        assert session.query(f"SELECT x FROM read_csv('{allowed}/a.csv')")["x"].tolist() == [1]
+        session.query(f"COPY (SELECT 2 AS x) TO '{allowed}/b.csv'")
+        with pytest.raises(SQLError, match="Permission Error"):
+            session.query(f"SELECT x FROM read_csv('{other}/a.csv')")
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"access": "some"}, "access must be one of files, none"),
+        ({"directories": ["/tmp"]}, "directories only apply with access='none'"),
+    ],
+)
+def test_access_settings_are_checked(settings: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SQLSession(**settings)
