@@ -80,7 +80,7 @@ class WriteProgress:
 class _SparkConsoleBarPause:
     """Sets Spark's console progress bar aside while iqkit's own bar runs.
 
-    Quirk: Spark 4.1 has no switch for that. ``spark.ui.showConsoleProgress`` is read
+    Quirk: Spark 4.1–4.3 have no switch for that. ``spark.ui.showConsoleProgress`` is read
     once, when the ``SparkContext`` starts, into ``SparkContext._progressBar`` (an
     ``Option[ConsoleProgressBar]`` whose timer redraws every 200 ms); a
     ``ConsoleProgressBar`` can be stopped but not restarted. So: clear its line and stop
