@@ -29,6 +29,7 @@ from . import render
 __all__ = [
     "IQResult",
     "LagFrame",
+    "TimingFrame",
     "compact_position",
     "lag_frame",
     "parse_trace_line",
@@ -223,8 +224,8 @@ class IQResult:
                     }
                 )
             frame = pd.DataFrame.from_records(records, columns=PARTITION_COLUMNS)
-            self._cache["partitions"] = frame.astype(
-                {"partition": "Int64", "rows": "Int64", "elapsed_ms": "Float64"}
+            self._cache["partitions"] = TimingFrame(
+                frame.astype({"partition": "Int64", "rows": "Int64", "elapsed_ms": "Float64"})
             )
         return self._cache["partitions"]
 
@@ -239,8 +240,8 @@ class IQResult:
                     layer, detail, ns = parse_trace_line(line)
                     records.append((p, step, layer, detail, ns))
             frame = pd.DataFrame.from_records(records, columns=TRACE_COLUMNS)
-            self._cache["trace"] = frame.astype(
-                {"partition": "Int64", "step": "Int64", "nanoseconds": "Int64"}
+            self._cache["trace"] = TimingFrame(
+                frame.astype({"partition": "Int64", "step": "Int64", "nanoseconds": "Int64"})
             )
         return self._cache["trace"]
 
@@ -323,6 +324,26 @@ class IQResult:
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(repr(self) if cycle else str(self))
+
+
+class TimingFrame(pd.DataFrame):
+    """A frame with wall-clock columns (``.partitions``' ``elapsed_ms``, ``.trace``'s
+    ``nanoseconds``): a plain DataFrame whose display shows them as a placeholder when
+    ``IQKIT_STABLE_TIMINGS`` asks (:func:`render.with_stable_timings`); its data keeps
+    the measured numbers. A subclass only for display, like :class:`LagFrame`."""
+
+    @property
+    def _constructor(self) -> type[TimingFrame]:
+        return TimingFrame
+
+    def _shown(self) -> pd.DataFrame:
+        return render.with_stable_timings(pd.DataFrame(self))
+
+    def __repr__(self) -> str:
+        return repr(self._shown())
+
+    def _repr_html_(self) -> str | None:
+        return self._shown()._repr_html_()
 
 
 # -- %iq lag -------------------------------------------------------------------------------

@@ -256,3 +256,22 @@ def test_tab_completion(shell, line, expected):
 def test_completion_survives_reload(shell):
     shell.run_line_magic("reload_ext", "iqkit")
     assert shell.complete("", "%iq get c", 9)[1] == ["clicks", "counts"]
+
+
+def test_stable_timings_reach_trace_and_keep_the_progress_bar_away(shell, monkeypatch):
+    from iqkit.jupyter import render
+
+    monkeypatch.setenv(render.STABLE_TIMINGS_ENV, "1")
+    shell.run_cell("%iq scan totals")
+    trace = shell.run_cell("%iq trace").result
+    assert trace["nanoseconds"].notna().all()
+    assert render.TIME_PLACEHOLDER in repr(trace)
+    assert render.TIME_PLACEHOLDER in trace._repr_html_()
+    shell.run_cell("%config IQMagics.progress = True")
+    session = magics(shell)[0].session
+    # the read bar appears only when reading takes half a second: never, when stable
+    with session._progress_bar("totals") as advance:
+        assert advance is None
+    monkeypatch.delenv(render.STABLE_TIMINGS_ENV)
+    with session._progress_bar("totals") as advance:
+        assert advance is not None
