@@ -288,14 +288,10 @@ class IQResult:
         return con.table(name)
 
     def plot(self, what: str = "rows", **kwargs: Any) -> Any:
-        """A bar chart per partition of ``"rows"`` read or ``"lag"`` (pandas plotting;
-        needs matplotlib, which iqkit does not depend on). Returns the Axes."""
+        """A bar chart per partition of ``"rows"`` read or ``"lag"`` (pandas plotting
+        with matplotlib, imported on first use). Returns the Axes."""
         if what not in ("rows", "lag"):
             raise ValueError(f"plot what must be 'rows' or 'lag', got {what!r}")
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise ImportError("plotting needs matplotlib: pip install matplotlib") from None
         if what == "rows":
             data = self.partitions.set_index("partition")["rows"].fillna(0).astype("int64")
         else:
