@@ -54,7 +54,7 @@ check-java:
 	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
 	 fi
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required for PySpark: install it (Debian/Ubuntu: apt-get install openjdk-17-jre-headless; conda: conda env create -f environment.yml) and put java on PATH."; exit 1; }
-	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	@v=$$(java -XX:-UsePerfData -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	 if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "Java 17+ is required for PySpark, found: $$(java -version 2>&1 | head -1). Install openjdk 17 (apt-get install openjdk-17-jre-headless, or conda env create -f environment.yml)."; exit 1; fi
 
 clean:

@@ -82,6 +82,9 @@ def local_spark(work: Path, app: str) -> Any:
         # /tmp/hsperfdata_<user>: both stay out of /tmp this way.
         .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData")
     )
+    # spark-submit first runs a small launcher JVM, which would leave an empty
+    # /tmp/hsperfdata_<user>; SPARK_LAUNCHER_OPTS reaches that JVM only.
+    os.environ.setdefault("SPARK_LAUNCHER_OPTS", "-XX:-UsePerfData")
     with _console_to(work / "spark.log"):
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
