@@ -58,3 +58,16 @@ def test_spark_round_trips_a_pandas_frame_through_arrow():
         assert back.to_dict("records") == frame.to_dict("records")
     finally:
         spark.stop()
+
+
+def test_matplotlib_is_installed_and_draws_without_a_display():
+    # a dependency: the notebooks draw lag per partition and window series with it
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.bar([0, 1], [3, 1])
+    assert len(ax.patches) == 2
+    plt.close(fig)

@@ -8,12 +8,18 @@ escaped: keys can contain ``<script>``. Charts are plain HTML boxes with inline 
 no JavaScript, no matplotlib, nothing a notebook viewer would strip.
 
 The HTML carries timings (it is for people); the text form (``repr``/``str``) does not,
-so nbval can compare it between runs.
+so nbval can compare it between runs. With ``IQKIT_STABLE_TIMINGS=1`` in the
+environment every wall-clock figure iqkit shows (a result's time, the partitions'
+``elapsed``, the trace's ``nanoseconds``) is :data:`TIME_PLACEHOLDER` instead: that is
+how the stored outputs of ``notebooks/`` stay comparable. :func:`shown_time` and
+:func:`with_stable_timings` are the one place that rule lives; the data (``.trace``,
+``.partitions``, ``execution_info``) always keeps the measured numbers.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from datetime import date, datetime
 from html import escape
@@ -28,13 +34,18 @@ if TYPE_CHECKING:
     from .result import IQResult
 
 __all__ = [
+    "STABLE_TIMINGS_ENV",
+    "TIME_PLACEHOLDER",
     "clip",
     "frame_html",
     "lag_html",
     "result_html",
     "result_text",
+    "shown_time",
+    "stable_timings",
     "table_html",
     "truncation_note",
+    "with_stable_timings",
 ]
 
 #: Characters of one cell shown before it is cut with "…" (the data keeps them all).
@@ -54,12 +65,49 @@ vertical-align:top;white-space:pre-wrap}
 </style>"""
 
 _NULL_CELL = '<td class="null">null</td>'
+
+#: Set (to anything but "" or "0") to show wall-clock figures as :data:`TIME_PLACEHOLDER`.
+STABLE_TIMINGS_ENV = "IQKIT_STABLE_TIMINGS"
+#: What a wall-clock figure shows when :func:`stable_timings` is on.
+TIME_PLACEHOLDER = "‹time›"
+#: The columns of iqkit's frames that hold wall-clock measurements.
+TIMING_COLUMNS = ("elapsed_ms", "nanoseconds")
 _FAILED_ROW = ' style="background:#fdecea"'
 
 
 def clip(text: str, limit: int = CELL_CHARS) -> str:
     """``text`` cut to ``limit`` characters, ending in "…" when cut."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# -- wall-clock figures --------------------------------------------------------------------
+def stable_timings() -> bool:
+    """Whether ``$IQKIT_STABLE_TIMINGS`` asks for wall-clock figures as a placeholder.
+
+    For documentation whose stored outputs are compared between runs (the notebooks
+    under nbval, ``make notebooks``): the same query never takes the same nanoseconds
+    twice. Read at display time, so it needs no plumbing and applies everywhere iqkit
+    shows a time (results, ``%iq trace``, the panel); it also keeps the read progress
+    bar, which appears only when reading takes half a second, from showing."""
+    return os.environ.get(STABLE_TIMINGS_ENV, "") not in ("", "0")
+
+
+def shown_time(text: str) -> str:
+    """``text`` (a formatted duration) as shown: :data:`TIME_PLACEHOLDER` when
+    :func:`stable_timings` is on."""
+    return TIME_PLACEHOLDER if stable_timings() else text
+
+
+def with_stable_timings(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` as shown: with :func:`stable_timings` on, a copy whose measured values
+    in :data:`TIMING_COLUMNS` are :data:`TIME_PLACEHOLDER` (nulls stay null)."""
+    columns = [c for c in TIMING_COLUMNS if c in frame.columns]
+    if not columns or not stable_timings():
+        return frame
+    shown = pd.DataFrame(frame).copy()
+    for name in columns:
+        shown[name] = [None if _is_null(v) else TIME_PLACEHOLDER for v in shown[name]]
+    return shown
 
 
 # -- cells ---------------------------------------------------------------------------------
@@ -155,6 +203,7 @@ def frame_html(
     """A DataFrame as an HTML table (index left out); ``cells`` overrides how a column's
     cells are written (must return a full, escaped ``<td>``)."""
     cells = cells or {}
+    frame = with_stable_timings(frame)
     columns = []
     for name in frame.columns:
         values = frame[name].tolist()
@@ -200,7 +249,7 @@ def _summary(r: IQResult) -> str:
         f"{len(r):,} row{'s' if len(r) != 1 else ''}",
         f"partitions {r.ok_partitions} ok / "
         + (f'<span style="color:#b00020">{failed} failed</span>' if failed else "0 failed"),
-        _ms(r.elapsed_ns),
+        shown_time(_ms(r.elapsed_ns)),
     ]
     if r.version is not None:
         parts.append(f"version {r.version}")
@@ -274,7 +323,9 @@ def _partitions_section(r: IQResult, lags: dict[int, Any] | None) -> str:
         largest_lag = max(known, default=0)
         show["lag"] = pd.array(per, dtype="Int64")
         cells["lag"] = lambda v: _bar_cell(v, largest_lag, "#e8a33d")
-    show["elapsed"] = [None if pd.isna(v) else f"{v:.3f} ms" for v in frame["elapsed_ms"]]
+    show["elapsed"] = [
+        None if pd.isna(v) else shown_time(f"{v:.3f} ms") for v in frame["elapsed_ms"]
+    ]
     show["position"] = frame["position"]
     failures = [
         None if reason is None else f"{reason}: {message}"

@@ -41,6 +41,7 @@ __all__ = [
     "STORE_PROBLEMS",
     "IQResult",
     "LagFrame",
+    "TimingFrame",
     "compact_position",
     "lag_frame",
     "parse_trace_line",
@@ -258,8 +259,8 @@ class IQResult:
                     }
                 )
             frame = pd.DataFrame.from_records(records, columns=PARTITION_COLUMNS)
-            self._cache["partitions"] = frame.astype(
-                {"partition": "Int64", "rows": "Int64", "elapsed_ms": "Float64"}
+            self._cache["partitions"] = TimingFrame(
+                frame.astype({"partition": "Int64", "rows": "Int64", "elapsed_ms": "Float64"})
             )
         return self._cache["partitions"]
 
@@ -274,8 +275,8 @@ class IQResult:
                     layer, detail, ns = parse_trace_line(line)
                     records.append((p, step, layer, detail, ns))
             frame = pd.DataFrame.from_records(records, columns=TRACE_COLUMNS)
-            self._cache["trace"] = frame.astype(
-                {"partition": "Int64", "step": "Int64", "nanoseconds": "Int64"}
+            self._cache["trace"] = TimingFrame(
+                frame.astype({"partition": "Int64", "step": "Int64", "nanoseconds": "Int64"})
             )
         return self._cache["trace"]
 
@@ -322,14 +323,10 @@ class IQResult:
         return con.table(name)
 
     def plot(self, what: str = "rows", **kwargs: Any) -> Any:
-        """A bar chart per partition of ``"rows"`` read or ``"lag"`` (pandas plotting;
-        needs matplotlib, which iqkit does not depend on). Returns the Axes."""
+        """A bar chart per partition of ``"rows"`` read or ``"lag"`` (pandas plotting
+        with matplotlib, imported on first use). Returns the Axes."""
         if what not in ("rows", "lag"):
             raise ValueError(f"plot what must be 'rows' or 'lag', got {what!r}")
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise ImportError("plotting needs matplotlib: pip install matplotlib") from None
         if what == "rows":
             data = self.partitions.set_index("partition")["rows"].fillna(0).astype("int64")
         else:
@@ -396,6 +393,26 @@ def _reversed_bounds_note(query: Any, manifest: StoreManifest) -> str | None:
         f"to its upper key. For keys from {lo} down to {hi}, swap --from and --to and add "
         "--desc."
     )
+
+
+class TimingFrame(pd.DataFrame):
+    """A frame with wall-clock columns (``.partitions``' ``elapsed_ms``, ``.trace``'s
+    ``nanoseconds``): a plain DataFrame whose display shows them as a placeholder when
+    ``IQKIT_STABLE_TIMINGS`` asks (:func:`render.with_stable_timings`); its data keeps
+    the measured numbers. A subclass only for display, like :class:`LagFrame`."""
+
+    @property
+    def _constructor(self) -> type[TimingFrame]:
+        return TimingFrame
+
+    def _shown(self) -> pd.DataFrame:
+        return render.with_stable_timings(pd.DataFrame(self))
+
+    def __repr__(self) -> str:
+        return repr(self._shown())
+
+    def _repr_html_(self) -> str | None:
+        return self._shown()._repr_html_()
 
 
 # -- %iq lag -------------------------------------------------------------------------------

@@ -3,8 +3,6 @@ real RocksDB stores and the real engine."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import duckdb
 import pandas as pd
 import pytest
@@ -266,26 +264,15 @@ def test_to_duckdb_registers_the_rows(totals):
         r.to_duckdb(con, "")
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("matplotlib") is not None, reason="matplotlib is installed"
-)
-def test_plot_without_matplotlib_says_how_to_get_it(totals):
-    with iqkit.open(totals) as engine:
-        r = run(engine, scan_request("totals"))
-    with pytest.raises(ImportError, match="pip install matplotlib"):
-        r.plot()
-    with pytest.raises(ValueError, match="'rows' or 'lag'"):
-        r.plot("bytes")
-
-
-@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
-def test_plot_draws_one_bar_per_partition(totals):  # pragma: no cover - optional
+def test_plot_draws_one_bar_per_partition(totals):
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # matplotlib is a dependency (the notebooks draw lag and windows)
     with iqkit.open(totals) as engine:
         r = run(engine, scan_request("totals"))
     assert len(r.plot().patches) == 3
+    with pytest.raises(ValueError, match="'rows' or 'lag'"):
+        r.plot("bytes")
 
 
 def test_repr_is_stable_and_informative(totals):

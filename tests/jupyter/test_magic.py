@@ -331,3 +331,22 @@ def test_reversed_window_times_say_why_nothing_came_back(shell):
     (note,) = r.notes
     assert "later than --to" in note and "--desc" in note
     assert run(shell, "%iq window clicks alice --from 0 --to 240000 --desc").notes == []
+
+
+def test_stable_timings_reach_trace_and_keep_the_progress_bar_away(shell, monkeypatch):
+    from iqkit.jupyter import render
+
+    monkeypatch.setenv(render.STABLE_TIMINGS_ENV, "1")
+    shell.run_cell("%iq scan totals")
+    trace = shell.run_cell("%iq trace").result
+    assert trace["nanoseconds"].notna().all()
+    assert render.TIME_PLACEHOLDER in repr(trace)
+    assert render.TIME_PLACEHOLDER in trace._repr_html_()
+    shell.run_cell("%config IQMagics.progress = True")
+    session = magics(shell)[0].session
+    # the read bar appears only when reading takes half a second: never, when stable
+    with session._progress_bar("totals") as advance:
+        assert advance is None
+    monkeypatch.delenv(render.STABLE_TIMINGS_ENV)
+    with session._progress_bar("totals") as advance:
+        assert advance is not None

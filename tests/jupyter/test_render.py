@@ -353,3 +353,49 @@ def test_a_range_with_its_bounds_reversed_says_why_it_is_empty(nb_root, store, l
     assert says in note and note in str(empty).splitlines()
     assert note in Page(empty._repr_html_()).visible
     assert fine.notes == []
+
+
+# -- stable timings (IQKIT_STABLE_TIMINGS) -------------------------------------------------
+def _timings_shown(r: IQResult) -> tuple[str, str, str, str]:
+    """Everything a notebook stores for a result and its frames."""
+    return (r._repr_html_(), repr(r.partitions), repr(r.trace), r.trace._repr_html_())
+
+
+def test_stable_timings_show_a_placeholder_and_runs_display_the_same(totals, monkeypatch):
+    monkeypatch.setenv(render.STABLE_TIMINGS_ENV, "1")
+    shown = []
+    for _ in range(2):  # two engines, so nothing but the wall clock differs
+        with iqkit.open(totals) as engine:
+            r = result_of(engine, scan("totals"), show_trace=True)
+        shown.append(_timings_shown(r))
+    assert shown[0] == shown[1]  # what nbval compares in a notebook's stored outputs
+    page = Page(shown[0][0])
+    placeholder = render.TIME_PLACEHOLDER
+    assert f" · {placeholder} · " in Page(render._summary(r)).visible
+    partitions, trace = page.tables[1], page.tables[2]
+    elapsed = partitions[0]["cells"].index("elapsed")
+    measured = r.partitions["elapsed_ms"].notna().tolist()
+    assert [row["cells"][elapsed] for row in partitions[1:]] == [
+        placeholder if m else "null" for m in measured
+    ]
+    assert {row["cells"][-1] for row in trace[1:]} == {placeholder}
+    assert not re.search(r"\d ms\b|\d s\b", page.visible)
+    for text in shown[0][1:]:
+        assert placeholder in text
+    # the data keeps the measured numbers
+    assert r.trace["nanoseconds"].dtype == "Int64" and r.trace["nanoseconds"].notna().all()
+    assert r.partitions["elapsed_ms"].dtype == "Float64" and any(measured)
+
+
+@pytest.mark.parametrize("setting", [None, "", "0"])
+def test_timings_are_shown_unless_asked(totals, monkeypatch, setting):
+    if setting is None:
+        monkeypatch.delenv(render.STABLE_TIMINGS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(render.STABLE_TIMINGS_ENV, setting)
+    with iqkit.open(totals) as engine:
+        r = result_of(engine, scan("totals"), show_trace=True)
+    assert not any(render.TIME_PLACEHOLDER in text for text in _timings_shown(r))
+    assert re.search(r"\d ms\b", Page(render._summary(r)).visible)
+    trace = Page(r._repr_html_()).tables[2]
+    assert all(row["cells"][-1].isdigit() for row in trace[1:])
