@@ -71,9 +71,9 @@ STORES_COLUMNS = [
     "approx_rows",
     "position",
     "lag",
-    "error",
 ]
-#: ``%iq lag`` adds this column: why a store's lag could not be read (else null).
+#: ``%iq lag`` and ``%iq stores`` add this column when some store cannot be read: why
+#: (null on the healthy stores' rows). A root whose stores are all fine shows no such column.
 ERROR_COLUMN = "error"
 
 #: What reading one store can raise when that store is broken (a corrupt or missing
@@ -532,7 +532,7 @@ def lag_frame(
                     (store, p, topic, in_p, _nullable(have), _nullable(end_offset), _nullable(lag))
                 )
     columns = list(LAG_COLUMNS)
-    if errors is not None:
+    if errors:
         columns.append(ERROR_COLUMN)
         records = [(*r, None) for r in records]
         records += [
@@ -585,26 +585,29 @@ def stores_frame(engine: Any) -> pd.DataFrame:
     """``%iq stores``: one row per store under the engine's root with its settings, the
     version served, approximate rows, merged position, total offset lag (in words,
     ``"no source recorded"``, when the store's end offsets are unknown: a table for
-    reading, so its ``lag`` column mixes counts and that text) and ``error``: null, or
-    why the store could not be read (its other columns are then NA; one broken store
-    never hides the others)."""
+    reading, so its ``lag`` column mixes counts and that text) and, when some store is
+    broken, ``error``: null, or why the store could not be read (its other columns are
+    then NA; one broken store never hides the others)."""
     records = []
+    errors = False
     for name in engine.store_names():
         try:
             records.append((*_store_row(engine, name), None))
         except STORE_PROBLEMS as exc:
-            records.append((name, *[pd.NA] * (len(STORES_COLUMNS) - 2), problem(exc)))
-    frame = pd.DataFrame.from_records(records, columns=STORES_COLUMNS)
-    return frame.astype(
+            errors = True
+            records.append((name, *[pd.NA] * (len(STORES_COLUMNS) - 1), problem(exc)))
+    frame = pd.DataFrame.from_records(records, columns=[*STORES_COLUMNS, ERROR_COLUMN])
+    frame = frame.astype(
         {
             "kind": "object",
             "partitions": "Int64",
             "version": "Int64",
             "approx_rows": "Int64",
             "lag": "object",
-            "error": "object",
+            ERROR_COLUMN: "object",
         }
     )
+    return frame if errors else frame.drop(columns=[ERROR_COLUMN])
 
 
 def _store_row(engine: Any, name: str) -> tuple[Any, ...]:
