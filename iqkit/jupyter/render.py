@@ -27,7 +27,15 @@ from ..query.lag import NO_SOURCE
 if TYPE_CHECKING:
     from .result import IQResult
 
-__all__ = ["clip", "frame_html", "lag_html", "result_html", "result_text", "table_html"]
+__all__ = [
+    "clip",
+    "frame_html",
+    "lag_html",
+    "result_html",
+    "result_text",
+    "table_html",
+    "text_table",
+]
 
 #: Characters of one cell shown before it is cut with "…" (the data keeps them all).
 CELL_CHARS = 200
@@ -336,10 +344,16 @@ def result_html(r: IQResult) -> str:
 
 
 # -- text ----------------------------------------------------------------------------------
-def _text_table(frame: pd.DataFrame, width: int = 40) -> list[str]:
+def text_table(frame: pd.DataFrame, width: int = 40) -> list[str]:
+    """A DataFrame as aligned text lines (cells clipped to ``width``; nulls as ``null``):
+    the terminal's view of what the notebook shows as HTML (results, the demo's tour)."""
     header = [str(c) for c in frame.columns]
     columns = [
-        [clip("null" if _is_null(v) else _plain(v), width).replace("\n", " ") for v in frame[c]]
+        # tolist(): Python scalars; iterating a nullable column yields numpy ones
+        [
+            clip("null" if _is_null(v) else _plain(v), width).replace("\n", " ")
+            for v in frame[c].tolist()
+        ]
         for c in frame.columns
     ]
     widths = [max([len(h), *map(len, col)]) for h, col in zip(header, columns, strict=True)]
@@ -357,7 +371,7 @@ def result_text(r: IQResult) -> str:
     limit = r.display_limit
     if n:
         shown = r.rows if not limit else r.rows.head(limit)
-        lines += _text_table(shown)
+        lines += text_table(shown)
         if len(shown) < n:
             lines.append(f"… {n - len(shown):,} more rows (.rows has them all)")
     for p, qr in r.failures.items():
