@@ -236,10 +236,10 @@ appender.console.name = stderr
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
-# PySpark counts as a shell: Spark prints "Setting default log level" unless the shell's
-# logger names the same level as the root logger.
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = error
+# PySpark counts as a shell: Spark prints "Setting default log level" unless the logger
+# of the class that starts logging has a level of its own equal to the root's.
+logger.spark.name = org.apache.spark
+logger.spark.level = error
 """
 
 
