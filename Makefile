@@ -9,12 +9,17 @@ LINTED := iqkit pyspark_iqkit tests bench notebooks/nbsetup.py notebooks/execute
 # after notebooks/nbval_sanitize.cfg; IQKIT_STABLE_TIMINGS=1 shows iqkit's wall-clock
 # figures as a placeholder (README "Notebooks").
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
+# Where `make demo` writes its stores and `make lab` reads them.
+DEMO_ROOT ?= demo-stores
+# The browser test drives Debian's chromium (Playwright's own browser download cannot
+# work on a machine without network).
+CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: test demo bench lint check-java install clean notebooks
+.PHONY: test demo lab bench lint check-java check-chromium install clean notebooks
 
-test: $(STAMP) check-java
+test: $(STAMP) check-java check-chromium
 	$(PY) -m ruff check $(LINTED)
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	IQKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider tests
 	IQKIT_STABLE_TIMINGS=1 $(PY) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks
 
 # Re-run every notebook top to bottom and store its outputs in place (what `make test`
@@ -23,7 +28,18 @@ notebooks: $(STAMP) check-java
 	$(PY) notebooks/execute.py $(NB)
 
 demo: $(STAMP) check-java
-	$(PY) -m iqkit demo
+	$(PY) -m iqkit demo --root $(DEMO_ROOT)
+
+# JupyterLab (the `lab` extra, installed with the rest) on notebooks/, with the demo's
+# stores as IQKIT_ROOT (made first when missing). The venv's kernel is registered inside
+# the venv (--sys-prefix), never in the user's own Jupyter folders. Jupyter refuses to run
+# as root without --allow-root (containers, CI machines). LAB_ARGS: more options, e.g.
+# LAB_ARGS="--no-browser --port=8890".
+lab: $(STAMP)
+	@[ -d $(DEMO_ROOT) ] || $(MAKE) --no-print-directory demo DEMO_ROOT=$(DEMO_ROOT)
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (iqkit)"
+	IQKIT_ROOT=$(abspath $(DEMO_ROOT)) $(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks \
+	  $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/bench_core.py
@@ -43,7 +59,7 @@ $(VENV)/bin/python:
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --config-settings editable_mode=compat -e '.[dev]'
+	$(PY) -m pip install --quiet --config-settings editable_mode=compat -e '.[dev,lab]'
 	touch $(STAMP)
 
 # Java 17+ for PySpark: installed from Debian's packages when missing and we are root
@@ -56,6 +72,15 @@ check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required for PySpark: install it (Debian/Ubuntu: apt-get install openjdk-17-jre-headless; conda: conda env create -f environment.yml) and put java on PATH."; exit 1; }
 	@v=$$(java -XX:-UsePerfData -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	 if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then echo "Java 17+ is required for PySpark, found: $$(java -version 2>&1 | head -1). Install openjdk 17 (apt-get install openjdk-17-jre-headless, or conda env create -f environment.yml)."; exit 1; fi
+
+# Chromium for the browser test: Debian's package when missing and we are root (a fresh CI
+# machine), otherwise one line saying what to install. Never a silent skip.
+check-chromium:
+	@if [ ! -x "$(CHROMIUM)" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	   echo "Installing Chromium (Debian's chromium package) for the browser test..."; \
+	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 chromium >/dev/null; \
+	 fi
+	@[ -x "$(CHROMIUM)" ] || { echo "The browser test needs Chromium at $(CHROMIUM): install it (Debian/Ubuntu: apt-get install chromium) or run make test CHROMIUM=/path/to/chromium."; exit 1; }
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,6 +1,6 @@
 """``python -m iqkit``: a small command line over the stores under a root.
 
-python -m iqkit demo [ROOT]            write a demo store and query it
+python -m iqkit demo [--root ROOT]     the Spark pipeline into ./demo-stores, then a tour
 python -m iqkit stores ROOT            list stores with kind, partitions, version
 python -m iqkit get ROOT STORE KEY     a KeyQuery (KEY parsed by the key serde)
 python -m iqkit scan ROOT STORE [--prefix P] [--limit N] [--desc]
@@ -12,96 +12,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from itertools import islice
 
 from . import (
     IqkitError,
     KeyQuery,
-    Position,
-    PositionBound,
     PrefixScanQuery,
     RangeQuery,
     StateQueryRequest,
-    StoreWriter,
-    WindowKeyQuery,
-    create_store,
+    demo,
 )
 from . import open as open_engine
 from .query.lag import NO_SOURCE
 from .store.serdes import get_serde
-
-
-def _demo(root: str | None) -> int:
-    root = root or tempfile.mkdtemp(prefix="iqkit-demo-")
-    print(f"Writing demo stores under {root}")
-    create_store(root, "totals", partitions=4, value_serde="json")
-    create_store(
-        root, "clicks", partitions=2, kind="window", window_size_ms=60_000, value_serde="int64"
-    )
-    with StoreWriter(root, "totals", who="iqkit demo") as w:
-        for offset, (customer, amount) in enumerate(
-            [("alice", 30), ("bob", 12), ("carol", 7), ("alice", 12), ("dave", 99), ("bob", 1)]
-        ):
-            w.put(
-                customer,
-                {"customer": customer, "last": amount},
-                source=("orders", offset % 2, offset),
-            )
-        # Every partition of a murmur2 store reads every input partition: say the whole
-        # input is applied (the last offsets), so partitions no record reached are not
-        # "behind"; the log-end offsets (next offset to write) then give lag 0.
-        w.record_applied({"orders": {0: 4, 1: 5}})
-        w.record_source_end({"orders": {0: 5, 1: 6}})
-    with StoreWriter(root, "clicks", who="iqkit demo") as w:
-        for minute in range(5):
-            w.put("alice", minute * 3, window_start=minute * 60_000)
-    print(f"Published version {w.version} of 'clicks'\n")
-    with open_engine(root) as engine:
-        r = engine.query(
-            StateQueryRequest.in_store("totals")
-            .with_query(KeyQuery.with_key("alice"))
-            .enable_execution_info()
-        )
-        only = r.only_partition_result()
-        print(f"KeyQuery('alice') -> {only.result}  (position {only.position.to_map()})")
-        for line in only.execution_info:
-            print(f"    {line}")
-        r = engine.query(
-            StateQueryRequest.in_store("totals").with_query(RangeQuery.with_no_bounds())
-        )
-        print("\nRangeQuery, all keys, per partition:")
-        for p, qr in r.partition_results.items():
-            if qr.is_failure:  # a partition-level problem is a result, not an exception
-                print(f"  partition {p}: {qr.failure_reason.name} ({qr.failure_message})")
-                continue
-            with qr.result as it:
-                print(f"  partition {p}: {[kv.key for kv in it]}")
-        q = WindowKeyQuery.with_key_and_window_start_range(
-            "alice", 0, 10**12
-        ).with_descending_keys()
-        r = engine.query(StateQueryRequest.in_store("clicks").with_query(q))
-        print("\nWindowKeyQuery('alice'), newest first:")
-        for qr in r.partition_results.values():
-            if qr.is_success:
-                with qr.result as it:
-                    for kv in islice(it, 3):
-                        print(f"  [{kv.key.start}, {kv.key.end}) -> {kv.value}")
-        bound = PositionBound.at(Position.from_map({"orders": {0: 100}}))
-        r = engine.query(
-            StateQueryRequest.in_store("totals")
-            .with_query(KeyQuery.with_key("bob"))
-            .with_position_bound(bound)
-        )
-        failed = r.only_partition_result()
-        print(f"\nWith a bound beyond the data: {failed.failure_reason.name}:")
-        print(f"  {failed.failure_message}")
-        print("\nLag per partition of 'totals':")
-        for p, lag in engine.lags()["totals"].items():
-            print(f"  partition {p}: {lag.offset_lag} records behind")
-        print(f"Lag of 'clicks': {NO_SOURCE}")
-    return 0
 
 
 def _stores(root: str) -> int:
@@ -170,8 +94,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m iqkit", description="Query iqkit state stores."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="write demo stores and query them")
-    demo.add_argument("root", nargs="?")
+    demo_cmd = sub.add_parser(
+        "demo", help="run the demo Spark pipeline into demo stores, then a tour of them"
+    )
+    demo_cmd.add_argument(
+        "--root",
+        default=demo.DEFAULT_ROOT,
+        help=f"folder for the stores (default ./{demo.DEFAULT_ROOT}; replaces a previous demo's)",
+    )
+    demo_cmd.add_argument("--no-progress", action="store_true", help="no Spark progress bars")
     sub.add_parser("stores", help="list stores").add_argument("root")
     get = sub.add_parser("get", help="look up one key")
     get.add_argument("root")
@@ -187,7 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
-            return _demo(args.root)
+            try:
+                return demo.run(args.root, progress=not args.no_progress)
+            except KeyboardInterrupt:
+                print(f"interrupted: {args.root} is as it was before", file=sys.stderr)
+                return 130
         if args.command == "stores":
             return _stores(args.root)
         if args.command == "get":

@@ -1,4 +1,4 @@
-"""``python -m iqkit``: the demo and the small command line."""
+"""``python -m iqkit``: the small command line (the demo: tests/test_demo.py)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,39 @@ import iqkit
 from iqkit.__main__ import main
 
 
-def test_demo_writes_and_queries_stores(tmp_path, capsys):
-    assert main(["demo", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "KeyQuery('alice') -> {'customer': 'alice', 'last': 12}" in out
-    assert "NOT_UP_TO_BOUND" in out
+def write_small_stores(root) -> None:
+    """'totals' (kv, 4 partitions, JSON values, input topic 'orders' fully applied, end
+    offsets recorded) and 'clicks' (a window store written without a source). These were
+    the old ``python -m iqkit demo``'s stores; the demo now runs Spark (tests/test_demo.py)."""
+    iqkit.create_store(root, "totals", partitions=4, value_serde="json")
+    iqkit.create_store(
+        root, "clicks", partitions=2, kind="window", window_size_ms=60_000, value_serde="int64"
+    )
+    with iqkit.StoreWriter(root, "totals") as w:
+        for offset, (customer, amount) in enumerate(
+            [("alice", 30), ("bob", 12), ("carol", 7), ("alice", 12), ("dave", 99), ("bob", 1)]
+        ):
+            w.put(
+                customer,
+                {"customer": customer, "last": amount},
+                source=("orders", offset % 2, offset),
+            )
+        w.record_applied({"orders": {0: 4, 1: 5}})
+        w.record_source_end({"orders": {0: 5, 1: 6}})
+    with iqkit.StoreWriter(root, "clicks") as w:
+        for minute in range(5):
+            w.put("alice", minute * 3, window_start=minute * 60_000)
+
+
+def test_stores_lists_each_store(tmp_path, capsys):
+    write_small_stores(tmp_path)
     assert main(["stores", str(tmp_path)]) == 0
     listing = capsys.readouterr().out.splitlines()
     assert [line.split("\t")[0] for line in listing] == ["clicks", "totals"]
 
 
 def test_get_parses_the_key_with_the_store_serde(tmp_path, capsys):
-    main(["demo", str(tmp_path)])
-    capsys.readouterr()
+    write_small_stores(tmp_path)
     assert main(["get", str(tmp_path), "totals", "dave"]) == 0
     assert capsys.readouterr().out.strip() == "{'customer': 'dave', 'last': 99}"
     assert main(["scan", str(tmp_path), "totals", "--prefix", "ca"]) == 0
@@ -30,8 +50,7 @@ def test_get_parses_the_key_with_the_store_serde(tmp_path, capsys):
 
 
 def test_errors_are_one_line_with_a_hint(tmp_path, capsys):
-    main(["demo", str(tmp_path)])
-    capsys.readouterr()
+    write_small_stores(tmp_path)
     assert main(["get", str(tmp_path), "totalz", "x"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "error: unknown store 'totalz'; did you mean 'totals'?"
@@ -41,8 +60,7 @@ def test_errors_are_one_line_with_a_hint(tmp_path, capsys):
 
 
 def test_scan_limit_counts_rows_in_all_partitions(tmp_path, capsys):
-    main(["demo", str(tmp_path)])
-    capsys.readouterr()
+    write_small_stores(tmp_path)
 
     def rows() -> list[str]:
         return capsys.readouterr().out.splitlines()
@@ -54,12 +72,8 @@ def test_scan_limit_counts_rows_in_all_partitions(tmp_path, capsys):
     assert rows() == everything[:2]
 
 
-def test_demo_and_lag_read_zero_where_everything_was_applied(tmp_path, capsys):
-    assert main(["demo", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    # record_applied: every partition applied the whole input, also those no record reached
-    assert [f"  partition {p}: 0 records behind" in out for p in range(4)] == [True] * 4
-    assert "Lag of 'clicks': no source recorded" in out
+def test_lag_reads_zero_where_everything_was_applied(tmp_path, capsys):
+    write_small_stores(tmp_path)
     assert main(["lag", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "clicks\tno source recorded"  # one line in words, no "unknown" rows

@@ -44,6 +44,7 @@ __all__ = [
     "shown_time",
     "stable_timings",
     "table_html",
+    "text_table",
     "truncation_note",
     "with_stable_timings",
 ]
@@ -403,10 +404,16 @@ def result_html(r: IQResult) -> str:
 
 
 # -- text ----------------------------------------------------------------------------------
-def _text_table(frame: pd.DataFrame, width: int = 40) -> list[str]:
+def text_table(frame: pd.DataFrame, width: int = 40) -> list[str]:
+    """A DataFrame as aligned text lines (cells clipped to ``width``; nulls as ``null``):
+    the terminal's view of what the notebook shows as HTML (results, the demo's tour)."""
     header = [str(c) for c in frame.columns]
     columns = [
-        [clip("null" if _is_null(v) else _plain(v), width).replace("\n", " ") for v in frame[c]]
+        # tolist(): Python scalars; iterating a nullable column yields numpy ones
+        [
+            clip("null" if _is_null(v) else _plain(v), width).replace("\n", " ")
+            for v in frame[c].tolist()
+        ]
         for c in frame.columns
     ]
     widths = [max([len(h), *map(len, col)]) for h, col in zip(header, columns, strict=True)]
@@ -424,7 +431,7 @@ def result_text(r: IQResult) -> str:
     limit = r.display_limit
     if n:
         shown = r.rows if not limit else r.rows.head(limit)
-        lines += _text_table(shown)
+        lines += text_table(shown)
         if len(shown) < n:
             where = " in .rows" if r.truncated else " (.rows has them all)"
             lines.append(f"… {n - len(shown):,} more rows{where}")

@@ -299,6 +299,22 @@ def test_text_form_shows_rows_and_failures_without_timings(totals):
     assert pretty(r) == text  # IPython's text display
 
 
+def test_text_tables_write_numbers_as_numbers(root):
+    """A nullable column (the partitions frame's ``elapsed_ms`` is ``Float64``) hands
+    numpy scalars to the text writer; NumPy 2's repr of them (``np.float64(0.25)``) must
+    not reach the table the terminal tour prints."""
+    write_store(root, "prices", [("tea", 1.5), ("soup", 2.25)], value_serde="double")
+    with iqkit.open(root) as engine:
+        r = iq_result(engine, request("prices", RangeQuery.with_no_bounds()))
+    assert sorted(line.split()[-1] for line in str(r).splitlines()[2:]) == ["1.5", "2.25"]
+    frame = r.partitions.assign(elapsed_ms=[0.25] * len(r.partitions)).astype(
+        {"elapsed_ms": "Float64"}
+    )
+    lines = render.text_table(frame)
+    assert lines[0].split()[-1] == "elapsed_ms"
+    assert [line.split()[-1] for line in lines[1:]] == ["0.25"] * len(frame)
+
+
 # -- the table writer ----------------------------------------------------------------------
 def test_table_html_matches_the_arrow_table():
     table = pa.table(
