@@ -90,7 +90,7 @@ CHILD = r"""
 import os, signal, sys
 root, first, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 import iqkit
-from iqkit.store import commit, rocks, versions
+from iqkit.store import commit, layout, rocks, versions
 
 KEYS = [f"k{i}" for i in range(50)]
 armed = False
@@ -176,14 +176,14 @@ elif point == "before-gc":  # published, retention not run
 
     commit.collect_garbage = collect_garbage
 elif point == "mid-gc":  # expired records unlinked, their folders not removed
-    real_live = versions.live_leased_versions
+    real_remove = versions._remove_unreferenced_folders
 
-    def live_leased_versions(layout):
+    def remove_unreferenced_folders(layout, kept, cleanup):
         if armed:
             die()
-        return real_live(layout)
+        return real_remove(layout, kept, cleanup)
 
-    versions.live_leased_versions = live_leased_versions
+    versions._remove_unreferenced_folders = remove_unreferenced_folders
 elif point == "mid-rmtree":  # an expired folder half removed: its SST files gone
     import shutil
 
@@ -195,7 +195,7 @@ elif point == "mid-rmtree":  # an expired folder half removed: its SST files gon
             die()
         shutil.rmtree(path, ignore_errors=ignore_errors)
 
-    versions.shutil = Proxy(shutil, rmtree=rmtree)
+    layout.shutil = Proxy(shutil, rmtree=rmtree)
 elif point:
     raise SystemExit(f"unknown kill point {point!r}")
 
