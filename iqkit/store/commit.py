@@ -1,7 +1,7 @@
 """The two halves of every commit, shared by ``StoreWriter`` (one process) and job commits
 (Spark tasks build partitions, the driver publishes):
 
-* ``build_partition``: a new partition folder, as a checkpoint (hard links) of the
+* ``build_partition``: a new partition folder, as a copy (hard links) of the
   partition's current folder or empty, plus one atomic ``WriteBatch`` (or ingested SST
   files) holding the data *and* the partition's commit record, flushed.
 * ``publish_partitions``: under the store's commit lock, move built folders into place
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreCleanupWarning
+from ..errors import StoreCleanupWarning, StoreNotFoundError
 from ..query.position import Position
 from . import rocks
 from .layout import StoreLayout, remove_if_exists, remove_tree_or_file
@@ -55,11 +55,9 @@ def build_partition(
     """Build ``staging`` from ``source_dir`` (or empty) plus the data; return the
     partition's commit record. ``position`` is merged into the previous one."""
     if source_dir is not None:
-        published = rocks.open_for_read(source_dir)
-        try:
-            rocks.checkpoint(published, staging)
-        finally:
-            rocks.close_quietly(published)
+        if not rocks.database_exists(source_dir):
+            raise StoreNotFoundError(f"no RocksDB database at {os.fspath(source_dir)}")
+        rocks.checkpoint(source_dir, staging)
     db = rocks.open_for_write(staging, create=source_dir is None)
     try:
         if sst_files:

@@ -13,6 +13,7 @@ serves.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,11 +21,15 @@ import sys
 
 from faults import (
     child_env,
+    describe_changes,
     folders_on_disk,
     open_store_files,
+    read_session,
     referenced_folders,
+    run_read_only,
+    tree_state,
 )
-from helpers import kv_rows, request
+from helpers import kv_rows, request, write_notebook_stores
 
 import iqkit
 from iqkit.store.layout import StoreLayout
@@ -97,7 +102,68 @@ def kv_rows_of(engine):
         return list(it)
 
 
-# -- item 5: leases of dead readers --------------------------------------------------------
+# -- item 5: readers write nothing ---------------------------------------------------------
+def more_versions(root) -> None:
+    """Two more commits of 'totals' (so as_of reads and several folders exist)."""
+    for i in range(2):
+        with iqkit.StoreWriter(root, "totals") as w:
+            w.put(
+                f"extra-{i}", {"customer": f"extra-{i}", "total": i}, source=("orders", 0, 30 + i)
+            )
+
+
+def test_a_query_session_changes_no_byte_and_no_mtime_under_the_root(root):
+    from iqkit.jupyter.testing import IQTestShell, new_shell
+
+    write_notebook_stores(root)
+    more_versions(root)
+    before = tree_state(root)
+
+    engine = iqkit.open(root)  # a notebook's engine: never closed during the session
+    assert kv_rows(engine, "counts")
+    read_session(root)
+    shell = new_shell(root=str(root), progress=False)
+    try:
+        for line in (
+            "stores",
+            "get totals alice bob",
+            "range counts --from 1 --to 5",
+            "prefix totals a",
+            "scan totals",
+            "window clicks alice --from 0 --to 600000",
+            "lag",
+        ):
+            shell.run_line_magic("iq", line)
+        assert describe_changes(before, tree_state(root)) == []
+    finally:
+        shell.run_line_magic("unload_ext", "iqkit")
+        IQTestShell.clear_instance()
+    engine.close()
+    assert describe_changes(before, tree_state(root)) == []
+
+
+def test_a_read_only_store_is_fully_readable(root):
+    """The copy is made really read-only for the reading process (root ignores
+    permission bits): here, running as root in a container that may create mount
+    namespaces, by a read-only bind mount in a private namespace; as another user, by
+    a copy without write permission; as root without mount rights, by reading as user
+    ``nobody`` (see ``faults.read_only_copy``). The child proves it cannot write first."""
+    write_notebook_stores(root)
+    more_versions(root)
+    expected = read_session(root)
+    session, proof, how = run_read_only(root)
+    assert proof in {"EROFS", "EACCES", "EPERM"}, how
+    assert session == expected, how
+    assert "STORE_EXCEPTION" not in json.dumps(session)
+    rows = [
+        row
+        for part in session["totals"]["scan"].values()
+        if isinstance(part[0], list)
+        for row in part[0]
+    ]
+    assert len(rows) == 8  # 6 customers and 2 extra
+
+
 READER = r"""
 import sys, time
 import iqkit

@@ -124,8 +124,8 @@ point = mode.partition(":")[2]
 if point == "mid-checkpoint":  # partition 2 checkpointed, its batch not written yet
     real_checkpoint = rocks.checkpoint
 
-    def checkpoint(db, dest):
-        real_checkpoint(db, dest)
+    def checkpoint(source, dest):
+        real_checkpoint(source, dest)
         if nth("checkpoint", 3):
             die()
 
