@@ -128,8 +128,9 @@ def open_for_read(path: str | os.PathLike[str]) -> Rdict:
         # rocksdict would create the folder (quirk): refuse before it gets the chance.
         raise StoreNotFoundError(f"no RocksDB database at {os.fspath(path)}")
     source = os.path.abspath(path)
-    view = tempfile.mkdtemp(dir=_views_folder())
+    view = ""
     try:
+        view = tempfile.mkdtemp(dir=_views_folder())
         for name in _data_files(source):
             os.symlink(os.path.join(source, name), os.path.join(view, name))
         db = Rdict(
@@ -138,8 +139,12 @@ def open_for_read(path: str | os.PathLike[str]) -> Rdict:
             access_type=AccessType.read_only(error_if_log_file_exist=False),
         )
     except Exception as exc:  # rocksdict raises plain Exception
-        shutil.rmtree(view, ignore_errors=True)
-        raise classify(Exception(str(exc).replace(view, source)), path) from exc
+        if view:
+            shutil.rmtree(view, ignore_errors=True)
+            exc_text = str(exc).replace(view, source)
+        else:
+            exc_text = str(exc)
+        raise classify(Exception(exc_text), path) from exc
     _VIEWS[id(db)] = view
     return db
 
@@ -170,8 +175,13 @@ def _views_folder() -> str:
     """
     global _views_home
     pid = os.getpid()
-    if _views_home is not None and _views_home[0] == pid:
-        return _views_home[1]
+    if _views_home is not None:
+        home_pid, home, fd = _views_home
+        if home_pid == pid and os.path.isdir(home):
+            return home
+        if home_pid == pid:  # removed under us (a temporary-folder cleaner): make another
+            os.close(fd)
+        _views_home = None
     _remove_dead_views()
     while True:
         folder = tempfile.mkdtemp(prefix=READ_VIEWS_PREFIX)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -162,6 +163,21 @@ def test_a_read_only_store_is_fully_readable(root):
         for row in part[0]
     ]
     assert len(rows) == 8  # 6 customers and 2 extra
+
+
+def test_reads_go_on_when_the_temporary_folder_is_cleaned(root):
+    """Published folders are opened through views in the system's temporary folder,
+    which a cleaner (systemd-tmpfiles, tmpreaper) may empty under a long-lived kernel."""
+    from iqkit.store import rocks
+
+    iqkit.create_store(root, "s", partitions=1)
+    commit(root, "s", a=1)
+    with iqkit.open(root) as engine:
+        assert kv_rows(engine, "s") == [(0, "a", 1)]
+        assert rocks._views_home is not None
+        shutil.rmtree(rocks._views_home[1])  # what the cleaner does
+        commit(root, "s", a=2)
+        assert kv_rows(engine, "s") == [(0, "a", 2)]
 
 
 READER = r"""
