@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo bench lint check-java install clean
+.PHONY: test demo bench reliability lint check-java install clean
 
 test: $(STAMP) check-java
 	$(PY) -m ruff check iqkit tests bench
@@ -18,6 +18,10 @@ bench: $(STAMP)
 	$(PY) bench/bench_magic.py
 	$(PY) bench/bench_render.py
 	$(PY) bench/bench_sql.py
+
+# Every reliability probe's long variant; rewrites the table in RELIABILITY.md.
+reliability: $(STAMP)
+	$(PY) tests/reliability/run.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check iqkit tests bench
