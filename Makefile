@@ -15,7 +15,7 @@ DEMO_ROOT ?= demo-stores
 # work on a machine without network).
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: test demo lab bench lint check-java check-chromium install clean notebooks
+.PHONY: test demo lab bench reliability lint check-java check-chromium install clean notebooks
 
 test: $(STAMP) check-java check-chromium
 	$(PY) -m ruff check $(LINTED)
@@ -46,6 +46,10 @@ bench: $(STAMP)
 	$(PY) bench/bench_magic.py
 	$(PY) bench/bench_render.py
 	$(PY) bench/bench_sql.py
+
+# Every reliability probe's long variant; rewrites the table in RELIABILITY.md.
+reliability: $(STAMP)
+	$(PY) tests/reliability/run.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check $(LINTED)

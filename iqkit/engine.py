@@ -50,26 +50,30 @@ from .store.partition import BytesPartition, RocksDBPartition
 from .store.partitioners import get_partitioner
 from .store.serdes import get_serde
 from .store.versions import (
-    ReaderLease,
+    VersionLease,
     VersionRecord,
+    describe_versions,
+    lease_latest,
     list_versions,
-    new_reader_id,
     read_latest_number,
-    read_version,
 )
 
 Layers = TypedKeyValueLayer | TypedWindowLayer
+#: What a query runs against: the served version, None (nothing published), or why the
+#: published version cannot be established (every partition then fails with it).
+_Served = VersionRecord | IqkitError | None
 
 #: Partition versions an engine keeps open at once (each is a read-only RocksDB).
 _MAX_OPEN_PARTITIONS = 512
 
 
-class _VersionLease:
-    """A lease plus the number of users (the store's current view, open partitions)."""
+class _HeldVersion:
+    """A version's lease plus its number of users (the store's current view, open
+    partitions): released when the last one lets go."""
 
     __slots__ = ("lease", "users")
 
-    def __init__(self, lease: ReaderLease) -> None:
+    def __init__(self, lease: VersionLease) -> None:
         self.lease = lease
         self.users = 0
 
@@ -107,7 +111,7 @@ class _StoreView:
         self.pinned = pinned
         self.record: VersionRecord | None = None
         self._latest_stamp: tuple[int, int] | None = None
-        self._leases: dict[int, _VersionLease] = {}
+        self._held: dict[int, _HeldVersion] = {}
         self._empty: _OpenPartition | None = None
         if pinned is not None:
             self._switch_to(pinned)
@@ -124,15 +128,19 @@ class _StoreView:
         """The version this engine serves: pinned, or the latest published one.
 
         Costs one ``stat`` per query when nothing changed: ``LATEST`` is replaced (new
-        inode) on every publish, so a long-lived engine sees new commits at once.
+        inode) on every publish, so a long-lived engine sees new commits at once. Without
+        ``LATEST`` it looks every time: nothing was published, or the store is damaged
+        (``StoreCorruptedError``, see versions.py), which must not read as "empty".
         """
         if self.pinned is not None:
             return self.record
         stamp = self._stamp()
-        if stamp != self._latest_stamp:
+        if stamp is None or stamp != self._latest_stamp:
             latest = read_latest_number(self.layout)
             if latest is not None and (self.record is None or self.record.version != latest):
-                self._switch_to(latest, follow_latest=True)
+                lease = lease_latest(self.layout)
+                if lease is not None:
+                    self._serve(lease)
             self._latest_stamp = stamp
         return self.record
 
@@ -150,64 +158,58 @@ class _StoreView:
             self._empty = _OpenPartition(empty, build_layers(self.manifest, empty, ReadCache()), 0)
         return self._empty
 
-    def _switch_to(self, version: int, *, follow_latest: bool = False) -> None:
-        # Lease first, then read the record: if retention removed it meanwhile, the
-        # record is gone and we retry with the newer LATEST (see versions.py).
-        for _ in range(20):
-            lease = self._acquire(version)
-            try:
-                # A record above LATEST is a commit that never published (it crashed
-                # between the record and LATEST): not a version, and may be rebuilt.
-                latest = read_latest_number(self.layout)
-                if latest is None or version > latest:
-                    raise LookupError(version)
-                record = read_version(self.layout, version)
-            except LookupError:
-                self._release(version)
-                if not follow_latest:
-                    retained = list_versions(self.layout)
-                    raise ValueError(
-                        f"store {self.layout.name!r} has no version {version} "
-                        f"(retained: {_describe_versions(retained)})"
-                    ) from None
-                version = read_latest_number(self.layout) or version
-                continue
-            old = self.record
-            self.record = record
-            del lease
-            if old is not None:
-                self._release(old.version)
-            return
-        raise StoreNotFoundError(f"store {self.layout.name!r}: could not pin a version")
+    def _switch_to(self, version: int) -> None:
+        """Pin ``version`` (``as_of``); ``ValueError`` naming the retained ones if it is
+        not there. A record above LATEST is a commit that never published (it crashed
+        between the record and LATEST): not a version, and may be rebuilt."""
+        latest = read_latest_number(self.layout)
+        try:
+            if latest is None or version > latest:
+                raise LookupError(version)
+            lease = VersionLease(self.layout, version)
+        except LookupError:
+            retained = list_versions(self.layout)
+            raise ValueError(
+                f"store {self.layout.name!r} has no version {version} "
+                f"(retained: {describe_versions(retained)})"
+            ) from None
+        self._serve(lease)
 
-    def _acquire(self, version: int) -> _VersionLease:
-        held = self._leases.get(version)
+    def _serve(self, lease: VersionLease) -> None:
+        """Serve the leased version from now on and let go of the previous one: open
+        partitions it no longer names are closed (see ``StateEngine._retire``)."""
+        old = self.record
+        held = self._held.get(lease.version)
         if held is None:
-            held = self._leases[version] = _VersionLease(
-                ReaderLease(self.layout, version, self.engine.reader_id)
-            )
+            held = self._held[lease.version] = _HeldVersion(lease)
+        else:
+            lease.release()  # one lease per version is enough
         held.users += 1
-        return held
+        self.record = held.lease.record
+        self.engine._retire(self, self.record)
+        if old is not None:
+            self._release(old.version)
 
     def _release(self, version: int) -> None:
-        held = self._leases.get(version)
+        held = self._held.get(version)
         if held is None:
             return
         held.users -= 1
         if held.users <= 0:
             held.lease.release()
-            del self._leases[version]
+            del self._held[version]
 
     def release_partition_lease(self, version: int) -> None:
         self._release(version)
 
     def acquire_partition_lease(self, version: int) -> None:
-        self._acquire(version)
+        """Count one more user of ``version``, which this view holds (it serves it)."""
+        self._held[version].users += 1
 
     def close(self) -> None:
-        for held in self._leases.values():
+        for held in self._held.values():
             held.lease.release()
-        self._leases.clear()
+        self._held.clear()
 
 
 class StateEngine:
@@ -225,10 +227,11 @@ class StateEngine:
         if not self.root.is_dir():
             # Never create anything for a reader: a typo must not make an empty root.
             raise StoreNotFoundError(f"no iqkit root folder at {os.fspath(root)!r}")
-        self.reader_id = new_reader_id()
         self._as_of = as_of
         self._stores: dict[str, _StoreView] = {}
         self._open: OrderedDict[tuple[str, int, int], _OpenPartition] = OrderedDict()
+        #: Partitions of versions no longer served whose scans are still being read.
+        self._retired: list[tuple[_StoreView, _OpenPartition]] = []
         self._caches: dict[tuple[str, int, int], ReadCache] = {}
         self._closed = False
         if isinstance(as_of, Mapping):
@@ -257,9 +260,10 @@ class StateEngine:
         if self._closed:
             return
         self._closed = True
-        for entry in self._open.values():
+        for entry in [*self._open.values(), *(entry for _, entry in self._retired)]:
             entry.partition.close()
         self._open.clear()
+        self._retired.clear()
         self._caches.clear()
         for view in self._stores.values():
             view.close()
@@ -323,7 +327,12 @@ class StateEngine:
     def query(self, request: StateQueryRequest) -> StateQueryResult:
         """Execute ``request`` on each targeted partition; results stand alone."""
         view = self._view(request.store_name)
-        record = view.current()
+        self._close_retired()
+        record: _Served
+        try:
+            record = view.current()
+        except IqkitError as exc:  # which version is published cannot be established
+            record = exc
         query = request.query
         n = view.manifest.partitions
         result = StateQueryResult()
@@ -353,7 +362,7 @@ class StateEngine:
     def _run_partition(
         self,
         view: _StoreView,
-        record: VersionRecord | None,
+        record: _Served,
         p: int,
         query: Any,
         request: StateQueryRequest,
@@ -377,7 +386,7 @@ class StateEngine:
         except IqkitError as exc:
             return self._store_exception(view, p, entry.position, exc, trace)
         if trace.enabled:
-            version = record.version if record is not None else None
+            version = record.version if isinstance(record, VersionRecord) else None
             detail = f"store {view.manifest.name!r} partition {p} at version {version}"
             if isinstance(entry.partition, MemoryPartition):  # the empty partition
                 detail += f" ({_NEVER_WRITTEN})"
@@ -390,7 +399,7 @@ class StateEngine:
     def _prepare(
         self,
         view: _StoreView,
-        record: VersionRecord | None,
+        record: _Served,
         p: int,
         query: Any,
         request: StateQueryRequest,
@@ -407,6 +416,8 @@ class StateEngine:
             )
         if not isinstance(query, view.query_types):
             return None, QueryResult.for_unknown_query_type(query, store)
+        if isinstance(record, IqkitError):  # a damaged store: corruption, never "empty"
+            return None, self._store_exception(view, p, Position.empty(), record, Trace(False))
         if record is None or p not in record.partitions:
             # No commit has touched it: an empty partition, not a failure (SPEC §2). A
             # Kafka Streams user reads NOT_PRESENT as "not hosted here"; this one is here.
@@ -449,6 +460,38 @@ class StateEngine:
         self._open[key] = entry
         self._evict()
         return entry
+
+    def _retire(self, view: _StoreView, record: VersionRecord) -> None:
+        """``view`` now serves ``record``. Open partitions it still names move to its
+        version's lease; the others are closed, or retired until the scans still reading
+        them end, so retention can collect every version this engine no longer serves:
+        a long-lived engine holds what it serves, not what it ever read."""
+        store = view.manifest.name
+        for key in [k for k in self._open if k[0] == store]:
+            entry = self._open[key]
+            if record.partitions.get(key[1]) == key[2]:
+                if entry.lease_version != record.version:
+                    view.acquire_partition_lease(record.version)
+                    view.release_partition_lease(entry.lease_version)
+                    entry.lease_version = record.version
+            else:
+                del self._open[key]
+                self._caches.pop(key, None)
+                self._retired.append((view, entry))
+        self._close_retired()
+
+    def _close_retired(self) -> None:
+        """Close retired partitions whose scans have ended; release their versions."""
+        if not self._retired:
+            return
+        reading = []
+        for view, entry in self._retired:
+            if entry.partition.open_iterators:
+                reading.append((view, entry))
+                continue
+            entry.partition.close()
+            view.release_partition_lease(entry.lease_version)
+        self._retired = reading
 
     def _evict(self) -> None:
         """Close least-recently-used partitions beyond the cap (not ones mid-iteration)."""
@@ -494,6 +537,7 @@ class StateEngine:
         ``UnknownStoreError``); by default every store is reported.
         """
         self._check_open()
+        self._close_retired()
         out: dict[str, dict[int, LagInfo]] = {}
         names = self.store_names() if stores is None else list(stores)
         for name in names:
@@ -536,12 +580,6 @@ def open(
 
 
 # -- helpers -------------------------------------------------------------------------------
-def _describe_versions(versions: list[int]) -> str:
-    if not versions:
-        return "none"
-    return f"{versions[0]}..{versions[-1]}" if len(versions) > 1 else str(versions[0])
-
-
 def _serialize_key(view: _StoreView, key: Any) -> bytes:
     try:
         return view.key_serde.serialize(key)

@@ -57,3 +57,8 @@ class StoreNotFoundError(IqkitError):
 
 class StoreIOError(IqkitError):
     """Any other RocksDB or file-system failure, with RocksDB's own message."""
+
+
+class StoreCleanupWarning(UserWarning):
+    """A commit was published, but removing what it made obsolete (old versions, debris)
+    failed; the store is consistent and the next commit tries again."""

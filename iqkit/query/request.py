@@ -19,6 +19,10 @@ __all__ = ["InStore", "StateQueryRequest", "validate_store_name"]
 
 R = TypeVar("R")
 
+#: A store name is one folder name: most file systems (ext4, XFS, APFS, NTFS) cap a
+#: name at 255 bytes.
+MAX_STORE_NAME_BYTES = 255
+
 
 def validate_store_name(name: str) -> str:
     """Return ``name`` if it can safely be a store's folder name, else raise.
@@ -26,7 +30,8 @@ def validate_store_name(name: str) -> str:
     A store name becomes a directory under the engine's root, so anything that could
     escape the root or name something else is refused with ``ValueError``: an empty
     name, a leading ``.`` (reserved), any ``..``, path separators (``/``, ``\\``, the
-    OS's own) and NUL.
+    OS's own), NUL, text that is not valid UTF-8 (a lone surrogate) and names over
+    255 bytes (the longest folder name file systems take).
     A non-``str`` is a ``TypeError``.
     """
     if not isinstance(name, str):
@@ -42,6 +47,17 @@ def validate_store_name(name: str) -> str:
         raise ValueError(f"store name {name!r} must not start with '.' or contain '..'")
     if "\x00" in name:
         raise ValueError(f"store name {name!r} must not contain a NUL character")
+    try:
+        # UTF-8, strictly: rocksdict takes paths as UTF-8 text, so a lone surrogate
+        # (also what Python makes of a non-UTF-8 byte in a file name) cannot be opened.
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError(f"store name {name!r} is not valid Unicode text") from None
+    if size > MAX_STORE_NAME_BYTES:
+        raise ValueError(
+            f"store name {name[:20]!r}... is {size} bytes long; a folder name holds at most "
+            f"{MAX_STORE_NAME_BYTES}"
+        )
     return name
 
 

@@ -1,49 +1,46 @@
 """The two halves of every commit, shared by ``StoreWriter`` (one process) and job commits
 (Spark tasks build partitions, the driver publishes):
 
-* ``build_partition``: a new partition folder, as a checkpoint (hard links) of the
+* ``build_partition``: a new partition folder, as a copy (hard links) of the
   partition's current folder or empty, plus one atomic ``WriteBatch`` (or ingested SST
   files) holding the data *and* the partition's commit record, flushed.
 * ``publish_partitions``: under the store's commit lock, move built folders into place
-  and publish the version record, then ``LATEST``; on any failure, undo everything.
+  and publish the version record, then ``LATEST``; on any failure before that, undo
+  everything; after it, the commit has succeeded (cleanup problems are warnings).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import StoreCleanupWarning, StoreNotFoundError
 from ..query.position import Position
 from . import rocks
-from .layout import StoreLayout
+from .layout import StoreLayout, remove_if_exists, remove_tree_or_file
 from .manifest import StoreManifest
 from .names import COMMIT_KEY
 from .partition import encode_commit_record, parse_commit_record
 from .sinks import carry_forward as carry_sinks_forward
 from .versions import VersionRecord, collect_garbage, publish, read_latest_number
 
+__all__ = [
+    "build_partition",
+    "publish_partitions",
+    "remove_if_exists",
+    "remove_tree_or_file",
+    "warn_cleanup_failed",
+]
+
 #: Compact a partition after a commit once level 0 holds this many files: every commit
 #: adds one small SST, and many L0 files slow every read (Kafka's bulk-loading lesson).
 L0_COMPACTION_TRIGGER = 8
-
-
-def remove_if_exists(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
-def remove_tree_or_file(path: Path) -> None:
-    """Remove a folder tree or a file, whichever ``path`` is (leftovers of any kind)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        remove_if_exists(path)
 
 
 def build_partition(
@@ -59,11 +56,9 @@ def build_partition(
     """Build ``staging`` from ``source_dir`` (or empty) plus the data; return the
     partition's commit record. ``position`` is merged into the previous one."""
     if source_dir is not None:
-        published = rocks.open_for_read(source_dir)
-        try:
-            rocks.checkpoint(published, staging)
-        finally:
-            rocks.close_quietly(published)
+        if not rocks.database_exists(source_dir):
+            raise StoreNotFoundError(f"no RocksDB database at {os.fspath(source_dir)}")
+        rocks.checkpoint(source_dir, staging)
     db = rocks.open_for_write(staging, create=source_dir is None)
     try:
         if sst_files:
@@ -133,10 +128,37 @@ def publish_partitions(
         )
         publish(layout, record)
     except BaseException:
-        if read_latest_number(layout) != version:  # not published: undo it all
+        if not _published(layout, version):  # undo it all
             remove_if_exists(layout.version_record(version))
             for path in [*built.values(), *moved]:
                 shutil.rmtree(path, ignore_errors=True)
         raise
-    collect_garbage(layout, manifest.retention)
+    # Published: the commit has succeeded. Cleaning up is a chore that must not turn it
+    # into a reported failure (a caller would retry and apply the write twice).
+    try:
+        problems = collect_garbage(layout, manifest.retention).problems
+    except Exception as exc:
+        problems = [f"{type(exc).__name__}: {exc}"]
+    warn_cleanup_failed(layout, version, problems)
     return record
+
+
+def _published(layout: StoreLayout, version: int) -> bool:
+    """Did ``LATEST`` reach ``version``? When that cannot be read, assume it did: undoing a
+    published version would lose it, leaving debris only costs disk until retention."""
+    try:
+        return read_latest_number(layout) == version
+    except Exception:
+        return True
+
+
+def warn_cleanup_failed(layout: StoreLayout, version: int, problems: Sequence[str]) -> None:
+    """One ``StoreCleanupWarning`` for what a published commit could not clean up."""
+    if problems:
+        warnings.warn(
+            StoreCleanupWarning(
+                f"store {layout.name!r}: version {version} was published, but cleaning up "
+                f"failed (the next commit retries): {'; '.join(problems)}"
+            ),
+            stacklevel=2,
+        )

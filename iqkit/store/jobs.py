@@ -45,12 +45,12 @@ from typing import TYPE_CHECKING, Any
 from ..errors import IqkitError, StoreNotFoundError, UnknownStoreError
 from ..query.position import Position
 from . import keyspace, rocks
-from .commit import build_partition, publish_partitions, remove_if_exists, remove_tree_or_file
-from .layout import StoreLayout, list_store_names
+from .commit import build_partition, publish_partitions, warn_cleanup_failed
+from .layout import StoreLayout, list_store_names, remove_if_exists, remove_tree_or_file
 from .locking import CommitLock
 from .manifest import StoreManifest
 from .names import JOB_STAGING_PREFIX
-from .versions import Lease, read_latest_number, read_version
+from .versions import Lease, read_latest, read_latest_number
 from .writer import create_store
 
 if TYPE_CHECKING:
@@ -496,8 +496,8 @@ class JobCommit:
             if create is None:
                 raise UnknownStoreError(store, list_store_names(root)) from None
             manifest = self._create = create
-        base = read_latest_number(self._layout)
-        record = read_version(self._layout, base) if base is not None else None
+        record = read_latest(self._layout)
+        base = record.version if record is not None else None
         self.job_id = uuid.uuid4().hex[:16]
         self._lease: Lease | None = Lease(self._layout.jobs_dir / self.job_id)
         self._who = who
@@ -557,7 +557,7 @@ class JobCommit:
                     )
                 version = self.spec.planned_version
                 remove_if_exists(layout.version_record(version))  # debris, never published
-                previous = read_version(layout, latest) if latest is not None else None
+                previous = read_latest(layout)
                 publish_partitions(
                     layout,
                     self.spec.manifest,
@@ -569,9 +569,16 @@ class JobCommit:
                     who=self._who,
                     replace_all=self.spec.mode == "overwrite",
                 )
-        finally:
-            self.abort()  # the job's other folders, and its lease
+        except BaseException:
+            self.abort()  # the job's folders, and its lease
+            raise
         self.version = version
+        # Published: removing the job's other folders and its lease is cleanup, and its
+        # problems are warnings (a failed-looking job would be run again).
+        try:
+            self.abort()
+        except Exception as exc:
+            warn_cleanup_failed(layout, version, [f"{type(exc).__name__}: {exc}"])
         return version
 
     def abort(self) -> None:

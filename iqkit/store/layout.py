@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import StoreCorruptedError, StoreIOError
 from ..query.request import validate_store_name
 from .names import (
     JOB_STAGING_PREFIX,
@@ -89,6 +92,35 @@ class StoreLayout:
         return self.store_dir / LOCK_FILE
 
 
+def read_store_text(layout: StoreLayout, path: Path) -> str:
+    """The text of one of a store's own small files (manifest, ``LATEST``, a record).
+
+    A missing file raises ``FileNotFoundError`` (what absence means is the caller's
+    call); a file that cannot be read raises ``StoreIOError`` and bytes that are not
+    UTF-8 raise ``StoreCorruptedError``, both naming the file.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # a folder in its place, permissions, I/O errors
+        raise StoreIOError(
+            f"store {layout.name!r}: cannot read {path}: {exc.strerror or exc}"
+        ) from None
+    return decode_store_text(layout, path, data)
+
+
+def decode_store_text(layout: StoreLayout, path: Path, data: bytes) -> str:
+    """``data`` (read from ``path``) as UTF-8 text, else ``StoreCorruptedError``."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StoreCorruptedError(
+            f"store {layout.name!r}: {path} is damaged: byte {exc.start} "
+            f"({data[exc.start : exc.start + 1]!r}) is not UTF-8 text"
+        ) from None
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``path`` so that readers see the old file or the whole new one, never half.
 
@@ -100,3 +132,16 @@ def atomic_write_text(path: Path, text: str) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def remove_if_exists(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def remove_tree_or_file(path: Path) -> None:
+    """Remove a folder tree or a file, whichever ``path`` is (leftovers of any kind)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        remove_if_exists(path)

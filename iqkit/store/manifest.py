@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import StoreCorruptedError, StoreNotFoundError
-from .layout import StoreLayout, atomic_write_text
+from .layout import StoreLayout, atomic_write_text, read_store_text
 from .names import FORMAT_VERSION
 from .partitioners import get_partitioner
 from .serdes import get_serde
@@ -80,12 +80,12 @@ class StoreManifest:
     @classmethod
     def read(cls, layout: StoreLayout) -> StoreManifest:
         try:
-            text = layout.manifest.read_text(encoding="utf-8")
+            text = read_store_text(layout, layout.manifest)
         except FileNotFoundError:
             raise StoreNotFoundError(f"no store {layout.name!r} under {layout.root}") from None
         try:
             return cls.from_json(text)
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             raise StoreCorruptedError(
                 f"store {layout.name!r}: unreadable manifest {layout.manifest}: {exc}"
             ) from exc

@@ -125,7 +125,9 @@ class RocksDBPartition:
 
     @property
     def open_iterators(self) -> int:
-        return len(self._iterators)
+        """Scans that may still read: started or not, but neither finished nor closed
+        (a finished generator has no frame, even while a result object holds it)."""
+        return sum(1 for gen in self._iterators if gen.gi_frame is not None)
 
     def commit_record(self) -> dict[str, Any]:
         return self._commit

@@ -5,10 +5,14 @@ Everything rocksdict-specific lives here, so its quirks are worked around once:
 * Raw mode everywhere (``Options(raw_mode=True)``): keys and values are plain ``bytes``.
   rocksdict's default mode tags keys with a type byte and pickles values, which no other
   tool could read.
-* Opening a database in any mode creates the folder when it is missing and rewrites
-  ``rocksdict-config.json`` in it. Readers therefore check for RocksDB's ``CURRENT`` file
-  before opening (so a typo never creates an empty store), and always pass explicit
-  options, so the rewrite writes back the same bytes and nothing reads the file.
+* Opening a database in any mode, read-only included, creates the folder when it is
+  missing and then writes ``rocksdict-config.json`` into it, unconditionally. Published
+  folders are therefore never opened in place: readers open a private *view* of them
+  (symbolic links to their data files, in this process's temporary folder) after
+  checking RocksDB's ``CURRENT`` file exists (so a typo never creates an empty store),
+  and writers build the next version from a file-level copy (``checkpoint``) instead of
+  RocksDB's ``Checkpoint``, which needs the source open. Reading writes nothing under a
+  store, and works on read-only stores.
 * Iterating backwards ignores the iterator's lower bound: reverse scans stop by hand.
 * Iterators and column-family handles keep the database open and locked: callers drop
   them (``KeyValueIterator.close``) before ``close()``.
@@ -18,8 +22,12 @@ Everything rocksdict-specific lives here, so its quirks are worked around once:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import fcntl
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from itertools import islice
 
@@ -27,7 +35,6 @@ from rocksdict import (
     AccessType,
     BlockBasedOptions,
     Cache,
-    Checkpoint,
     IngestExternalFileOptions,
     Options,
     Rdict,
@@ -43,7 +50,12 @@ from ..errors import (
     StoreLockedError,
     StoreNotFoundError,
 )
-from .names import ROCKSDB_CURRENT_FILE
+from .names import (
+    READ_VIEWS_PREFIX,
+    ROCKSDB_CURRENT_FILE,
+    ROCKSDB_IMMUTABLE_SUFFIXES,
+    ROCKSDB_SIDE_FILES,
+)
 
 __all__ = [
     "Rdict",
@@ -102,22 +114,116 @@ def classify(exc: BaseException, path: str | os.PathLike[str]) -> IqkitError:
 
 
 def open_for_read(path: str | os.PathLike[str]) -> Rdict:
-    """Open a published, immutable partition version read-only.
+    """Open a published, immutable partition version read-only, writing nothing under it.
 
-    Read-only mode takes no LOCK, so any number of readers coexist with a writer
-    (which never writes into a published folder).
+    rocksdict writes its config file into the folder of every database it opens,
+    read-only ones included (quirk, see the module docstring), which would change the
+    published folder, or fail on a read-only store. So the database is opened through a
+    private view: a folder in this process's temporary folder holding symbolic links to
+    the published folder's data files. rocksdict's config (and any info log) land in
+    the view, which ``close_quietly`` removes. Read-only mode takes no LOCK, so any
+    number of readers coexist with a writer (who never writes into a published folder).
     """
     if not database_exists(path):
         # rocksdict would create the folder (quirk): refuse before it gets the chance.
         raise StoreNotFoundError(f"no RocksDB database at {os.fspath(path)}")
+    source = os.path.abspath(path)
+    view = ""
     try:
-        return Rdict(
-            os.fspath(path),
+        view = tempfile.mkdtemp(dir=_views_folder())
+        for name in _data_files(source):
+            os.symlink(os.path.join(source, name), os.path.join(view, name))
+        db = Rdict(
+            view,
             _options(create=False),
             access_type=AccessType.read_only(error_if_log_file_exist=False),
         )
     except Exception as exc:  # rocksdict raises plain Exception
-        raise classify(exc, path) from exc
+        if view:
+            shutil.rmtree(view, ignore_errors=True)
+            exc_text = str(exc).replace(view, source)
+        else:
+            exc_text = str(exc)
+        raise classify(Exception(exc_text), path) from exc
+    _VIEWS[id(db)] = view
+    return db
+
+
+#: id(Rdict) -> its view folder, removed when the database is closed.
+_VIEWS: dict[int, str] = {}
+#: (pid, folder, descriptor holding a shared flock on it) of this process's views.
+_views_home: tuple[int, str, int] | None = None
+
+
+def _data_files(folder: str) -> list[str]:
+    """A database folder's own files: not what RocksDB and rocksdict write beside them."""
+    with os.scandir(folder) as entries:
+        return [
+            e.name
+            for e in entries
+            if not e.is_dir(follow_symlinks=False)
+            and e.name not in ROCKSDB_SIDE_FILES
+            and not e.name.startswith("LOG.old")
+        ]
+
+
+def _views_folder() -> str:
+    """This process's folder of views, made on first use (again after a fork).
+
+    It holds a shared ``flock`` on the folder, released by the kernel when the process
+    dies, so a later process can tell views of dead processes and remove them.
+    """
+    global _views_home
+    pid = os.getpid()
+    if _views_home is not None:
+        home_pid, home, fd = _views_home
+        if home_pid == pid and os.path.isdir(home):
+            return home
+        if home_pid == pid:  # removed under us (a temporary-folder cleaner): make another
+            os.close(fd)
+        _views_home = None
+    _remove_dead_views()
+    while True:
+        folder = tempfile.mkdtemp(prefix=READ_VIEWS_PREFIX)
+        fd = os.open(folder, os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            same = os.stat(folder).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:  # another process's sweep took it before our lock
+            same = False
+        if same:
+            break
+        os.close(fd)
+    _views_home = (pid, folder, fd)
+    atexit.register(_remove_views_folder, pid, folder)
+    return folder
+
+
+def _remove_views_folder(pid: int, folder: str) -> None:
+    if os.getpid() == pid:  # not in a forked child that inherited the handler
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _remove_dead_views() -> None:
+    """Remove view folders whose process died (nobody holds their lock)."""
+    tmp = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tmp):
+            if not name.startswith(READ_VIEWS_PREFIX):
+                continue
+            folder = os.path.join(tmp, name)
+            try:
+                fd = os.open(folder, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # alive
+            else:
+                shutil.rmtree(folder, ignore_errors=True)
+            finally:
+                os.close(fd)
 
 
 def open_for_write(path: str | os.PathLike[str], *, create: bool) -> Rdict:
@@ -164,16 +270,30 @@ def ingest(db: Rdict, paths: list[str] | tuple[str, ...] | Iterator[str]) -> Non
         raise classify(exc, getattr(db, "path", lambda: "?")()) from exc
 
 
-def checkpoint(db: Rdict, dest: str | os.PathLike[str]) -> None:
-    """Hard-link ``db`` into ``dest`` (RocksDB checkpoint): cheap on one filesystem.
+def checkpoint(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:
+    """Make ``dest`` (which must not exist) a private, writable copy of the published
+    database in ``source``, without opening ``source``.
 
-    ``dest`` must not exist. Works on a read-only handle, so building the next version
-    never opens the published one for writing.
+    This is what RocksDB's Checkpoint does for a closed, flushed database: immutable
+    table files are hard-linked (cheap on one file system; copied across file systems),
+    the small files RocksDB rewrites or appends to (CURRENT, MANIFEST, OPTIONS, the WAL,
+    IDENTITY) are copied. Running Checkpoint itself would need ``source`` open, and
+    opening it makes rocksdict write into the published folder (quirk, module docstring).
     """
+    src, dst = os.fspath(source), os.fspath(dest)
     try:
-        Checkpoint(db).create_checkpoint(os.fspath(dest))
+        os.mkdir(dst)
+        for name in _data_files(src):
+            s, d = os.path.join(src, name), os.path.join(dst, name)
+            if name.endswith(ROCKSDB_IMMUTABLE_SUFFIXES):
+                try:
+                    os.link(s, d)
+                    continue
+                except OSError:
+                    pass  # another file system: copy it
+            shutil.copyfile(s, d)
     except Exception as exc:
-        raise classify(exc, dest) from exc
+        raise classify(exc, source) from exc
 
 
 def close_quietly(db: Rdict | None) -> None:
@@ -182,6 +302,9 @@ def close_quietly(db: Rdict | None) -> None:
         return
     with contextlib.suppress(Exception):
         db.close()
+    view = _VIEWS.pop(id(db), None)
+    if view is not None:
+        shutil.rmtree(view, ignore_errors=True)
 
 
 def scan_chunks(

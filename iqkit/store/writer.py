@@ -31,7 +31,7 @@ from .locking import CommitLock
 from .manifest import DEFAULT_RETENTION, StoreManifest
 from .partitioners import get_partitioner
 from .serdes import Serde, get_serde
-from .versions import read_latest_number, read_version
+from .versions import read_latest, read_latest_number
 
 
 def create_store(
@@ -279,9 +279,10 @@ class StoreWriter:
     def _publish(self) -> int:
         layout = self._layout
         with CommitLock(layout, who=self._who, timeout=self._lock_timeout):
-            latest = read_latest_number(layout)
-            previous = read_version(layout, latest) if latest is not None else None
-            version = (latest or 0) + 1
+            # Raises StoreCorruptedError when the published version cannot be established:
+            # committing then would publish over, and collect, versions nobody can see.
+            previous = read_latest(layout)
+            version = (previous.version if previous is not None else 0) + 1
             # A record for ``version`` can only be debris of a commit that crashed before
             # LATEST: remove it first, so nothing can mistake it for a version.
             remove_if_exists(layout.version_record(version))

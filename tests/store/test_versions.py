@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing as mp
 import os
 import time
@@ -57,14 +58,24 @@ def test_a_pinned_reader_keeps_its_version_until_it_closes(root):
     assert list_versions(layout) == [6, 7]
 
 
-def test_leases_of_dead_readers_are_removed(root):
+def test_leases_of_dead_readers_expire(root):
+    """A lease is a shared flock on the version's record (readers write nothing), which
+    the kernel drops when its holder dies: a dead reader's lease is simply gone, and a
+    stale lease file an older iqkit left in ``leases/`` protects nothing. (A reader
+    process killed while holding a version: tests/engine/test_engine_footprint.py.)"""
     iqkit.create_store(root, "s", partitions=1, retention=1)
     commit(root, "s", a=1)
     layout = StoreLayout.of(root, "s")
     layout.leases_dir.mkdir(parents=True, exist_ok=True)
     (layout.leases_dir / "12345-deadbeef.1").write_text("")  # nobody holds its lock
+    fd = os.open(layout.version_record(1), os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # what a live reader of version 1 holds
+    assert live_leased_versions(layout) == {1}
+    os.close(fd)  # what the kernel does when that reader dies
     assert live_leased_versions(layout) == set()
-    assert not (layout.leases_dir / "12345-deadbeef.1").exists()
+    commit(root, "s", a=2)
+    assert list_versions(layout) == [2]
+    assert not layout.partition_version_dir(0, 1).exists()
 
 
 def test_a_long_lived_engine_sees_new_commits(root):

@@ -48,6 +48,29 @@ def test_store_names_with_separators_or_dots_are_refused(root, name):
 
 
 @pytest.mark.parametrize(
+    "name",
+    ["a" * 256, "é" * 128, "x\ud800y", "x\udc80y"],
+    ids=["256 ascii bytes", "256 utf-8 bytes", "lone surrogate", "a non-UTF-8 file name byte"],
+)
+def test_store_names_that_cannot_be_a_folder_name_are_a_short_value_error(root, name):
+    with pytest.raises(ValueError, match="store name") as info:
+        iqkit.create_store(root, name, partitions=1)
+    assert len(str(info.value)) < 200
+    with pytest.raises(ValueError, match="store name"):
+        iqkit.StateQueryRequest.in_store(name)
+    assert not root.exists() or os.listdir(root) == []
+
+
+def test_a_store_name_of_255_bytes_works(root):
+    name = "n" * 255
+    iqkit.create_store(root, name, partitions=1)
+    with iqkit.StoreWriter(root, name) as w:
+        w.put("a", 1)
+    with iqkit.open(root) as engine:
+        assert get(engine, name, "a") == 1
+
+
+@pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"partitions": 0}, "partitions must be a positive int"),
