@@ -23,6 +23,7 @@ from collections.abc import Collection, Sequence
 from IPython.core.error import UsageError
 
 from ..query.position import Position
+from ..store.ordered import short_repr
 from .command import ACTIONS, IQCommand
 
 __all__ = [
@@ -216,7 +217,8 @@ def split_words(line: str) -> list[str]:
         if quote in "'\"":
             end = line.find(quote, i + 1)
             if end < 0:
-                raise UsageError(f"%iq: No closing quotation: {line.strip()!r}")
+                where = short_repr(line[i:].strip())  # the rest of a 1 MB line stays out
+                raise UsageError(f"%iq: No closing quotation: {where}")
             words.append(line[i : end + 1])
             i = end + 1
         else:

@@ -267,3 +267,10 @@ def test_times_out_of_range_are_usage_errors():
     for text in ("9" * 5_000, "now-99999999999999d", "now+9999999d"):
         with pytest.raises(UsageError, match="is out of range"):
             time_value(text, {})
+
+
+def test_an_unclosed_quote_in_a_huge_line_is_a_short_error():
+    # Found by the %iq input probe: the error echoed the whole line (a 5,000-digit token).
+    with pytest.raises(UsageError, match="No closing quotation") as err:
+        parse_line("get t 'open --partitions " + "9" * 5000)
+    assert len(str(err.value)) < 200 and "\n" not in str(err.value)
