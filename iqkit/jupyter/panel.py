@@ -569,12 +569,6 @@ def panel(root: Any = None, **session_options: Any) -> IQPanel:
 def _magic_session() -> IQSession | None:
     from IPython import get_ipython
 
-    shell = get_ipython()
-    if shell is None:
-        return None
-    from .magic import IQMagics
+    from .magic import live_session
 
-    for configurable in shell.configurables:
-        if isinstance(configurable, IQMagics):
-            return configurable.session
-    return None
+    return live_session(get_ipython())
