@@ -18,6 +18,7 @@ a root on the local file system always has its published partitions at hand.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -90,6 +91,12 @@ class _OpenPartition:
 
 #: Where the trace says an empty partition's (absent) rows come from.
 _NEVER_WRITTEN = "never written: empty"
+
+#: How a partition's ``StateEngine`` trace line names the version it read, written in
+#: :meth:`StateEngine._run_partition` and read back by :func:`served_version` (one home
+#: for the text format, so notebooks never parse it themselves).
+_SERVED_AT = "at version"
+_SERVED_VERSION = re.compile(rf"\b{_SERVED_AT} (\d+)\b")
 
 
 class _StoreView:
@@ -295,6 +302,26 @@ class StateEngine:
         """Versions of ``store`` still on disk (retained), ascending."""
         return list_versions(self._view(store).layout)
 
+    def approximate_rows(self, store: str) -> int:
+        """RocksDB's own estimate of the rows of the version served (``0``: nothing
+        published), read from the partitions the engine keeps open anyway: what a
+        notebook's ``%iq stores`` shows without scanning.
+
+        An estimate (``rocksdb.estimate-num-keys``): it counts keys deleted but not yet
+        compacted away. iqkit's own keys are taken out: one commit record per partition,
+        and a window store keeps two keys per window (the data and the time index).
+        Raises ``IqkitError`` when the store cannot be read.
+        """
+        view = self._view(store)
+        record = view.current()
+        if record is None:
+            return 0
+        total = 0
+        for p in sorted(record.partitions):
+            keys = self._open_partition(view, record, p).partition.approximate_rows()
+            total += max(0, keys - 1)
+        return total // 2 if view.manifest.kind == "window" else total
+
     def partition_for_key(self, store: str, key: Any) -> int | None:
         """The partition that owns ``key`` (KIP-535 ``queryMetadataForKey``).
 
@@ -387,7 +414,7 @@ class StateEngine:
             return self._store_exception(view, p, entry.position, exc, trace)
         if trace.enabled:
             version = record.version if isinstance(record, VersionRecord) else None
-            detail = f"store {view.manifest.name!r} partition {p} at version {version}"
+            detail = f"store {view.manifest.name!r} partition {p} {_SERVED_AT} {version}"
             if isinstance(entry.partition, MemoryPartition):  # the empty partition
                 detail += f" ({_NEVER_WRITTEN})"
             trace.add("StateEngine", started, detail)
@@ -580,6 +607,19 @@ def open(
 
 
 # -- helpers -------------------------------------------------------------------------------
+def served_version(result: StateQueryResult) -> int | None:
+    """The store version a query result was read from, as its partitions' traces name it
+    (``None``: the query ran without ``enable_execution_info``, or read nothing
+    published). KIP-796's result carries no version, so the engine's trace line does."""
+    for qr in result.partition_results.values():
+        for line in qr.execution_info:
+            if line.startswith("Handled in StateEngine"):
+                m = _SERVED_VERSION.search(line)
+                if m:
+                    return int(m.group(1))
+    return None
+
+
 def _serialize_key(view: _StoreView, key: Any) -> bytes:
     try:
         return view.key_serde.serialize(key)

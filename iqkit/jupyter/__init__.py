@@ -4,7 +4,9 @@
 ``command`` (the normalised command), ``parse`` (line → command), ``values`` (text →
 typed keys, times, bounds), ``session`` (executing commands), ``magic`` (the thin
 IPython layer), ``result``/``render`` (what a query returns and how it looks),
-``panel`` (the widget query builder), ``testing`` (a shell for tests).
+``complete`` (tab completion), ``builder`` (the widget query builder), ``panel``
+(``iqkit.panel()``), ``testing`` (a shell for tests). docs/ARCHITECTURE.md gives the
+order in which they may import each other (no cycles).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ never raise into the user's typing).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .command import ACTIONS
@@ -44,17 +45,17 @@ def _store_names(session: IQSession) -> list[str]:
         return []
 
 
-def register_completer(shell: Any) -> None:
+def register_completer(shell: Any, session_of: Callable[[], IQSession | None]) -> None:
     """Register once per shell: IPython's hook dispatcher only adds, never replaces, so a
-    ``%reload_ext`` must not stack a second completer (bound to a closed session)."""
+    ``%reload_ext`` must not stack a second completer (bound to a closed session).
+    ``session_of`` returns the live magics' session each time (``%reload_ext`` replaces
+    it); the magic passes it, so this module never imports the magic back."""
     if getattr(shell, "_iqkit_completer", False):
         return
 
     def complete(_self: Any, event: Any) -> list[str]:
-        from .magic import IQMagics  # the live instance: %reload_ext replaces it
-
-        live = [c for c in shell.configurables if isinstance(c, IQMagics)]
-        return candidates(live[-1].session, event.line) if live else []
+        session = session_of()
+        return candidates(session, event.line) if session is not None else []
 
     for key in ("%iq", "%%iq", "%iqkit", "%%iqkit"):
         shell.set_hook("complete_command", complete, str_key=key)

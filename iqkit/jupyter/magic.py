@@ -26,7 +26,7 @@ from .complete import register_completer
 from .parse import check_result_name, overview, parse_line
 from .session import IQSession
 
-__all__ = ["IQMagics"]
+__all__ = ["IQMagics", "live_magics", "live_session"]
 
 
 @magics_class
@@ -124,11 +124,27 @@ def load(shell: Any) -> IQMagics:
     unload(shell)
     magics = IQMagics(shell)
     shell.register_magics(magics)
-    register_completer(shell)
+    register_completer(shell, lambda: live_session(shell))
     return magics
 
 
 def unload(shell: Any) -> None:
-    for old in [c for c in shell.configurables if isinstance(c, IQMagics)]:
+    for old in live_magics(shell):
         old.close()
         shell.configurables.remove(old)
+
+
+def live_magics(shell: Any) -> list[IQMagics]:
+    """The ``IQMagics`` loaded in ``shell``, oldest first (``[]`` without a shell).
+
+    The one place that looks for them: ``%reload_ext`` replaces the instance, so the
+    completer and ``iqkit.panel()`` ask here each time rather than keep one."""
+    if shell is None:
+        return []
+    return [c for c in shell.configurables if isinstance(c, IQMagics)]
+
+
+def live_session(shell: Any) -> IQSession | None:
+    """The session of the ``%iq`` magics loaded in ``shell`` (``None``: not loaded)."""
+    live = live_magics(shell)
+    return live[-1].session if live else None

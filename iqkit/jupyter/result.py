@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import pandas as pd
 import pyarrow as pa
 
+from ..engine import StateEngine, served_version
 from ..errors import IqkitError
 from ..query import (
     LagInfo,
@@ -82,7 +83,6 @@ ERROR_COLUMN = "error"
 STORE_PROBLEMS = (IqkitError, OSError, ValueError, LookupError)
 
 _TRACE_LINE = re.compile(r"Handled in (?P<layer>\S+) in (?P<ns>\d+)ns(?::\s?(?P<detail>.*))?", re.S)
-_VERSION = re.compile(r"\bat version (\d+)\b")
 
 LagSource = Mapping[int, LagInfo] | Callable[[], Mapping[int, LagInfo]] | None
 
@@ -178,12 +178,7 @@ class IQResult:
         """The store version served, when known (given, or named by the trace)."""
         if self._version is not None:
             return self._version
-        for qr in self.result.partition_results.values():
-            for line in qr.execution_info:
-                m = _VERSION.search(line)
-                if m and line.startswith("Handled in StateEngine"):
-                    return int(m.group(1))
-        return None
+        return served_version(self.result)
 
     # -- rows ----------------------------------------------------------------------------
     def arrow(self) -> pa.Table:
@@ -555,30 +550,13 @@ def lag_frame(
 
 
 # -- %iq stores ------------------------------------------------------------------------------
-def _approx_rows(engine: Any, store: str, manifest: StoreManifest) -> int | None:
-    """RocksDB's own estimate of the store's rows (``rocksdb.estimate-num-keys``, read
-    from the partitions the engine keeps open anyway), or ``None``.
-
-    An estimate: it counts keys deleted but not yet compacted away. iqkit's own keys are
-    taken out: one commit record per partition, and a window store keeps two keys per
-    window (the data and the time index).
-    """
-    view_of = getattr(engine, "_view", None)
-    open_partition = getattr(engine, "_open_partition", None)
-    if view_of is None or open_partition is None:  # not a StateEngine
-        return None
+def _approx_rows(engine: StateEngine, store: str) -> int | None:
+    """The engine's row estimate (:meth:`StateEngine.approximate_rows`); ``None`` (shown
+    as NA) when the store's partitions cannot be read: one column never hides a row."""
     try:
-        view = view_of(store)
-        record = view.current()
-        if record is None:
-            return 0
-        total = 0
-        for p in sorted(record.partitions):
-            keys = open_partition(view, record, p).partition.approximate_rows()
-            total += max(0, keys - 1)
-    except (IqkitError, AttributeError, OSError):
+        return engine.approximate_rows(store)
+    except (IqkitError, OSError):
         return None
-    return total // 2 if manifest.kind == "window" else total
 
 
 def stores_frame(engine: Any) -> pd.DataFrame:
@@ -628,7 +606,7 @@ def _store_row(engine: Any, name: str) -> tuple[Any, ...]:
         manifest.value_serde,
         manifest.partitioner,
         _nullable(engine.version(name)),
-        _nullable(_approx_rows(engine, name, manifest)),
+        _nullable(_approx_rows(engine, name)),
         compact_position(position),
         lag,
     )

@@ -176,7 +176,7 @@ class IQSession:
         if action == "help":
             return Message(command_help(command.path) if command.path else overview())
         if action == "panel":
-            from .panel import IQPanel
+            from .builder import IQPanel
 
             return IQPanel(self, namespace=ns)
         raise UsageError(f"%iq: {action!r} is not implemented")  # pragma: no cover
