@@ -5,7 +5,7 @@ runs it through the same :class:`IQSession`, and shows the result in tabs (rows,
 partitions, trace, lag) next to the equivalent ``%iq`` line, so users learn the magic
 while clicking.
 
-Why it is shaped this way (see ../shared/research §6):
+Why it is shaped this way:
 
 * Everything is drivable from code: the widgets are public attributes, setting
   ``.value`` fires the observers synchronously (ipywidgets' ``DummyComm`` outside a
