@@ -15,7 +15,7 @@ pandas DataFrame of ``--frame`` customers, then times the same join (returning t
 * by hand: the stream read into Arrow first, then DuckDB (stream + baseline);
 * ``SQLSession.query`` over the Arrow table registered by name (the session's own
   overhead: resolution, parameters, the worker thread, the DataFrame result);
-* the first and the stream-alone cases again with ``iqkit.tables.BULK_DECODE`` off, i.e.
+* the first and the stream-alone cases again with ``iqkit.tables.bulk_decode(False)``, i.e.
   every row decoded by the engine (``json.loads`` per value), as before bulk decoding.
 
 Prints a Markdown table: median seconds of ``--repeat`` runs after one warm-up run, and
@@ -110,11 +110,8 @@ def row_by_row(fn: Callable[[], object]) -> Callable[[], object]:
     """``fn`` run with bulk decoding off: every row decoded by the engine, as before."""
 
     def run() -> object:
-        tables.BULK_DECODE = False
-        try:
+        with tables.bulk_decode(False):
             return fn()
-        finally:
-            tables.BULK_DECODE = True
 
     return run
 

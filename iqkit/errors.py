@@ -39,8 +39,10 @@ class EngineClosedError(IqkitError):
     """The engine was closed; open a new one with ``iqkit.open``."""
 
 
-class StoreExistsError(IqkitError):
-    """``create_store`` was asked to create a store that exists with other settings."""
+class StoreExistsError(IqkitError, ValueError):
+    """A store was asked for (``create_store``, a Spark write) with settings other than
+    the existing store's. A ``ValueError`` too: the Spark writers raised that before they
+    shared ``ensure_store``, and callers catching it keep working."""
 
 
 class StoreLockedError(IqkitError):

@@ -77,8 +77,23 @@ CHUNK_ROWS = 65_536
 #: Rows pulled from an iterator between two ``progress`` calls (and limit checks).
 PROGRESS_ROWS = 4_096
 #: Decode stored bytes a chunk at a time with Arrow where that is exact (the module
-#: docstring); ``False`` decodes every row with the engine's decoder (tests compare both).
-BULK_DECODE = True
+#: docstring); set only through ``bulk_decode``.
+_BULK_DECODE = True
+
+
+@contextlib.contextmanager
+def bulk_decode(enabled: bool) -> Iterator[None]:
+    """Within the block, decode stored bytes in bulk with Arrow (``True``, the default)
+    or every row with the engine's decoder (``False``): tests and benchmarks compare
+    the two. Process-wide rather than a context variable, so it also holds in the
+    threads that collect for SQL; restored when the block ends, however it ends."""
+    global _BULK_DECODE
+    old, _BULK_DECODE = _BULK_DECODE, enabled
+    try:
+        yield
+    finally:
+        _BULK_DECODE = old
+
 
 PARTITION = "partition"
 WINDOW_START = "window_start"
@@ -403,7 +418,7 @@ class _Shaper:
     def rows_of(self, value: KeyValueIterator[Any, Any]) -> tuple[Iterator[Any], _Stored | None]:
         """The rows of an iterator result: its stored bytes when it hands them over and
         they can be decoded in bulk (with how to decode them), else its ``KeyValue``s."""
-        if BULK_DECODE and self.bulk and isinstance(value, ScanIterator):
+        if _BULK_DECODE and self.bulk and isinstance(value, ScanIterator):
             chunks = value.take_chunks()
             if chunks is not None:
                 return chain.from_iterable(chunks), _Stored(value.decode, value.key_offset)

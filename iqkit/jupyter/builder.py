@@ -36,6 +36,7 @@ from IPython.core.error import UsageError
 from ..errors import IqkitError
 from .command import IQCommand
 from .parse import parse_bound, parse_partitions
+from .render import table_style
 
 if TYPE_CHECKING:  # the session builds panels (%iq panel): importing it back is a cycle
     from .session import IQSession
@@ -538,13 +539,7 @@ def _message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-_CSS = (
-    "<style>.iqkit-panel table{border-collapse:collapse;font-size:12px;margin:4px 0}"
-    ".iqkit-panel th,.iqkit-panel td{border:1px solid #ddd;padding:2px 6px;text-align:left;"
-    "vertical-align:top;white-space:pre-wrap}.iqkit-panel th{background:#f4f4f4}"
-    ".iqkit-panel td.n{text-align:right}.iqkit-panel td.null{color:#999;font-style:italic}"
-    ".iqkit-panel .iq-note{color:#555;font-size:12px}</style>"
-)
+_CSS = table_style("iqkit-panel")
 
 
 def _box(body: str) -> str:

@@ -54,16 +54,25 @@ CELL_CHARS = 200
 #: Width in pixels of the longest bar of an inline chart.
 BAR_PX = 80
 
-_STYLE = """<style>
-.iqkit-result table{border-collapse:collapse;font-size:12px;margin:4px 0}
-.iqkit-result th,.iqkit-result td{border:1px solid #ddd;padding:2px 6px;text-align:left;
+_TABLE_CSS = """<style>
+.SCOPE table{border-collapse:collapse;font-size:12px;margin:4px 0}
+.SCOPE th,.SCOPE td{border:1px solid #ddd;padding:2px 6px;text-align:left;
 vertical-align:top;white-space:pre-wrap}
-.iqkit-result th{background:#f4f4f4}
-.iqkit-result td.n{text-align:right;font-variant-numeric:tabular-nums}
-.iqkit-result td.null{color:#999;font-style:italic}
-.iqkit-result .iq-note{color:#555;font-size:12px}
-.iqkit-result summary{cursor:pointer;font-size:12px;color:#333}
+.SCOPE th{background:#f4f4f4}
+.SCOPE td.n{text-align:right;font-variant-numeric:tabular-nums}
+.SCOPE td.null{color:#999;font-style:italic}
+.SCOPE .iq-note{color:#555;font-size:12px}
+.SCOPE summary{cursor:pointer;font-size:12px;color:#333}
 </style>"""
+
+
+def table_style(scope: str) -> str:
+    """The ``<style>`` of iqkit's HTML tables inside elements of class ``scope``: results
+    (``iqkit-result``) and the panel (``iqkit-panel``) look alike because both use it."""
+    return _TABLE_CSS.replace("SCOPE", scope)
+
+
+_STYLE = table_style("iqkit-result")
 
 _NULL_CELL = '<td class="null">null</td>'
 

@@ -28,7 +28,7 @@ from IPython.core.error import UsageError
 
 from ..engine import StateEngine
 from ..engine import open as open_engine
-from ..errors import IqkitError, UnknownStoreError
+from ..errors import IqkitError
 from ..query import (
     KeyQuery,
     MultiKeyQuery,
@@ -143,9 +143,7 @@ class IQSession:
         ns = namespace if namespace is not None else {}
         try:
             return self._dispatch(command, ns)
-        except UnknownStoreError as exc:
-            raise UsageError(f"%iq {command.action}: {exc}") from None
-        except IqkitError as exc:
+        except IqkitError as exc:  # UnknownStoreError included (its did-you-mean)
             raise UsageError(f"%iq {command.action}: {exc}") from None
 
     def _dispatch(self, command: IQCommand, ns: Mapping[str, Any]) -> Any:

@@ -50,7 +50,6 @@ from pyspark.sql import types as T
 from ..query.position import Position
 from ..store import keyspace
 from ..store.jobs import JobCommit, JobSpec, SortedRows, StagedPartition, stage_partition
-from ..store.layout import StoreLayout
 from ..store.manifest import StoreManifest
 from ..store.partitioners import get_partitioner, murmur2
 from ..store.serdes import Serde, get_serde
@@ -59,7 +58,9 @@ from .roots import driver_root
 from .schema import (
     KAFKA_COLUMNS,
     ColumnPlan,
+    ensure_spark_store,
     non_finite_message,
+    one_window_size,
     plan_columns,
     spark_non_finite,
 )
@@ -139,7 +140,7 @@ def write_store(
         partition_column=mark_as_partitioned,
     )
     window_size = _window_size(df, plan, store) if plan.window_column else None
-    manifest = _store_manifest(root, store, plan, partitions, window_size, retention)
+    manifest = _store_manifest(root, store, df, plan, partitions, window_size, retention)
     encoded, raw = _encode(df, plan, manifest)
     if not raw:  # raw (JVM-routed) writes count null keys in the job itself: one pass less
         _check_no_null_keys(df, plan, store)
@@ -196,51 +197,25 @@ def write_store(
 def _store_manifest(
     root: str | os.PathLike[str],
     store: str,
+    df: DataFrame,
     plan: ColumnPlan,
     partitions: int,
     window_size: int | None,
     retention: int | None,
 ) -> StoreManifest:
     """The existing store's manifest (its settings must fit the DataFrame), or the one a
-    new store will get. A new store is created only when the job publishes
-    (``JobCommit(create=...)``): a write that fails creates no store."""
-    layout = StoreLayout.of(root, store)
-    if layout.manifest.exists():
-        manifest = StoreManifest.read(layout)
-        wanted = {
-            "partitions": partitions,
-            "kind": "window" if window_size else "kv",
-            "key_serde": plan.key_serde,
-            "value_serde": plan.value_serde,
-            "partitioner": "explicit" if plan.partition_column else manifest.partitioner,
-        }
-        diffs = [
-            f"{k}={getattr(manifest, k)!r} (the DataFrame needs {v!r})"
-            for k, v in wanted.items()
-            if getattr(manifest, k) != v
-        ]
-        if window_size and manifest.window_size_ms != window_size:
-            diffs.append(
-                f"window_size_ms={manifest.window_size_ms} (the DataFrame has {window_size})"
-            )
-        if diffs:
-            raise ValueError(f"store {store!r} exists with other settings: {', '.join(diffs)}")
-        return manifest
-    return StoreManifest(
-        name=store,
+    new store will get when the job publishes (see ``ensure_spark_store``)."""
+    types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    return ensure_spark_store(
+        root,
+        store,
+        plan,
         partitions=partitions,
-        kind="window" if window_size else "kv",
-        key_serde=plan.key_serde,
-        value_serde=plan.value_serde,
-        partitioner="explicit" if plan.partition_column else "murmur2",
-        window_size_ms=window_size,
-        **({"retention": retention} if retention else {}),
-        properties={
-            "key_columns": list(plan.key_columns),
-            "value_column": plan.value_column,
-            "record_columns": list(plan.record_columns),
-            "written_by": "iqkit.spark.write_store",
-        },
+        partitioner=None,
+        window_size=window_size,
+        retention=retention,
+        key_types=[types[k] for k in plan.key_columns],
+        written_by="iqkit.spark.write_store",
     )
 
 
@@ -269,14 +244,7 @@ def _window_size(df: DataFrame, plan: ColumnPlan, store: str) -> int:
     w = plan.window_column
     size = F.expr(f"unix_millis(`{w}`.end) - unix_millis(`{w}`.start)")
     lo, hi = df.select(F.min(size), F.max(size)).first()
-    if lo is None:
-        raise ValueError(f"store {store!r}: the DataFrame is empty, its window size is unknown")
-    if lo != hi or lo <= 0:
-        raise ValueError(
-            f"store {store!r}: window column {w!r} must hold windows of one size, "
-            f"found sizes from {lo} to {hi} ms"
-        )
-    return int(lo)
+    return one_window_size(store, w, lo, hi)
 
 
 def _kafka_position(df: DataFrame) -> Position | None:

@@ -114,11 +114,14 @@ from ..store.names import JOB_STAGING_PREFIX
 from ..store.partitioners import Partitioner, get_partitioner
 from ..store.serdes import Serde, get_serde
 from ..store.versions import read_latest_number
+from ..store.writer import STORE_SETTINGS
 from .schema import (
     KAFKA_COLUMNS,
     ColumnPlan,
     arrow_has_non_finite,
+    ensure_spark_store,
     non_finite_message,
+    one_window_size,
     plan_columns,
 )
 from .workers import consume_marker, keep_spark_archive_indexes
@@ -267,7 +270,6 @@ def plan_write(
     )
     partitions = _int_option(options, "partitions", minimum=1)
     retention = _int_option(options, "retention", minimum=1)
-    kind = "window" if plan.window_column else "kv"
     if existing is not None:
         if existing.partitioner == "explicit" and mark is None:
             raise ValueError(
@@ -275,20 +277,17 @@ def plan_write(
                 "'mark_as_partitioned' must name the column holding each row's partition"
             )
         partitions = partitions or existing.partitions
-        wanted = {
-            "partitions": partitions,
-            "kind": kind,
-            "key_serde": plan.key_serde,
-            "value_serde": plan.value_serde,
-            "partitioner": "explicit" if mark else existing.partitioner,
-        }
-        diffs = [
-            f"{k}={getattr(existing, k)!r} (the DataFrame needs {v!r})"
-            for k, v in wanted.items()
-            if getattr(existing, k) != v
-        ]
-        if diffs:
-            raise ValueError(f"store {store!r} exists with other settings: {', '.join(diffs)}")
+        ensure_spark_store(  # checked again at commit, with the window size known
+            root,
+            store,
+            plan,
+            partitions=partitions,
+            partitioner=existing.partitioner,
+            window_size=None,
+            retention=retention,
+            key_types=(),
+            written_by="iqkit.spark data source",
+        )
     elif partitions is None:
         raise ValueError(f"iqkit: option 'partitions' is required to create store {store!r}")
     types = {f.name: f.dataType.simpleString() for f in schema.fields}
@@ -465,61 +464,30 @@ class IqkitWriter(DataSourceArrowWriter):
 
     def _window_size(self, messages: list[IqkitCommitMessage]) -> int | None:
         sizes = [m.window_sizes for m in messages if m.window_sizes is not None]
-        store, w = self.store, self.plan.window_column if self.plan else None
-        if not sizes:
-            layout = StoreLayout.of(self.root, store)
+        if not sizes:  # no rows: an existing window store keeps its size
+            layout = StoreLayout.of(self.root, self.store)
             if layout.manifest.exists():
                 return StoreManifest.read(layout).window_size_ms
-            raise ValueError(f"store {store!r}: the DataFrame is empty, its window size is unknown")
+            return one_window_size(self.store, None, None, None)
         lo, hi = min(s[0] for s in sizes), max(s[1] for s in sizes)
-        if lo != hi or lo <= 0:
-            raise ValueError(
-                f"store {store!r}: window column {w!r} must hold windows of one size, "
-                f"found sizes from {lo} to {hi} ms"
-            )
-        return lo
+        return one_window_size(self.store, self.plan.window_column if self.plan else None, lo, hi)
 
     def _store_manifest(self, window_size: int | None) -> StoreManifest:
         """The existing store's manifest, which must still match (the store may have been
         created since planning, or its window size was unknown until now), or the one a
-        new store gets when the job publishes (``JobCommit(create=...)``: a failed first
-        write leaves no store behind)."""
-        plan = self.plan
-        assert plan is not None
-        kind = "window" if window_size else "kv"
-        settings = {
-            "partitions": self.partitions,
-            "kind": kind,
-            "key_serde": plan.key_serde,
-            "value_serde": plan.value_serde,
-            "partitioner": self.partitioner,
-            "window_size_ms": window_size,
-        }
-        layout = StoreLayout.of(self.root, self.store)
-        if layout.manifest.exists():
-            existing = StoreManifest.read(layout)
-            diffs = [
-                f"{k}={getattr(existing, k)!r} (the DataFrame needs {v!r})"
-                for k, v in settings.items()
-                if getattr(existing, k) != v
-            ]
-            if diffs:
-                raise ValueError(
-                    f"store {self.store!r} exists with other settings: {', '.join(diffs)}"
-                )
-            return existing
-        return StoreManifest(
-            name=self.store,
-            window_size_ms=window_size,
-            **{k: v for k, v in settings.items() if k != "window_size_ms"},
-            **({"retention": self.retention} if self.retention else {}),
-            properties={
-                "key_columns": list(plan.key_columns),
-                "key_types": list(self.key_types),
-                "value_column": plan.value_column,
-                "record_columns": list(plan.record_columns),
-                "written_by": "iqkit.spark data source",
-            },
+        new store gets when the job publishes (see ``ensure_spark_store``)."""
+        assert self.plan is not None
+        return ensure_spark_store(
+            self.root,
+            self.store,
+            self.plan,
+            partitions=self.partitions,
+            partitioner=self.partitioner,
+            window_size=window_size,
+            retention=self.retention,
+            key_types=self.key_types,
+            written_by="iqkit.spark data source",
+            settings=STORE_SETTINGS,
         )
 
     def _remove_fragments(self) -> None:

@@ -27,7 +27,6 @@ are ignored by Spark's file sources, and reads also filter on ``p*.parquet``.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import json
 import os
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..query.position import Position
 from ..query.window import to_epoch_millis
+from ..store.locking import lock_file, unlock_file
 from ..store.partitioners import murmur2_partition
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -72,7 +72,6 @@ DATA_GLOB = "p*.parquet"
 _DATA_NAME = re.compile(r"^p(\d+)-(\d+)-(\d+)\.parquet$")
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")  # Kafka's legal topic characters
 _MAX_TOPIC_LENGTH = 249  # Kafka's limit
-_LOCK_POLL_SECONDS = 0.01
 # Spark's file source forgets files older than ``maxFileAge`` (default 7 days) relative
 # to the newest file it has seen, and with ``maxFilesPerTrigger`` that can skip a
 # backlog. A Kafka consumer never skips records, so the stand-in effectively disables it.
@@ -252,26 +251,18 @@ class _ProduceLock:
         self._fd: int | None = None
 
     def __enter__(self) -> _ProduceLock:
-        fd = os.open(self._path, os.O_CREAT | os.O_RDWR, 0o644)
-        deadline = time.monotonic() + self._timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    raise TimeoutError(
-                        f"another producer held {self._path} for more than {self._timeout:g}s"
-                    ) from None
-                time.sleep(_LOCK_POLL_SECONDS)
-        self._fd = fd
+        self._fd = lock_file(
+            self._path,
+            timeout=self._timeout,
+            on_timeout=lambda _fd: TimeoutError(
+                f"another producer held {self._path} for more than {self._timeout:g}s"
+            ),
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
+            unlock_file(self._fd)
             self._fd = None
 
 

@@ -16,6 +16,7 @@ serde stores NaN and infinities).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,9 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+
+from ..store.manifest import StoreManifest
+from ..store.writer import STORE_SETTINGS, ensure_store
 
 #: The serde a single key or value column gets when none is named.
 _DEFAULT_SERDE: dict[type[T.DataType], str] = {
@@ -235,3 +239,70 @@ def arrow_has_non_finite(values: pa.Array) -> bool:
     if pa.types.is_struct(t):
         return any(arrow_has_non_finite(f) for f in values.flatten())
     return False
+
+
+def ensure_spark_store(
+    root: str | os.PathLike[str],
+    store: str,
+    plan: ColumnPlan,
+    *,
+    partitions: int,
+    partitioner: str | None,
+    window_size: int | None,
+    retention: int | None,
+    key_types: Sequence[str],
+    written_by: str,
+    settings: tuple[str, ...] | None = None,
+) -> StoreManifest:
+    """The manifest a Spark write uses: the existing store's, whose settings must fit the
+    DataFrame (``StoreExistsError`` naming each difference, via ``ensure_store``), or the
+    one a new store gets when the job publishes (``JobCommit(create=...)``: a write that
+    fails creates no store). By default the partitioner is checked only when the DataFrame
+    marks its partitions (else the store's own routes the keys), and the window size
+    only once it is known. ``key_types`` (DDL types) let the reader type a composite key's
+    columns."""
+    explicit = plan.partition_column is not None
+    if settings is None:
+        settings = tuple(
+            s
+            for s in STORE_SETTINGS
+            if (s != "partitioner" or explicit) and (s != "window_size_ms" or window_size)
+        )
+    size = window_size
+    if plan.window_column and size is None:
+        # A window manifest must name its size, which the data source learns only from
+        # its tasks: before then a stand-in, never compared (not in ``settings``) and
+        # never written (the data source checks an existing store only at that point).
+        assert "window_size_ms" not in settings, "a window size to check is needed"
+        size = 1
+    wanted = StoreManifest(
+        name=store,
+        partitions=partitions,
+        kind="window" if plan.window_column else "kv",
+        key_serde=plan.key_serde,
+        value_serde=plan.value_serde,
+        partitioner="explicit" if explicit else (partitioner or "murmur2"),
+        window_size_ms=size,
+        **({"retention": retention} if retention else {}),
+        properties={
+            "key_columns": list(plan.key_columns),
+            "key_types": list(key_types),
+            "value_column": plan.value_column,
+            "record_columns": list(plan.record_columns),
+            "written_by": written_by,
+        },
+    )
+    return ensure_store(root, wanted, settings=settings, asked="the DataFrame needs")
+
+
+def one_window_size(store: str, column: str | None, lo: int | None, hi: int | None) -> int:
+    """The one window size of the smallest (``lo``) and largest (``hi``) windows a
+    DataFrame's window column holds (``None``: no rows), refused unless they agree."""
+    if lo is None or hi is None:
+        raise ValueError(f"store {store!r}: the DataFrame is empty, its window size is unknown")
+    if lo != hi or lo <= 0:
+        raise ValueError(
+            f"store {store!r}: window column {column!r} must hold windows of one size, "
+            f"found sizes from {lo} to {hi} ms"
+        )
+    return int(lo)

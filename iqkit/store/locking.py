@@ -13,12 +13,48 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 
 from ..errors import StoreLockedError
 from .layout import StoreLayout
 
 _POLL_SECONDS = 0.02
+
+
+def lock_file(
+    path: str | os.PathLike[str] | Path,
+    *,
+    timeout: float,
+    on_timeout: Callable[[int], BaseException],
+) -> int:
+    """An exclusive ``flock`` on ``path`` (created if missing), waited for up to ``timeout``
+    seconds; returns the open descriptor (``unlock_file`` releases it). On timeout,
+    ``on_timeout(fd)`` builds the error (it may read the file, e.g. who holds it), the
+    descriptor is closed and the error raised. The one home of the lock-with-deadline
+    loop: the store's commit lock and the local Kafka topic's produce lock use it. A
+    non-blocking ``flock`` polled, since ``flock`` itself takes no timeout."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                try:
+                    error = on_timeout(fd)
+                finally:
+                    os.close(fd)
+                raise error from None
+            time.sleep(_POLL_SECONDS)
+
+
+def unlock_file(fd: int) -> None:
+    """Release a lock ``lock_file`` took and close its descriptor."""
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
 
 
 def describe_holder(info: dict[str, object]) -> str:
@@ -38,21 +74,7 @@ class CommitLock:
         self._fd: int | None = None
 
     def __enter__(self) -> CommitLock:
-        fd = os.open(self._layout.lock_file, os.O_CREAT | os.O_RDWR, 0o644)
-        deadline = time.monotonic() + self._timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = self._read_holder(fd)
-                    os.close(fd)
-                    raise StoreLockedError(
-                        f"store {self._layout.name!r} is being committed by "
-                        f"{describe_holder(holder)}; gave up after {self._timeout:g}s"
-                    ) from None
-                time.sleep(_POLL_SECONDS)
+        fd = lock_file(self._layout.lock_file, timeout=self._timeout, on_timeout=self._locked)
         info = {
             "who": self._who,
             "pid": os.getpid(),
@@ -63,6 +85,12 @@ class CommitLock:
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd
         return self
+
+    def _locked(self, fd: int) -> StoreLockedError:
+        return StoreLockedError(
+            f"store {self._layout.name!r} is being committed by "
+            f"{describe_holder(self._read_holder(fd))}; gave up after {self._timeout:g}s"
+        )
 
     @staticmethod
     def _read_holder(fd: int) -> dict[str, object]:
@@ -79,6 +107,5 @@ class CommitLock:
     ) -> None:
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
+            unlock_file(self._fd)
             self._fd = None

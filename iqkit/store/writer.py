@@ -67,27 +67,52 @@ def create_store(
     )
     layout.store_dir.mkdir(parents=True, exist_ok=True)
     with CommitLock(layout, who="create_store", timeout=30.0):
-        if layout.manifest.exists():
-            existing = StoreManifest.read(layout)
-            diffs = [
-                f"{f}={getattr(existing, f)!r} (asked {getattr(manifest, f)!r})"
-                for f in (
-                    "kind",
-                    "partitions",
-                    "key_serde",
-                    "value_serde",
-                    "partitioner",
-                    "window_size_ms",
-                )
-                if getattr(existing, f) != getattr(manifest, f)
-            ]
-            if diffs:
-                raise StoreExistsError(
-                    f"store {name!r} already exists with different settings: {', '.join(diffs)}"
-                )
-            return existing
-        manifest.write(layout)
-    return manifest
+        return ensure_store(root, manifest, create=True)
+
+
+#: The settings that make a store's data readable and routable: a store asked for again
+#: with any of them different is refused (``StoreExistsError``).
+STORE_SETTINGS = (
+    "kind",
+    "partitions",
+    "key_serde",
+    "value_serde",
+    "partitioner",
+    "window_size_ms",
+)
+
+
+def ensure_store(
+    root: str | os.PathLike[str],
+    manifest: StoreManifest,
+    *,
+    settings: tuple[str, ...] = STORE_SETTINGS,
+    asked: str = "asked",
+    create: bool = False,
+) -> StoreManifest:
+    """The existing store's manifest when its ``settings`` equal ``manifest``'s, else
+    ``StoreExistsError`` naming each difference (``asked`` says who wanted the other
+    value, e.g. "the DataFrame needs"). A store that does not exist yet gets
+    ``manifest``, written only when ``create`` (the caller holds the commit lock); the
+    Spark writers create it when their job publishes, so a failed first write leaves no
+    store. The one home of this check: ``create_store`` and every Spark writer call it.
+    """
+    layout = StoreLayout.of(root, manifest.name)
+    if not layout.manifest.exists():
+        if create:
+            manifest.write(layout)
+        return manifest
+    existing = StoreManifest.read(layout)
+    diffs = [
+        f"{f}={getattr(existing, f)!r} ({asked} {getattr(manifest, f)!r})"
+        for f in settings
+        if getattr(existing, f) != getattr(manifest, f)
+    ]
+    if diffs:
+        raise StoreExistsError(
+            f"store {manifest.name!r} exists with other settings: {', '.join(diffs)}"
+        )
+    return existing
 
 
 class _PartitionBuffer:

@@ -297,6 +297,16 @@ def test_get_runs_through_the_session(p: IQPanel) -> None:
     assert p.error_box.layout.display == "none"
 
 
+def test_panel_tables_are_styled_like_result_tables(p: IQPanel) -> None:
+    """One table stylesheet for results and the panel (only the scope class differs)."""
+    p.key.value = "alice"
+    p.run.click()
+    result_html = p.result._repr_html_()
+    style = result_html[result_html.index("<style>") : result_html.index("</style>") + 8]
+    assert style.count(".iqkit-result ") >= 8
+    assert style.replace(".iqkit-result ", ".iqkit-panel ") in p.rows_out.value
+
+
 def test_lag_tab_says_no_source_recorded_in_words(p: IQPanel) -> None:
     p.store.value = "counts"  # written without a source: its lag is unknown
     p.key.value = "7"

@@ -1,4 +1,4 @@
-"""iqkit.tables decoding stored bytes in bulk with Arrow (``tables.BULK_DECODE``) must
+"""iqkit.tables decoding stored bytes in bulk with Arrow (``tables.bulk_decode``) must
 give exactly what decoding every row with the engine gives: same schema, values, chunks
 and errors. Each test runs the same query on the same real RocksDB store both ways."""
 
@@ -71,9 +71,9 @@ def outcome(fn: Callable[[], Any]) -> Any:
 
 
 def both_ways(fn: Callable[[], Any]) -> tuple[Any, Any]:
-    with tables_settings(BULK_DECODE=True):
+    with tables.bulk_decode(True):
         bulk = outcome(fn)
-    with tables_settings(BULK_DECODE=False):
+    with tables.bulk_decode(False):
         rows = outcome(fn)
     return bulk, rows
 
@@ -311,7 +311,7 @@ def test_bulk_collect_keeps_limit_progress_and_read_times(root, bulk_chunks):
         result = engine.query(request("big", RangeQuery.with_no_bounds()))
         iterators = [r.result for r in result.partition_results.values()]
         c = collect(result, engine.manifest("big"), limit=5_000, progress=seen.append)
-        with tables_settings(BULK_DECODE=False):
+        with tables.bulk_decode(False):
             slow = scan(engine, "big", limit=5_000)
     assert bulk_chunks and all(bulk_chunks)
     assert c.table.equals(slow.table) and c.truncated and slow.truncated
@@ -500,3 +500,16 @@ def test_serde_columns_bulk_equal_row_by_row(tmp_path_factory, serdes, data):
         assert_same_both_ways(lambda: scan(engine, "s"))
         assert_same_both_ways(lambda: scan(engine, "s", RawScanQuery.scan()))
         assert_same_both_ways(lambda: store_batches(engine, "s", batch_size=7).read_all())
+
+
+def test_bulk_decode_switches_the_path_for_a_block_and_restores_it_on_error(root, bulk_chunks):
+    """The row-by-row path is chosen with a context manager, never by setting a module
+    flag: the bulk path comes back after the block, even when the block raised."""
+    write_store(root, "sw", [(f"k{i}", {"n": i}) for i in range(50)], partitions=1)
+    with iqkit.open(root) as engine:
+        with pytest.raises(RuntimeError, match="boom"), tables.bulk_decode(False):
+            assert scan(engine, "sw").table.num_rows == 50
+            assert not bulk_chunks  # no stored bytes were taken
+            raise RuntimeError("boom")
+        assert scan(engine, "sw").table.num_rows == 50
+    assert bulk_chunks and all(bulk_chunks)

@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 import iqkit
 from iqkit import KeyQuery, StateQueryRequest
-from iqkit.spark import write_store
+from iqkit.spark import register, write_store
 from iqkit.store.partitioners import murmur2_partition
 
 
@@ -84,6 +84,25 @@ def test_composite_keys_use_the_ordered_serde(spark, tmp_path):
             kv.key for qr in r.partition_results.values() if qr.is_success for kv in qr.result
         )
     assert found == [("eu", "ann"), ("eu", "bob")]
+
+
+def test_composite_key_store_reads_back_as_typed_columns_and_refuses_other_settings(
+    spark, tmp_path
+):
+    """write_store records the key columns' types as the data source does (one shared
+    ensure_spark_store), so the reader splits the key into typed columns; and a write
+    with other settings raises the StoreExistsError create_store raises."""
+    root = tmp_path / "stores"
+    rows = [("eu", 1, 10), ("us", 2, 20)]
+    df = spark.createDataFrame(rows, "region string, id long, n long")
+    write_store(df, root, "ck", key=["region", "id"], value="n", partitions=2)
+    register(spark)
+    back = spark.read.format("iqkit").option("store", "ck").load(str(root))
+    assert back.columns == ["partition", "region", "id", "value"]
+    assert back.schema["id"].dataType.simpleString() == "bigint"
+    assert sorted(tuple(r) for r in back.drop("partition").collect()) == sorted(rows)
+    with pytest.raises(iqkit.StoreExistsError, match=r"partitions=2 \(the DataFrame needs 3\)"):
+        write_store(df, root, "ck", key=["region", "id"], value="n", partitions=3)
 
 
 def test_window_store_from_a_windowed_aggregation(spark, tmp_path):

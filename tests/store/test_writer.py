@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -38,6 +39,34 @@ def test_create_store_with_other_settings_names_the_difference(root):
     iqkit.create_store(root, "totals", partitions=4)
     with pytest.raises(iqkit.StoreExistsError, match=r"partitions=4 \(asked 8\)"):
         iqkit.create_store(root, "totals", partitions=8)
+
+
+def test_ensure_store_checks_only_the_settings_asked_and_creates_only_when_told(root):
+    """The one settings check every writer shares (create_store and the Spark writers)."""
+    from iqkit.store.manifest import StoreManifest
+    from iqkit.store.writer import ensure_store
+
+    wanted = StoreManifest(
+        name="s",
+        kind="kv",
+        partitions=2,
+        key_serde="string",
+        value_serde="json",
+        partitioner="murmur2",
+    )
+    assert ensure_store(root, wanted) == wanted
+    assert not (root / "s").exists()  # create=False: the caller's job creates it later
+    iqkit.create_store(root, "s", partitions=2, partitioner="explicit")
+    other = dataclasses.replace(wanted, partitions=3)
+    with pytest.raises(iqkit.StoreExistsError) as caught:
+        ensure_store(root, other, asked="the DataFrame needs")
+    assert str(caught.value) == (
+        "store 's' exists with other settings: partitions=2 (the DataFrame needs 3), "
+        "partitioner='explicit' (the DataFrame needs 'murmur2')"
+    )
+    assert isinstance(caught.value, ValueError)  # what the Spark writers raised before
+    got = ensure_store(root, other, settings=("kind", "key_serde", "value_serde"))
+    assert got.partitions == 2  # the existing store's manifest
 
 
 @pytest.mark.parametrize("name", ["", "a/b", "..", "a..b", "../x", ".hidden", "a\\b"])
