@@ -11,6 +11,14 @@ LINTED := iqkit pyspark_iqkit tests bench notebooks/nbsetup.py notebooks/execute
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 # Where `make demo` writes its stores and `make lab` reads them.
 DEMO_ROOT ?= demo-stores
+# Everything the tests write goes under one scratch folder of the clone, removed after a
+# passing run, never /tmp: Python's tempfile and pytest's tmp_path (TMPDIR), the Spark
+# driver JVM's java.io.tmpdir, which is also Spark's default local dir (SPARK_SUBMIT_OPTS
+# reaches the JVM spark-submit starts), and no JVM perf data (/tmp/hsperfdata_<user>) from
+# that JVM or spark-submit's launcher JVM (SPARK_LAUNCHER_OPTS).
+TEST_TMP := $(CURDIR)/.test-tmp
+TEST_ENV := TMPDIR=$(TEST_TMP) SPARK_SUBMIT_OPTS="-Djava.io.tmpdir=$(TEST_TMP) -XX:-UsePerfData" \
+            SPARK_LAUNCHER_OPTS=-XX:-UsePerfData
 # The browser test drives Debian's chromium (Playwright's own browser download cannot
 # work on a machine without network).
 CHROMIUM ?= /usr/bin/chromium
@@ -19,8 +27,10 @@ CHROMIUM ?= /usr/bin/chromium
 
 test: $(STAMP) check-java check-chromium
 	$(PY) -m ruff check $(LINTED)
-	IQKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider tests
-	IQKIT_STABLE_TIMINGS=1 $(PY) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks
+	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)
+	$(TEST_ENV) IQKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider tests
+	$(TEST_ENV) IQKIT_STABLE_TIMINGS=1 $(PY) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks
+	rm -rf $(TEST_TMP)
 
 # Re-run every notebook top to bottom and store its outputs in place (what `make test`
 # compares against); `make notebooks NB=notebooks/03_streaming_positions_lag.ipynb` runs one.

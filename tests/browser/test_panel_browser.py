@@ -177,6 +177,17 @@ def chromium() -> str:
     return CHROMIUM
 
 
+def _short_temp_folder() -> str:
+    """$TMPDIR when its paths leave room for Chromium's socket, else /tmp.
+
+    ``make test`` points $TMPDIR into the clone, whose path may be long; Chromium puts
+    ``.org.chromium.Chromium.XXXXXX/SingletonSocket`` under it, and a Unix socket path has
+    at most 107 bytes. The folder made here is removed at the end either way.
+    """
+    tmp = tempfile.gettempdir()
+    return tmp if len(tmp) <= 48 else "/tmp"
+
+
 def test_panel_in_a_real_browser(chromium: str, jupyterlab: str, request, monkeypatch) -> None:
     from playwright.sync_api import expect, sync_playwright
 
@@ -184,7 +195,7 @@ def test_panel_in_a_real_browser(chromium: str, jupyterlab: str, request, monkey
     # Playwright's driver puts the browser profile, and Chromium its singleton socket,
     # under $TMPDIR: a folder of our own, removed at the end. Short, because a Unix socket
     # path has at most 107 bytes and pytest's tmp_path is too long for Chromium's.
-    scratch = Path(tempfile.mkdtemp(prefix="iqkit-browser-"))
+    scratch = Path(tempfile.mkdtemp(prefix="iqkit-browser-", dir=_short_temp_folder()))
     request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
     monkeypatch.setenv("TMPDIR", str(scratch))
     OUTPUT.mkdir(parents=True, exist_ok=True)
