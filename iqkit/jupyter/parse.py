@@ -8,7 +8,10 @@ them with the store's serdes.
 Quoting: tokens are split like a shell but quotes are kept inside a token
 (``shlex`` with ``posix=False``), then one pair of surrounding quotes is removed. So
 ``"alice smith"`` is one key and JSON such as ``[1,"a"]`` keeps its inner quotes, which
-POSIX shell splitting would strip.
+POSIX shell splitting would strip. A token that opens a bracket (``[`` or ``{``) runs to
+its matching close, spaces and quoted strings inside included, so a composite key pasted
+as ``json.dumps`` writes it (``["us", "bob"]``) is one token; an unclosed bracket is an
+ordinary token, as before.
 """
 
 from __future__ import annotations
@@ -204,7 +207,8 @@ def split_words(line: str) -> list[str]:
     The rules of ``shlex`` with ``posix=False`` and ``whitespace_split``: a word that
     starts with a quote runs to the next same quote (whitespace included) and ends
     there; any other word runs to the next whitespace, quotes inside it kept as typed.
-    Written out here because ``shlex`` builds each word one character at a time
+    One addition: a word that opens a bracket runs at least to its matching close
+    (``_bracket_end``). Written out here because ``shlex`` builds each word one character at a time
     (``self.token += c`` on an attribute, which CPython cannot extend in place), so a
     1 MB key took 13 s; this is linear: slices between ``find``/regex matches."""
     words: list[str] = []
@@ -222,10 +226,46 @@ def split_words(line: str) -> list[str]:
             words.append(line[i : end + 1])
             i = end + 1
         else:
+            start = i
+            if line[i] in "[{":
+                i = _bracket_end(line, i)
             m = _WORD.match(line, i)
-            assert m is not None  # line[i] is not whitespace
-            words.append(m.group())
-            i = m.end()
+            i = m.end() if m else i  # the rest of the word after a closing bracket
+            words.append(line[start:i])
+
+
+#: What may end a bracket group early: a quote (skipped over whole) or a bracket.
+_BRACKET_STOP = re.compile(r"""['"\[\]{}]""")
+
+
+def _bracket_end(line: str, i: int) -> int:
+    """The index just past the bracket that closes the one at ``line[i]``, or ``i``.
+
+    Quoted strings inside (single or double, backslash escapes honoured) are skipped
+    whole, so ``["a]", "b"]`` is one group. Without a matching close, ``i``: the caller
+    splits at whitespace, as for any other word. Linear: one regex search per stop."""
+    depth, j, n = 0, i, len(line)
+    while j < n:
+        m = _BRACKET_STOP.search(line, j)
+        if m is None:
+            return i
+        c, j = m.group(), m.end()
+        if c in "'\"":
+            while True:  # to the closing quote, past escaped ones
+                k = line.find(c, j)
+                if k < 0:
+                    return i
+                slashes = len(line[j:k]) - len(line[j:k].rstrip("\\"))
+                j = k + 1
+                if slashes % 2 == 0:
+                    break
+        elif c in "[{":
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0:
+                return j
+    return i
 
 
 def _unquote(word: str) -> str:

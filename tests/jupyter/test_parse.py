@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from datetime import UTC, datetime
 
@@ -195,8 +196,9 @@ def _shlex_words(line: str) -> list[str]:
     return [w[1:-1] if len(w) >= 2 and w[0] == w[-1] and w[0] in "'\"" else w for w in lexer]
 
 
-@given(st.text(alphabet=st.sampled_from(list("ab '\"[],\t\n-")), max_size=30))
+@given(st.text(alphabet=st.sampled_from(list("ab '\"],\t\n-")), max_size=30))
 def test_split_words_splits_exactly_as_shlex_did(line):
+    # Without an opening bracket: a bracket group is the one rule shlex does not have.
     try:
         expected = _shlex_words(line)
     except ValueError:  # "No closing quotation"
@@ -204,6 +206,35 @@ def test_split_words_splits_exactly_as_shlex_did(line):
             split_words(line)
         return
     assert split_words(line) == expected
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet="ab ]}[{'\"\\,", max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@given(st.lists(_JSON.filter(lambda v: isinstance(v, list | dict)), min_size=1, max_size=3))
+def test_a_bracketed_json_value_is_one_word_spaces_and_quotes_inside(values):
+    # json.dumps writes ", " and ": ": what people paste as a composite key.
+    texts = [json.dumps(v) for v in values]
+    words = split_words(" x ".join(texts) + " --limit 2")
+    assert words == [*[w for t in texts for w in (t, "x")][:-1], "--limit", "2"]
+    assert [json.loads(w) for w in words[::2][: len(texts)]] == values
+
+
+def test_a_composite_key_typed_with_spaces_is_one_key():
+    cmd = parse_line('get orders ["us", "bob"] [2, {"a": "b c"}]x --limit 1')
+    assert cmd.keys == ('["us", "bob"]', '[2, {"a": "b c"}]x') and cmd.limit == 1
+    assert parse_line(cmd.to_line().removeprefix("%iq ")) == cmd
+    o = manifest("ordered")
+    assert key_value(cmd.keys[0], o, {}) == ("us", "bob")
+    # An unclosed bracket is an ordinary word, split at whitespace as before.
+    assert split_words("[1, 2") == ["[1,", "2"]
+    assert split_words("['a]', 'b'] c") == ["['a]', 'b']", "c"]
 
 
 @pytest.mark.parametrize("quote", ["", "'", '"'])
