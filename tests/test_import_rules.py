@@ -1,52 +1,108 @@
-"""The import rules of ``iqkit/jupyter`` (issue 12, item 7): no module imports, directly
-or through others, a module that imports it back -- counting imports inside functions,
-which hide a cycle without removing it (only ``if TYPE_CHECKING:`` imports, never run,
-are left out) -- and one home, ``magic.py``, finds the live ``%iq`` magics of a shell."""
+"""The import rules docs/ARCHITECTURE.md states (issue 12, items 7 and 10).
+
+- Inside each subpackage, no module imports, directly or through others, a module that
+  imports it back -- counting imports inside functions, which hide a cycle without
+  removing it (only ``if TYPE_CHECKING:`` imports, never run, are left out).
+- Between the package's parts, imports go one way: ``LAYERS`` says what each part may
+  import (the query model no I/O, ``store`` nothing above it, Spark nothing of the
+  notebook layer, ...).
+- One home, ``jupyter/magic.py``, finds the live ``%iq`` magics of a shell."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-import iqkit.jupyter
+import pytest
 
-PACKAGE = Path(iqkit.jupyter.__file__).parent
+import iqkit
+
+ROOT = Path(iqkit.__file__).parent
+PACKAGE = ROOT / "jupyter"
+SUBPACKAGES = ("query", "store", "spark", "jupyter")
+
+#: What each part of ``iqkit`` may import (its own modules aside). ``__init__`` (the
+#: public API), ``__main__`` (the CLI) and ``demo`` sit on top and may import any part.
+LAYERS: dict[str, set[str]] = {
+    "errors": set(),
+    "query": {"errors"},
+    "store": {"errors", "query"},
+    "engine": {"errors", "query", "store"},
+    "tables": {"errors", "query", "store"},
+    "sql": {"errors", "query", "store", "engine", "tables"},
+    "spark": {"errors", "query", "store"},
+    "jupyter": {"errors", "query", "store", "engine", "tables", "sql"},
+}
+TOP = {"__init__", "__main__", "demo"}
 
 
 def _type_checking_only(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def _imports(tree: ast.AST) -> set[str]:
-    """The sibling modules ``tree`` imports (``from . import x``, ``from .x import y``)."""
-    found: set[str] = set()
+def _imported_modules(tree: ast.AST, here: tuple[str, ...]) -> set[tuple[str, ...]]:
+    """The ``iqkit`` modules ``tree`` imports, as paths below ``iqkit`` (``("store",
+    "rocks")``); ``here`` is the importing module's package path. A ``from . import x``
+    yields the package path plus ``x`` (a module or a name: callers match either)."""
+    found: set[tuple[str, ...]] = set()
     stack = [tree]
     while stack:
         node = stack.pop()
         if _type_checking_only(node):
             stack.extend(node.orelse)  # type: ignore[attr-defined]
             continue
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            if node.module:
-                found.add(node.module.split(".")[0])
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = here[: len(here) - (node.level - 1)]
+            module = tuple(node.module.split(".")) if node.module else ()
+            if module:
+                found.add(base + module)
             else:
-                found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            parts = node.module.split(".")
-            if parts[:2] == ["iqkit", "jupyter"] and len(parts) > 2:
-                found.add(parts[2])
+                found.update((*base, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            parts = tuple(node.module.split("."))
+            if parts[0] == "iqkit":
+                found.add(parts[1:])
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = tuple(alias.name.split("."))
+                if parts[0] == "iqkit":
+                    found.add(parts[1:])
         stack.extend(ast.iter_child_nodes(node))
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
+def _imports(tree: ast.AST, package: str = "jupyter") -> set[str]:
+    """The sibling modules of ``package`` that ``tree`` (one of its modules) imports."""
+    return {
+        path[1]
+        for path in _imported_modules(tree, (package,))
+        if len(path) > 1 and path[0] == package
+    }
+
+
+def import_graph(package: str = "jupyter") -> dict[str, set[str]]:
     """Module → the sibling modules it imports (the package's ``__init__`` left out: it
     is imported before any of them by definition)."""
-    modules = {p.stem: p for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    folder = ROOT / package
+    modules = {p.stem: p for p in folder.glob("*.py") if p.stem != "__init__"}
     return {
-        name: _imports(ast.parse(path.read_text(encoding="utf-8"))) & modules.keys()
+        name: _imports(ast.parse(path.read_text(encoding="utf-8")), package) & modules.keys()
         for name, path in modules.items()
     }
+
+
+def part_imports() -> dict[str, set[str]]:
+    """Each part of ``iqkit`` (a top-level module or subpackage) → the other parts its
+    modules import."""
+    graph: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT).with_suffix("").parts
+        part = rel[0]
+        here = rel[:-1]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        targets = {target[0] for target in _imported_modules(tree, here) if target}
+        graph.setdefault(part, set()).update(targets - {part})
+    return graph
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -83,6 +139,39 @@ def test_jupyter_modules_import_each_other_without_cycles():
     assert {"magic", "session", "complete"} <= graph.keys()  # the package was read
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle in iqkit/jupyter: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES)
+def test_no_subpackage_has_an_import_cycle(package):
+    graph = import_graph(package)
+    assert len(graph) >= 3  # the package was read
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle in iqkit/{package}: " + " -> ".join(cycle or [])
+
+
+def test_the_part_reader_sees_imports_of_every_form():
+    tree = ast.parse(
+        "from ..store import rocks\nfrom . import keyspace\nimport iqkit.query.base\n"
+        "from iqkit.errors import IqkitError\n"
+        "if TYPE_CHECKING:\n    from ..engine import StateEngine\n"
+        "def f():\n    from ..tables import x\n"
+    )
+    found = _imported_modules(tree, ("spark",))
+    assert found == {("store",), ("spark", "keyspace"), ("query", "base"),
+                     ("errors",), ("tables",)}  # fmt: skip
+
+
+def test_parts_import_only_the_layers_below_them():
+    graph = part_imports()
+    assert set(LAYERS) | TOP <= graph.keys() | {"errors"}  # every part was read
+    unknown = graph.keys() - LAYERS.keys() - TOP
+    assert not unknown, f"a new part of iqkit needs its place in LAYERS: {sorted(unknown)}"
+    wrong = {
+        part: sorted(imported - LAYERS[part])
+        for part, imported in graph.items()
+        if part in LAYERS and imported - LAYERS[part]
+    }
+    assert not wrong, f"imports against docs/ARCHITECTURE.md's layers: {wrong}"
 
 
 def test_only_magic_looks_for_the_live_magics():
