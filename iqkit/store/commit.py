@@ -71,7 +71,9 @@ def build_partition(
         # The commit record rides in the same WriteBatch as the data: both or neither.
         batch.put(COMMIT_KEY, encode_commit_record(record))
         db.write(batch)
-        db.flush(True)  # durable at commit (Kafka KAFKA-20663's lesson)
+        # Durable at commit: an offset recorded next to the data must not survive a crash
+        # that loses the data it vouches for (a memtable not yet flushed).
+        db.flush(True)
         l0 = db.property_int_value("rocksdb.num-files-at-level0") or 0
         if l0 >= L0_COMPACTION_TRIGGER:
             db.compact_range(None, None)

@@ -3,7 +3,8 @@
 An ``flock`` on ``<store>/writer.lock``: the kernel drops it when its holder dies, so a
 crashed writer never leaves the store locked. The holder writes a line about itself
 (host, pid, what it is doing, since when) so a waiting writer's error names it, rather
-than RocksDB's bare "lock hold by current process" (Quix #1131, Faust #91).
+than RocksDB's bare "lock hold by current process", which says neither who nor since
+when: the first thing a person asks when two writers collide.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Why Kafka's murmur2: a store fed from a Kafka topic keyed the same way should put every
 key in the partition Kafka put it in, so store partition ``p`` holds exactly the state
-built from input partition ``p`` (SPEC §2). ``murmur2`` here is byte-exact with
+built from input partition ``p``, and a store partition's position is that input
+partition's offset. ``murmur2`` here is byte-exact with
 ``org.apache.kafka.common.utils.Utils.murmur2`` and ``murmur2_partition`` with the
 Java client's default (``BuiltInPartitioner.partitionForKey``):
 ``toPositive(murmur2(keyBytes)) % numPartitions``.

@@ -74,8 +74,8 @@ __all__ = [
 ]
 
 #: One block cache shared by every partition a process reads: with one RocksDB per
-#: partition per store, per-database caches would multiply memory (Kafka's lesson,
-#: rocksdb#10700).
+#: partition per store, a cache per database would multiply memory by the number of
+#: open partitions (Kafka Streams users hit exactly this with per-store caches).
 _SHARED_BLOCK_CACHE = Cache(256 * 1024 * 1024)
 #: Caps open files per database; many partitions are open at once in one engine.
 _MAX_OPEN_FILES_PER_DB = 256
