@@ -212,7 +212,7 @@ def _spark_session(scratch: Path) -> tuple[Any, bool]:
         " -XX:-UsePerfData"  # no /tmp/hsperfdata_<user> entry for this JVM
         f" -Dlog4j2.configurationFile={log_config.as_uri()}"
     )
-    session = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("iqkit-demo")
         .config("spark.ui.enabled", "false")
@@ -222,8 +222,18 @@ def _spark_session(scratch: Path) -> tuple[Any, bool]:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.local.dir", str(scratch))
         .config("spark.driver.extraJavaOptions", java_options)
-        .getOrCreate()
     )
+    # spark-submit first runs a small launcher JVM, which would leave an empty
+    # /tmp/hsperfdata_<user>; SPARK_LAUNCHER_OPTS reaches that JVM only, and only now.
+    launcher_options = os.environ.get("SPARK_LAUNCHER_OPTS")
+    os.environ["SPARK_LAUNCHER_OPTS"] = f"{launcher_options or ''} -XX:-UsePerfData".strip()
+    try:
+        session = builder.getOrCreate()
+    finally:
+        if launcher_options is None:
+            del os.environ["SPARK_LAUNCHER_OPTS"]
+        else:
+            os.environ["SPARK_LAUNCHER_OPTS"] = launcher_options
     session.sparkContext.setLogLevel("ERROR")
     return session, True
 

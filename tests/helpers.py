@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import iqkit
@@ -199,3 +200,39 @@ def run_python_script(script: str, *args: str, cwd=None, env=None, timeout: floa
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
     assert lines, f"the script failed:\n{done.stdout[-3000:]}\n{done.stderr[-4000:]}"
     return json.loads(lines[-1][len("RESULT") :])
+
+
+#: What ``make test`` points at its own scratch folder; unset, a command runs as a user's.
+TEST_SCRATCH_VARIABLES = ("TMPDIR", "SPARK_SUBMIT_OPTS", "SPARK_LAUNCHER_OPTS")
+
+
+def with_private_tmp(command: list[str], listing: Path) -> list[str] | None:
+    """``command`` run with an empty ``/tmp`` of its own (a tmpfs in a private mount
+    namespace), which it leaves listed in ``listing`` when it ends: the way to see
+    what a program leaves in ``/tmp`` while other processes use the real one. ``None``
+    where that needs rights this process lacks (not root, no ``unshare``), or where
+    ``listing`` itself is under ``/tmp``, which the command would not see (pytest's
+    tmp_path outside ``make test``, which points it into the clone)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return None
+    if Path(listing).resolve().is_relative_to("/tmp"):
+        return None
+    script = 'mount -t tmpfs iqkit-tmp /tmp && "$@"; rc=$?; ls -A /tmp > "$LISTING"; exit $rc'
+    return [
+        "env",
+        f"LISTING={listing}",
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        *command,
+    ]
+
+
+def user_environment() -> dict[str, str]:
+    """This process's environment without ``make test``'s scratch-folder settings."""
+    return {k: v for k, v in os.environ.items() if k not in TEST_SCRATCH_VARIABLES}

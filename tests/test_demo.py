@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import kv_rows, tree_digest
+from helpers import kv_rows, tree_digest, user_environment, with_private_tmp
 
 import iqkit
 from iqkit import demo
@@ -24,12 +24,25 @@ def demo_command(root: Path) -> list[str]:
     return [sys.executable, "-m", "iqkit", "demo", "--root", str(root), "--no-progress"]
 
 
-def run_demo(root: Path) -> str:
+def run_demo(root: Path, *, check_tmp: bool = False) -> str:
+    """Run the demo as ``make demo`` does; with ``check_tmp`` (where this process may
+    make a private /tmp), also assert it leaves nothing in /tmp."""
+    listing = root.parent / "tmp-after-demo.txt"
+    command = demo_command(root)
+    private = with_private_tmp(command, listing) if check_tmp else None
     done = subprocess.run(
-        demo_command(root), capture_output=True, text=True, timeout=900, cwd=root.parent
+        private or command,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=root.parent,
+        env=user_environment(),  # as a user runs it: the system's /tmp, not make test's
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "Traceback" not in done.stderr
+    if private:
+        assert listing.read_text(encoding="utf-8").split() == [], "the demo left this in /tmp"
+        listing.unlink()
     return done.stdout
 
 
@@ -50,7 +63,7 @@ def stores_snapshot(root: Path) -> dict:
 @pytest.mark.slow
 def test_demo_writes_three_stores_prints_the_tour_and_a_second_run_replaces_them(tmp_path):
     root = tmp_path / "demo-stores"
-    out = run_demo(root)
+    out = run_demo(root, check_tmp=True)
 
     orders = produced_orders(root)
     assert len(orders) == demo.ORDERS + demo.LATE_ORDERS
