@@ -30,6 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from helpers import in_private_mount_namespace, mount_namespaces_work
+
 import iqkit
 from iqkit.store.layout import StoreLayout
 from iqkit.store.names import STAGING_PREFIX
@@ -206,16 +208,6 @@ print(json.dumps({"proof": proof, "session": faults.read_session(root)}))
 """
 
 
-def _mount_namespaces_work() -> bool:
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", "mount --bind / /mnt"],
-        capture_output=True,
-    )
-    return probe.returncode == 0
-
-
 @contextmanager
 def read_only_copy(root: Path) -> Iterator[tuple[Path, list[str], dict[str, Any], str]]:
     """Copy ``root`` somewhere every user can reach; yield (copy, argv prefix, Popen
@@ -235,18 +227,9 @@ def read_only_copy(root: Path) -> Iterator[tuple[Path, list[str], dict[str, Any]
         if os.geteuid() != 0:
             _chmod_tree(copy, writable=False)
             yield copy, [], {}, "a copy without write permission (not root)"
-        elif _mount_namespaces_work():
+        elif mount_namespaces_work():
             mount = 'mount --bind -o ro "$0" "$0" && exec "$@"'
-            prefix = [
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                mount,
-                str(copy),
-            ]
+            prefix = in_private_mount_namespace(mount, str(copy))
             yield copy, prefix, {}, "a read-only bind mount in a private mount namespace"
         else:
             _chmod_tree(copy, writable=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import iqkit
@@ -206,6 +207,24 @@ def run_python_script(script: str, *args: str, cwd=None, env=None, timeout: floa
 TEST_SCRATCH_VARIABLES = ("TMPDIR", "SPARK_SUBMIT_OPTS", "SPARK_LAUNCHER_OPTS")
 
 
+def mount_namespaces_work() -> bool:
+    """Whether this process may run a command in a private mount namespace (root, with
+    ``unshare``, where the kernel allows it)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", "mount --bind / /mnt"],
+        capture_output=True,
+    )
+    return probe.returncode == 0
+
+
+def in_private_mount_namespace(script: str, *args: str) -> list[str]:
+    """An argv prefix running ``sh -c script args...`` in a mount namespace of its own:
+    what the script mounts, nobody else sees, and it is gone when the script ends."""
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, *args]
+
+
 def with_private_tmp(command: list[str], listing: Path) -> list[str] | None:
     """``command`` run with an empty ``/tmp`` of its own (a tmpfs in a private mount
     namespace), which it leaves listed in ``listing`` when it ends: the way to see
@@ -213,24 +232,10 @@ def with_private_tmp(command: list[str], listing: Path) -> list[str] | None:
     where that needs rights this process lacks (not root, no ``unshare``), or where
     ``listing`` itself is under ``/tmp``, which the command would not see (pytest's
     tmp_path outside ``make test``, which points it into the clone)."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        return None
-    if Path(listing).resolve().is_relative_to("/tmp"):
+    if Path(listing).resolve().is_relative_to("/tmp") or not mount_namespaces_work():
         return None
     script = 'mount -t tmpfs iqkit-tmp /tmp && "$@"; rc=$?; ls -A /tmp > "$LISTING"; exit $rc'
-    return [
-        "env",
-        f"LISTING={listing}",
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        script,
-        "sh",
-        *command,
-    ]
+    return ["env", f"LISTING={listing}", *in_private_mount_namespace(script, "sh", *command)]
 
 
 def user_environment() -> dict[str, str]:
