@@ -51,6 +51,7 @@ from .store.snapshot import (
     NEVER_WRITTEN,
     OpenPartition,
     PartitionCache,
+    PartitionOpener,
     Served,
     StoreSnapshot,
 )
@@ -86,10 +87,16 @@ class StateEngine:
     Use ``iqkit.open(root)``. Without ``as_of`` every query reads each store's latest
     published version; with ``as_of`` (an int for every store, or a dict store → version)
     the engine is pinned to those versions, which stay on disk while it is open.
+    ``partition_opener`` opens a published partition folder (default: read-only
+    RocksDB); the query tests pass ``MemoryPartition.load`` to run over both backends.
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], *, as_of: int | Mapping[str, int] | None = None
+        self,
+        root: str | os.PathLike[str],
+        *,
+        as_of: int | Mapping[str, int] | None = None,
+        partition_opener: PartitionOpener | None = None,
     ) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
@@ -97,7 +104,7 @@ class StateEngine:
             raise StoreNotFoundError(f"no iqkit root folder at {os.fspath(root)!r}")
         self._as_of = as_of
         self._stores: dict[str, _StoreView] = {}
-        self._partitions = PartitionCache()
+        self._partitions = PartitionCache(partition_opener)
         self._closed = False
         if isinstance(as_of, Mapping):
             for name in as_of:

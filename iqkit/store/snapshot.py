@@ -92,15 +92,16 @@ class PartitionCache:
     so an entry (with its read cache) stays valid across the versions that name it.
     Every entry counts as a user of its snapshot's served version, so retention keeps
     what is open; ``retire`` moves entries to a newer version or lets them go.
+    ``opener`` opens a published folder (default: ``RocksDBPartition``, read-only).
     """
 
     def __init__(
         self,
-        opener: PartitionOpener = RocksDBPartition,
+        opener: PartitionOpener | None = None,
         *,
         capacity: int = MAX_OPEN_PARTITIONS,
     ) -> None:
-        self._opener = opener
+        self._opener: PartitionOpener = opener or RocksDBPartition
         self._capacity = capacity
         self._open: OrderedDict[tuple[str, int, int], tuple[StoreSnapshot, OpenPartition]] = (
             OrderedDict()
