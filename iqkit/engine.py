@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -43,54 +42,20 @@ from .query import (
     StateQueryResult,
 )
 from .store.inputs import is_up_to, offset_lag
-from .store.layers import ReadCache, Trace, TypedKeyValueLayer, TypedWindowLayer, build_layers
+from .store.layers import Trace, TypedKeyValueLayer, TypedWindowLayer
 from .store.layout import StoreLayout, list_store_names, validate_store_name
 from .store.manifest import StoreManifest
-from .store.memory import MemoryPartition
-from .store.partition import BytesPartition, RocksDBPartition
 from .store.partitioners import get_partitioner
 from .store.serdes import get_serde
-from .store.versions import (
-    VersionLease,
-    VersionRecord,
-    describe_versions,
-    lease_latest,
-    list_versions,
-    read_latest_number,
+from .store.snapshot import (
+    NEVER_WRITTEN,
+    OpenPartition,
+    PartitionCache,
+    PartitionOpener,
+    Served,
+    StoreSnapshot,
 )
-
-Layers = TypedKeyValueLayer | TypedWindowLayer
-#: What a query runs against: the served version, None (nothing published), or why the
-#: published version cannot be established (every partition then fails with it).
-_Served = VersionRecord | IqkitError | None
-
-#: Partition versions an engine keeps open at once (each is a read-only RocksDB).
-_MAX_OPEN_PARTITIONS = 512
-
-
-class _HeldVersion:
-    """A version's lease plus its number of users (the store's current view, open
-    partitions): released when the last one lets go."""
-
-    __slots__ = ("lease", "users")
-
-    def __init__(self, lease: VersionLease) -> None:
-        self.lease = lease
-        self.users = 0
-
-
-class _OpenPartition:
-    __slots__ = ("layers", "lease_version", "partition", "position")
-
-    def __init__(self, partition: BytesPartition, layers: Layers, lease_version: int) -> None:
-        self.partition = partition
-        self.layers = layers
-        self.lease_version = lease_version
-        self.position: Position = partition.commit_record().get("position") or Position.empty()
-
-
-#: Where the trace says an empty partition's (absent) rows come from.
-_NEVER_WRITTEN = "never written: empty"
+from .store.versions import VersionRecord
 
 #: How a partition's ``StateEngine`` trace line names the version it read, written in
 #: :meth:`StateEngine._run_partition` and read back by :func:`served_version` (one home
@@ -100,12 +65,12 @@ _SERVED_VERSION = re.compile(rf"\b{_SERVED_AT} (\d+)\b")
 
 
 class _StoreView:
-    """One store as the engine sees it: manifest, current version, open partitions."""
+    """One store as the engine routes to it: the facts requests are checked and routed
+    with, and the store's snapshot (served version, leases, open partitions)."""
 
-    def __init__(self, engine: StateEngine, layout: StoreLayout, pinned: int | None) -> None:
-        self.engine = engine
-        self.layout = layout
-        self.manifest = StoreManifest.read(layout)
+    def __init__(self, snapshot: StoreSnapshot) -> None:
+        self.snapshot = snapshot
+        self.manifest = snapshot.manifest
         self.key_serde = get_serde(self.manifest.key_serde)
         self.partitioner = get_partitioner(self.manifest.partitioner)
         self.routes_keys = self.partitioner.routes_keys
@@ -114,109 +79,6 @@ class _StoreView:
             if self.manifest.kind == "window"
             else TypedKeyValueLayer.query_types
         )
-        self._latest_path = os.fspath(layout.latest)  # stat'ed on every query: keep a str
-        self.pinned = pinned
-        self.record: VersionRecord | None = None
-        self._latest_stamp: tuple[int, int] | None = None
-        self._held: dict[int, _HeldVersion] = {}
-        self._empty: _OpenPartition | None = None
-        if pinned is not None:
-            self._switch_to(pinned)
-
-    # -- versions ------------------------------------------------------------------------
-    def _stamp(self) -> tuple[int, int] | None:
-        try:
-            st = os.stat(self._latest_path)
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns)
-
-    def current(self) -> VersionRecord | None:
-        """The version this engine serves: pinned, or the latest published one.
-
-        Costs one ``stat`` per query when nothing changed: ``LATEST`` is replaced (new
-        inode) on every publish, so a long-lived engine sees new commits at once. Without
-        ``LATEST`` it looks every time: nothing was published, or the store is damaged
-        (``StoreCorruptedError``, see versions.py), which must not read as "empty".
-        """
-        if self.pinned is not None:
-            return self.record
-        stamp = self._stamp()
-        if stamp is None or stamp != self._latest_stamp:
-            latest = read_latest_number(self.layout)
-            if latest is not None and (self.record is None or self.record.version != latest):
-                lease = lease_latest(self.layout)
-                if lease is not None:
-                    self._serve(lease)
-            self._latest_stamp = stamp
-        return self.record
-
-    def latest_number(self) -> int | None:
-        return read_latest_number(self.layout)
-
-    def empty_partition(self) -> _OpenPartition:
-        """What a partition no commit has touched reads as: no rows, an empty position.
-
-        One per store (it holds nothing, so every such partition can share it); it is
-        not a published folder, so it takes no lease and is never evicted.
-        """
-        if self._empty is None:
-            empty = MemoryPartition(written_by_version=0, location=_NEVER_WRITTEN)
-            self._empty = _OpenPartition(empty, build_layers(self.manifest, empty, ReadCache()), 0)
-        return self._empty
-
-    def _switch_to(self, version: int) -> None:
-        """Pin ``version`` (``as_of``); ``ValueError`` naming the retained ones if it is
-        not there. A record above LATEST is a commit that never published (it crashed
-        between the record and LATEST): not a version, and may be rebuilt."""
-        latest = read_latest_number(self.layout)
-        try:
-            if latest is None or version > latest:
-                raise LookupError(version)
-            lease = VersionLease(self.layout, version)
-        except LookupError:
-            retained = list_versions(self.layout)
-            raise ValueError(
-                f"store {self.layout.name!r} has no version {version} "
-                f"(retained: {describe_versions(retained)})"
-            ) from None
-        self._serve(lease)
-
-    def _serve(self, lease: VersionLease) -> None:
-        """Serve the leased version from now on and let go of the previous one: open
-        partitions it no longer names are closed (see ``StateEngine._retire``)."""
-        old = self.record
-        held = self._held.get(lease.version)
-        if held is None:
-            held = self._held[lease.version] = _HeldVersion(lease)
-        else:
-            lease.release()  # one lease per version is enough
-        held.users += 1
-        self.record = held.lease.record
-        self.engine._retire(self, self.record)
-        if old is not None:
-            self._release(old.version)
-
-    def _release(self, version: int) -> None:
-        held = self._held.get(version)
-        if held is None:
-            return
-        held.users -= 1
-        if held.users <= 0:
-            held.lease.release()
-            del self._held[version]
-
-    def release_partition_lease(self, version: int) -> None:
-        self._release(version)
-
-    def acquire_partition_lease(self, version: int) -> None:
-        """Count one more user of ``version``, which this view holds (it serves it)."""
-        self._held[version].users += 1
-
-    def close(self) -> None:
-        for held in self._held.values():
-            held.lease.release()
-        self._held.clear()
 
 
 class StateEngine:
@@ -225,10 +87,16 @@ class StateEngine:
     Use ``iqkit.open(root)``. Without ``as_of`` every query reads each store's latest
     published version; with ``as_of`` (an int for every store, or a dict store → version)
     the engine is pinned to those versions, which stay on disk while it is open.
+    ``partition_opener`` opens a published partition folder (default: read-only
+    RocksDB); the query tests pass ``MemoryPartition.load`` to run over both backends.
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], *, as_of: int | Mapping[str, int] | None = None
+        self,
+        root: str | os.PathLike[str],
+        *,
+        as_of: int | Mapping[str, int] | None = None,
+        partition_opener: PartitionOpener | None = None,
     ) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
@@ -236,10 +104,7 @@ class StateEngine:
             raise StoreNotFoundError(f"no iqkit root folder at {os.fspath(root)!r}")
         self._as_of = as_of
         self._stores: dict[str, _StoreView] = {}
-        self._open: OrderedDict[tuple[str, int, int], _OpenPartition] = OrderedDict()
-        #: Partitions of versions no longer served whose scans are still being read.
-        self._retired: list[tuple[_StoreView, _OpenPartition]] = []
-        self._caches: dict[tuple[str, int, int], ReadCache] = {}
+        self._partitions = PartitionCache(partition_opener)
         self._closed = False
         if isinstance(as_of, Mapping):
             for name in as_of:
@@ -267,13 +132,9 @@ class StateEngine:
         if self._closed:
             return
         self._closed = True
-        for entry in [*self._open.values(), *(entry for _, entry in self._retired)]:
-            entry.partition.close()
-        self._open.clear()
-        self._retired.clear()
-        self._caches.clear()
+        self._partitions.close()
         for view in self._stores.values():
-            view.close()
+            view.snapshot.close()
         self._stores.clear()
 
     @property
@@ -295,12 +156,12 @@ class StateEngine:
 
     def version(self, store: str) -> int | None:
         """The version of ``store`` this engine serves (``None``: nothing published)."""
-        record = self._view(store).current()
+        record = self._view(store).snapshot.current()
         return record.version if record is not None else None
 
     def versions(self, store: str) -> list[int]:
         """Versions of ``store`` still on disk (retained), ascending."""
-        return list_versions(self._view(store).layout)
+        return self._view(store).snapshot.versions()
 
     def approximate_rows(self, store: str) -> int:
         """RocksDB's own estimate of the rows of the version served (``0``: nothing
@@ -313,12 +174,12 @@ class StateEngine:
         Raises ``IqkitError`` when the store cannot be read.
         """
         view = self._view(store)
-        record = view.current()
+        record = view.snapshot.current()
         if record is None:
             return 0
         total = 0
         for p in sorted(record.partitions):
-            keys = self._open_partition(view, record, p).partition.approximate_rows()
+            keys = view.snapshot.partition(record, p).partition.approximate_rows()
             total += max(0, keys - 1)
         return total // 2 if view.manifest.kind == "window" else total
 
@@ -346,7 +207,7 @@ class StateEngine:
         if not layout.manifest.is_file():
             raise UnknownStoreError(store, list_store_names(self.root))
         pinned = self._as_of.get(store) if isinstance(self._as_of, Mapping) else self._as_of
-        view = _StoreView(self, layout, pinned)
+        view = _StoreView(StoreSnapshot(layout, pinned, self._partitions))
         self._stores[store] = view
         return view
 
@@ -354,12 +215,7 @@ class StateEngine:
     def query(self, request: StateQueryRequest) -> StateQueryResult:
         """Execute ``request`` on each targeted partition; results stand alone."""
         view = self._view(request.store_name)
-        self._close_retired()
-        record: _Served
-        try:
-            record = view.current()
-        except IqkitError as exc:  # which version is published cannot be established
-            record = exc
+        record = view.snapshot.served()
         query = request.query
         n = view.manifest.partitions
         result = StateQueryResult()
@@ -389,7 +245,7 @@ class StateEngine:
     def _run_partition(
         self,
         view: _StoreView,
-        record: _Served,
+        record: Served,
         p: int,
         query: Any,
         request: StateQueryRequest,
@@ -415,8 +271,8 @@ class StateEngine:
         if trace.enabled:
             version = record.version if isinstance(record, VersionRecord) else None
             detail = f"store {view.manifest.name!r} partition {p} {_SERVED_AT} {version}"
-            if isinstance(entry.partition, MemoryPartition):  # the empty partition
-                detail += f" ({_NEVER_WRITTEN})"
+            if entry.never_written:
+                detail += f" ({NEVER_WRITTEN})"
             trace.add("StateEngine", started, detail)
             return QueryResult.for_result(
                 value, position=entry.position, execution_info=trace.lines
@@ -426,11 +282,11 @@ class StateEngine:
     def _prepare(
         self,
         view: _StoreView,
-        record: _Served,
+        record: Served,
         p: int,
         query: Any,
         request: StateQueryRequest,
-    ) -> tuple[_OpenPartition | None, QueryResult[Any] | None]:
+    ) -> tuple[OpenPartition | None, QueryResult[Any] | None]:
         """Open partition ``p`` and run the checks; return (partition, None) or
         (None, failure)."""
         manifest = view.manifest
@@ -445,17 +301,12 @@ class StateEngine:
             return None, QueryResult.for_unknown_query_type(query, store)
         if isinstance(record, IqkitError):  # a damaged store: corruption, never "empty"
             return None, self._store_exception(view, p, Position.empty(), record, Trace(False))
-        if record is None or p not in record.partitions:
-            # No commit has touched it: an empty partition, not a failure (SPEC §2). A
-            # Kafka Streams user reads NOT_PRESENT as "not hosted here"; this one is here.
-            entry = view.empty_partition()
-        else:
-            try:
-                entry = self._open_partition(view, record, p)
-            except IqkitError as exc:
-                return None, self._store_exception(view, p, Position.empty(), exc, Trace(False))
+        try:
+            entry = view.snapshot.partition(record, p)  # never written: an empty partition
+        except IqkitError as exc:
+            return None, self._store_exception(view, p, Position.empty(), exc, Trace(False))
         if request.is_require_active and record is not None:
-            latest = view.latest_number()
+            latest = view.snapshot.latest_number()
             if latest is not None and record.version < latest:
                 return None, QueryResult.for_failure(
                     FailureReason.NOT_ACTIVE,
@@ -469,73 +320,6 @@ class StateEngine:
         ):
             return None, QueryResult.not_up_to_bound(entry.position, bound, p)
         return entry, None
-
-    def _open_partition(self, view: _StoreView, record: VersionRecord, p: int) -> _OpenPartition:
-        written_by = record.partitions[p]
-        key = (view.manifest.name, p, written_by)
-        entry = self._open.get(key)
-        if entry is not None:
-            self._open.move_to_end(key)
-            return entry
-        path = view.layout.partition_version_dir(p, written_by)
-        partition = RocksDBPartition(path, written_by)
-        cache = self._caches.setdefault(key, ReadCache())
-        entry = _OpenPartition(
-            partition, build_layers(view.manifest, partition, cache), record.version
-        )
-        view.acquire_partition_lease(record.version)
-        self._open[key] = entry
-        self._evict()
-        return entry
-
-    def _retire(self, view: _StoreView, record: VersionRecord) -> None:
-        """``view`` now serves ``record``. Open partitions it still names move to its
-        version's lease; the others are closed, or retired until the scans still reading
-        them end, so retention can collect every version this engine no longer serves:
-        a long-lived engine holds what it serves, not what it ever read."""
-        store = view.manifest.name
-        for key in [k for k in self._open if k[0] == store]:
-            entry = self._open[key]
-            if record.partitions.get(key[1]) == key[2]:
-                if entry.lease_version != record.version:
-                    view.acquire_partition_lease(record.version)
-                    view.release_partition_lease(entry.lease_version)
-                    entry.lease_version = record.version
-            else:
-                del self._open[key]
-                self._caches.pop(key, None)
-                self._retired.append((view, entry))
-        self._close_retired()
-
-    def _close_retired(self) -> None:
-        """Close retired partitions whose scans have ended; release their versions."""
-        if not self._retired:
-            return
-        reading = []
-        for view, entry in self._retired:
-            if entry.partition.open_iterators:
-                reading.append((view, entry))
-                continue
-            entry.partition.close()
-            view.release_partition_lease(entry.lease_version)
-        self._retired = reading
-
-    def _evict(self) -> None:
-        """Close least-recently-used partitions beyond the cap (not ones mid-iteration)."""
-        if len(self._open) <= _MAX_OPEN_PARTITIONS:
-            return
-        for key in list(self._open):
-            if len(self._open) <= _MAX_OPEN_PARTITIONS:
-                break
-            entry = self._open[key]
-            if entry.partition.open_iterators:
-                continue
-            entry.partition.close()
-            del self._open[key]
-            self._caches.pop(key, None)
-            view = self._stores.get(key[0])
-            if view is not None:
-                view.release_partition_lease(entry.lease_version)
 
     @staticmethod
     def _store_exception(
@@ -564,21 +348,18 @@ class StateEngine:
         ``UnknownStoreError``); by default every store is reported.
         """
         self._check_open()
-        self._close_retired()
         out: dict[str, dict[int, LagInfo]] = {}
         names = self.store_names() if stores is None else list(stores)
         for name in names:
             view = self._view(name)
-            record = view.current()
+            record = view.snapshot.current()
             store_end = _end_for_store(end, name, record)
             out[name] = {}
             for p in range(view.manifest.partitions):
-                current = Position.empty()
-                if record is not None and p in record.partitions:
-                    try:
-                        current = self._open_partition(view, record, p).position
-                    except IqkitError:
-                        current = Position.empty()
+                try:
+                    current = view.snapshot.partition(record, p).position
+                except IqkitError:
+                    current = Position.empty()
                 lag = (
                     None
                     if store_end is None

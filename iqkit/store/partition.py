@@ -2,7 +2,8 @@
 
 ``BytesPartition`` is the interface the query layers use; ``RocksDBPartition`` serves it
 from a published RocksDB folder (read-only, no lock), ``MemoryPartition`` (memory.py)
-from a sorted list, for tests and as the model the RocksDB one must agree with.
+from a sorted list: the empty partition, and the model the RocksDB one must agree with
+(the engine's query tests run over both).
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class BytesPartition(Protocol):
         self, lower: bytes, upper: bytes | None, *, reverse: bool = False
     ) -> Iterator[list[tuple[bytes, bytes]]]:
         """Rows with ``lower <= key < upper`` in key order (or reversed), in lists."""
+        ...
+
+    @property
+    def open_iterators(self) -> int:
+        """Scans still reading (a partition is closed only once they end)."""
         ...
 
     def commit_record(self) -> dict[str, Any]: ...

@@ -64,8 +64,8 @@ def test_store_names_lists_stores(totals, explicit):
 
 
 # -- per-partition failures ----------------------------------------------------------------
-def test_partition_beyond_the_count_does_not_exist(totals):
-    with iqkit.open(totals) as engine:
+def test_partition_beyond_the_count_does_not_exist(totals, open_engine):
+    with open_engine(totals) as engine:
         r = engine.query(request("totals", KeyQuery.with_key("a")).with_partitions({1, 4, 9}))
     assert r.partition_results[4].failure_reason is FailureReason.DOES_NOT_EXIST
     assert r.partition_results[9].failure_reason is FailureReason.DOES_NOT_EXIST
@@ -74,8 +74,8 @@ def test_partition_beyond_the_count_does_not_exist(totals):
 
 
 # (issue 10 changed these two: a partition no commit touched was NOT_PRESENT, now empty)
-def test_partition_never_written_is_empty_not_failed(explicit):
-    with iqkit.open(explicit) as engine:
+def test_partition_never_written_is_empty_not_failed(explicit, open_engine):
+    with open_engine(explicit) as engine:
         r = engine.query(request("byp", KeyQuery.with_key("k0")))
         scan = engine.query(request("byp", iqkit.RangeQuery.with_no_bounds()))
         traced = engine.query(
@@ -95,10 +95,10 @@ def test_partition_never_written_is_empty_not_failed(explicit):
     assert "never written" in traced.partition_results[2].execution_info[-1]
 
 
-def test_nothing_committed_is_empty_everywhere(root):
+def test_nothing_committed_is_empty_everywhere(root, open_engine):
     iqkit.create_store(root, "empty", partitions=2)
     iqkit.create_store(root, "wempty", partitions=1, kind="window", window_size_ms=10)
-    with iqkit.open(root) as engine:
+    with open_engine(root) as engine:
         r = engine.query(request("empty", iqkit.RangeQuery.with_no_bounds()))
         k = engine.query(request("empty", iqkit.MultiKeyQuery.with_keys(["a", "b"])))
         w = engine.query(
@@ -112,12 +112,12 @@ def test_nothing_committed_is_empty_everywhere(root):
     assert all(q.result == {} for q in k.partition_results.values())
 
 
-def test_position_bounds_still_apply_to_an_empty_partition(explicit, totals, root):
+def test_position_bounds_still_apply_to_an_empty_partition(explicit, totals, root, open_engine):
     iqkit.create_store(root, "fresh", partitions=2)
     # byp's partition 2 was never written; only in[2] binds it (explicit store)
     binding = PositionBound.at(Position.from_map({"in": {2: 0}}))
     other = PositionBound.at(Position.from_map({"in": {0: 5}}))
-    with iqkit.open(root) as engine:
+    with open_engine(root) as engine:
         failed = engine.query(
             request("byp", iqkit.RangeQuery.with_no_bounds())
             .with_partitions({2})
@@ -138,13 +138,13 @@ def test_position_bounds_still_apply_to_an_empty_partition(explicit, totals, roo
     assert fresh.failure_reason is FailureReason.NOT_UP_TO_BOUND  # murmur2: every component
 
 
-def test_require_active_applies_to_a_partition_an_old_version_never_wrote(root):
+def test_require_active_applies_to_a_partition_an_old_version_never_wrote(root, open_engine):
     iqkit.create_store(root, "s", partitions=2, partitioner="explicit")
     with iqkit.StoreWriter(root, "s") as w:
         w.put("a", 1, partition=0)
     with iqkit.StoreWriter(root, "s") as w:
         w.put("b", 2, partition=1)
-    with iqkit.open(root, as_of=1) as old:
+    with open_engine(root, as_of=1) as old:
         stale = old.query(request("s", KeyQuery.with_key("b")).require_active())
         relaxed = old.query(request("s", KeyQuery.with_key("b")))
     assert stale.partition_results[1].failure_reason is FailureReason.NOT_ACTIVE
@@ -152,7 +152,7 @@ def test_require_active_applies_to_a_partition_an_old_version_never_wrote(root):
     assert relaxed.partition_results[1].result is None  # version 1 never wrote it
 
 
-def test_a_corrupt_partition_fails_alone(totals):
+def test_a_corrupt_partition_fails_alone(totals, open_engine):
     layout = StoreLayout.of(totals, "totals")
     victim = 2
     folder = layout.partition_version_dir(victim, 1)
@@ -160,7 +160,7 @@ def test_a_corrupt_partition_fails_alone(totals):
         data = bytearray(sst.read_bytes())
         data[: len(data) // 2] = b"\xde\xad" * (len(data) // 4)
         sst.write_bytes(bytes(data))
-    with iqkit.open(totals) as engine:
+    with open_engine(totals) as engine:
         r = engine.query(request("totals", iqkit.RangeQuery.with_no_bounds()))
         statuses = {}
         for p, qr in r.partition_results.items():
@@ -177,21 +177,21 @@ def test_a_corrupt_partition_fails_alone(totals):
     assert all(statuses[p] == "ok" for p in range(4) if p != victim)
 
 
-def test_an_unreadable_partition_folder_is_a_store_exception(totals):
+def test_an_unreadable_partition_folder_is_a_store_exception(totals, open_engine):
     layout = StoreLayout.of(totals, "totals")
     (layout.partition_version_dir(1, 1) / "CURRENT").unlink()
-    with iqkit.open(totals) as engine:
+    with open_engine(totals) as engine:
         r = engine.query(request("totals", iqkit.RangeQuery.with_no_bounds()))
     assert r.partition_results[1].failure_reason is FailureReason.STORE_EXCEPTION
     assert "partition 1" in r.partition_results[1].failure_message
     assert all(r.partition_results[p].is_success for p in (0, 2, 3))
 
 
-def test_a_query_the_store_kind_cannot_run_is_unknown_query_type(totals, root):
+def test_a_query_the_store_kind_cannot_run_is_unknown_query_type(totals, root, open_engine):
     iqkit.create_store(root, "win", partitions=1, kind="window", window_size_ms=10)
     with iqkit.StoreWriter(root, "win") as w:
         w.put("a", 1, window_start=0)
-    with iqkit.open(root) as engine:
+    with open_engine(root) as engine:
         r = engine.query(
             request("totals", iqkit.WindowKeyQuery.with_key_and_window_start_range("a", 0, 1))
         )
@@ -213,12 +213,12 @@ def test_a_query_the_store_kind_cannot_run_is_unknown_query_type(totals, root):
 
 
 # -- require_active -------------------------------------------------------------------------
-def test_require_active_fails_on_an_older_version(root):
+def test_require_active_fails_on_an_older_version(root, open_engine):
     iqkit.create_store(root, "s", partitions=1)
     for v in range(2):
         with iqkit.StoreWriter(root, "s") as w:
             w.put("a", v, source=("t", 0, v))
-    with iqkit.open(root, as_of=1) as old, iqkit.open(root) as new:
+    with open_engine(root, as_of=1) as old, open_engine(root) as new:
         stale = old.query(request("s", KeyQuery.with_key("a")).require_active())
         fresh = new.query(request("s", KeyQuery.with_key("a")).require_active())
         relaxed = old.query(request("s", KeyQuery.with_key("a")))
@@ -230,9 +230,9 @@ def test_require_active_fails_on_an_older_version(root):
 
 
 # -- position bounds ------------------------------------------------------------------------
-def test_murmur2_store_checks_every_bound_component(totals):
+def test_murmur2_store_checks_every_bound_component(totals, open_engine):
     # every partition of 'totals' read both input partitions; the max offsets are 38 / 39
-    with iqkit.open(totals) as engine:
+    with open_engine(totals) as engine:
         positions = {
             p: r.position
             for p, r in engine.query(
@@ -262,11 +262,11 @@ def test_murmur2_store_checks_every_bound_component(totals):
     }
 
 
-def test_explicit_store_checks_only_its_own_input_partition(explicit):
+def test_explicit_store_checks_only_its_own_input_partition(explicit, open_engine):
     # partition 0 applied in[0]=5, partition 1 applied in[1]=15
     bound = PositionBound.at(Position.from_map({"in": {0: 5, 1: 15}}))
     too_far = PositionBound.at(Position.from_map({"in": {0: 6, 1: 15}}))
-    with iqkit.open(explicit) as engine:
+    with open_engine(explicit) as engine:
         r = engine.query(
             request("byp", KeyQuery.with_key("k0"))
             .with_partitions({0, 1})
@@ -283,8 +283,8 @@ def test_explicit_store_checks_only_its_own_input_partition(explicit):
     assert f.partition_results[1].is_success  # in[0] does not bind store partition 1
 
 
-def test_unbounded_and_empty_bounds_always_pass(totals):
-    with iqkit.open(totals) as engine:
+def test_unbounded_and_empty_bounds_always_pass(totals, open_engine):
+    with open_engine(totals) as engine:
         for bound in (PositionBound.unbounded(), PositionBound.at(Position.empty())):
             r = engine.query(
                 request("totals", KeyQuery.with_key("user-1")).with_position_bound(bound)
@@ -293,8 +293,8 @@ def test_unbounded_and_empty_bounds_always_pass(totals):
 
 
 # -- routing -------------------------------------------------------------------------------
-def test_key_query_on_murmur2_store_runs_only_on_the_owner(totals):
-    with iqkit.open(totals) as engine:
+def test_key_query_on_murmur2_store_runs_only_on_the_owner(totals, open_engine):
+    with open_engine(totals) as engine:
         r = engine.query(request("totals", KeyQuery.with_key("user-7")))
         owner = engine.partition_for_key("totals", "user-7")
     assert owner == murmur2_partition(b"user-7", 4)
@@ -303,8 +303,8 @@ def test_key_query_on_murmur2_store_runs_only_on_the_owner(totals):
     assert r.position == r.partition_results[owner].position
 
 
-def test_key_query_on_explicit_store_fans_out(explicit):
-    with iqkit.open(explicit) as engine:
+def test_key_query_on_explicit_store_fans_out(explicit, open_engine):
+    with open_engine(explicit) as engine:
         r = engine.query(request("byp", KeyQuery.with_key("k1")))
         assert engine.partition_for_key("byp", "k1") is None
     assert sorted(r.partition_results) == [0, 1, 2]
@@ -313,9 +313,9 @@ def test_key_query_on_explicit_store_fans_out(explicit):
     assert r.partition_results[2].is_success and r.partition_results[2].result is None
 
 
-def test_multi_key_query_groups_keys_by_owner(totals):
+def test_multi_key_query_groups_keys_by_owner(totals, open_engine):
     keys = [f"user-{i}" for i in (1, 2, 3, 5, 8, 13)] + ["nobody"]
-    with iqkit.open(totals) as engine:
+    with open_engine(totals) as engine:
         r = engine.query(request("totals", iqkit.MultiKeyQuery.with_keys(keys)))
     owners = {murmur2_partition(k.encode(), 4) for k in keys}
     assert set(r.partition_results) == owners
@@ -325,18 +325,18 @@ def test_multi_key_query_groups_keys_by_owner(totals):
     assert merged == {k: int(k.split("-")[1]) for k in keys if k != "nobody"}
 
 
-def test_requested_partitions_are_honoured_for_key_queries(totals):
+def test_requested_partitions_are_honoured_for_key_queries(totals, open_engine):
     owner = murmur2_partition(b"user-3", 4)
     other = (owner + 1) % 4
-    with iqkit.open(totals) as engine:
+    with open_engine(totals) as engine:
         r = engine.query(request("totals", KeyQuery.with_key("user-3")).with_partitions({other}))
     assert list(r.partition_results) == [other]
     assert r.partition_results[other].result is None
 
 
 # -- execution info and the cache ------------------------------------------------------------
-def test_execution_info_has_one_line_per_layer(totals):
-    with iqkit.open(totals) as engine:
+def test_execution_info_has_one_line_per_layer(totals, open_engine):
+    with open_engine(totals) as engine:
         r = engine.query(request("totals", KeyQuery.with_key("user-4")).enable_execution_info())
         quiet = engine.query(request("totals", KeyQuery.with_key("user-4")))
     lines = r.only_partition_result().execution_info
@@ -347,8 +347,8 @@ def test_execution_info_has_one_line_per_layer(totals):
     assert quiet.only_partition_result().execution_info == []
 
 
-def test_second_lookup_hits_the_cache_and_skip_cache_bypasses_it(totals):
-    with iqkit.open(totals) as engine:
+def test_second_lookup_hits_the_cache_and_skip_cache_bypasses_it(totals, open_engine):
+    with open_engine(totals) as engine:
 
         def trace(query):
             r = engine.query(request("totals", query).enable_execution_info())
@@ -365,8 +365,8 @@ def test_second_lookup_hits_the_cache_and_skip_cache_bypasses_it(totals):
     assert any("RocksDBLayer" in line for line in skipped)  # really went to RocksDB
 
 
-def test_scan_traces_name_the_bounded_iterator(totals):
-    with iqkit.open(totals) as engine:
+def test_scan_traces_name_the_bounded_iterator(totals, open_engine):
+    with open_engine(totals) as engine:
         r = engine.query(
             request("totals", iqkit.PrefixScanQuery.with_prefix("user-1"))
             .with_partitions({0})
@@ -379,13 +379,13 @@ def test_scan_traces_name_the_bounded_iterator(totals):
 
 
 # -- lag -----------------------------------------------------------------------------------
-def test_lags_use_recorded_end_offsets(root):
+def test_lags_use_recorded_end_offsets(root, open_engine):
     iqkit.create_store(root, "s", partitions=2, partitioner="explicit")
     with iqkit.StoreWriter(root, "s") as w:
         w.put("a", 1, partition=0, source=("in", 0, 9))
         w.put("b", 1, partition=1, source=("in", 1, 3))
         w.record_source_end({"in": {0: 10, 1: 10}})  # log-end offsets
-    with iqkit.open(root) as engine:
+    with open_engine(root) as engine:
         lags = engine.lags()["s"]
     assert lags[0].offset_lag == 0  # applied 9, log end 10: nothing behind
     assert lags[1].offset_lag == 6  # applied 3 of 0..9
@@ -393,8 +393,8 @@ def test_lags_use_recorded_end_offsets(root):
     assert lags[0].end_position.to_map() == {"in": {0: 10, 1: 10}}
 
 
-def test_lags_with_given_end_and_unknown_end(root, totals):
-    with iqkit.open(totals) as engine:
+def test_lags_with_given_end_and_unknown_end(root, totals, open_engine):
+    with open_engine(totals) as engine:
         unknown = engine.lags()["totals"]
         given = engine.lags(Position.from_map({"orders": {0: 100, 1: 100}}))["totals"]
         per_store = engine.lags({"totals": Position.from_map({"orders": {0: 50}})})["totals"]
@@ -408,12 +408,12 @@ def test_lags_with_given_end_and_unknown_end(root, totals):
         assert li.offset_lag == max(0, 50 - cur - 1)
 
 
-def test_lag_of_a_partition_with_no_data_counts_everything(root):
+def test_lag_of_a_partition_with_no_data_counts_everything(root, open_engine):
     iqkit.create_store(root, "s", partitions=2, partitioner="explicit")
     with iqkit.StoreWriter(root, "s") as w:
         w.put("a", 1, partition=0, source=("in", 0, 4))
         w.record_source_end({"in": {0: 5, 1: 7}})
-    with iqkit.open(root) as engine:
+    with open_engine(root) as engine:
         lags = engine.lags()["s"]
     assert lags[1].current_position.is_empty
     assert lags[1].offset_lag == 7  # offsets 0..6 of in[1], none applied

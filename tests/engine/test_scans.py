@@ -54,12 +54,12 @@ def letters(root):
         (RangeQuery.with_range("b", "d").with_descending_keys().with_ascending_keys(), "bcd"),
     ],
 )
-def test_range_queries(letters, query, expected):
-    with iqkit.open(letters) as engine:
+def test_range_queries(letters, query, expected, open_engine):
+    with open_engine(letters) as engine:
         assert "".join(k for k, _ in scan(engine, "letters", query)) == expected
 
 
-def test_range_order_is_by_serialized_bytes_within_a_partition(root):
+def test_range_order_is_by_serialized_bytes_within_a_partition(root, open_engine):
     # int32 big-endian: negative numbers serialize above positive ones (Kafka's order)
     one_partition_store(
         root, "ints", [(i, i) for i in (-2, -1, 0, 1, 2)], key_serde="int32", value_serde="int32"
@@ -68,7 +68,7 @@ def test_range_order_is_by_serialized_bytes_within_a_partition(root):
     one_partition_store(
         root, "ord", [(i, i) for i in (-2, -1, 0, 1, 2)], key_serde="ordered", value_serde="int32"
     )
-    with iqkit.open(root) as engine:
+    with open_engine(root) as engine:
         assert [k for k, _ in scan(engine, "ints", RangeQuery.with_no_bounds())] == [
             0,
             1,
@@ -94,7 +94,7 @@ KEYS = st.binary(min_size=0, max_size=4)
     hi=st.none() | KEYS,
     descending=st.booleans(),
 )
-def test_range_matches_a_sorted_model(tmp_path_factory, keys, lo, hi, descending):
+def test_range_matches_a_sorted_model(tmp_path_factory, keys, lo, hi, descending, open_engine):
     root = tmp_path_factory.mktemp("model")
     one_partition_store(
         root, "b", [(k, k.hex()) for k in keys], key_serde="bytes", value_serde="string"
@@ -105,17 +105,17 @@ def test_range_matches_a_sorted_model(tmp_path_factory, keys, lo, hi, descending
     query = RangeQuery.with_range(lo, hi)
     if descending:
         query = query.with_descending_keys()
-    with iqkit.open(root) as engine:
+    with open_engine(root) as engine:
         got = [] if not keys else [k for k, _ in scan(engine, "b", query)]
     assert got == expected
 
 
 # -- prefix scans (KIP-614) -----------------------------------------------------------------
-def test_prefix_scan_over_uuid_string_keys(root):
+def test_prefix_scan_over_uuid_string_keys(root, open_engine):
     ids = sorted(str(uuid.UUID(int=i * 0x1234567890ABCDEF1234567 + 7)) for i in range(300))
     one_partition_store(root, "sessions", [(u, n) for n, u in enumerate(ids)])
     prefix = ids[17][:3]
-    with iqkit.open(root) as engine:
+    with open_engine(root) as engine:
         got = scan(engine, "sessions", PrefixScanQuery.with_prefix(prefix))
         desc = scan(engine, "sessions", PrefixScanQuery.with_prefix(prefix).with_descending_keys())
         none = scan(engine, "sessions", PrefixScanQuery.with_prefix("zzz"))
@@ -125,21 +125,21 @@ def test_prefix_scan_over_uuid_string_keys(root):
     assert none == []
 
 
-def test_prefix_scan_with_a_prefix_serde_differing_from_the_key_serde(root):
+def test_prefix_scan_with_a_prefix_serde_differing_from_the_key_serde(root, open_engine):
     # KIP-614's example: keys are UUIDs as bytes, the prefix is a string serialized
     # with the string serde.
     keys = [b"abc-" + uuid.UUID(int=i).bytes for i in range(5)] + [b"abd-1", b"ab"]
     one_partition_store(
         root, "raw", [(k, len(k)) for k in keys], key_serde="bytes", value_serde="int32"
     )
-    with iqkit.open(root) as engine:
+    with open_engine(root) as engine:
         got = scan(engine, "raw", PrefixScanQuery.with_prefix("abc-", serde="string"))
         with pytest.raises(TypeError, match="raw"):
             scan(engine, "raw", PrefixScanQuery.with_prefix("abc-"))  # bytes serde refuses str
     assert sorted(k for k, _ in got) == sorted(keys[:5])
 
 
-def test_prefix_scan_of_composite_keys_uses_shorter_tuples(root):
+def test_prefix_scan_of_composite_keys_uses_shorter_tuples(root, open_engine):
     items = [
         ((region, user), n)
         for n, (region, user) in enumerate(
@@ -147,7 +147,7 @@ def test_prefix_scan_of_composite_keys_uses_shorter_tuples(root):
         )
     ]
     one_partition_store(root, "ck", items, key_serde="ordered", value_serde="int32")
-    with iqkit.open(root) as engine:
+    with open_engine(root) as engine:
         eu = [k for k, _ in scan(engine, "ck", PrefixScanQuery.with_prefix(("eu",)))]
         eu_desc = [
             k
@@ -161,23 +161,23 @@ def test_prefix_scan_of_composite_keys_uses_shorter_tuples(root):
     assert exact == [("us", "cat")]
 
 
-def test_prefix_of_ff_bytes_has_no_upper_bound_problem(root):
+def test_prefix_of_ff_bytes_has_no_upper_bound_problem(root, open_engine):
     keys = [b"\xff", b"\xff\xff", b"\xff\xff\x00", b"\xfe", b"\x00"]
     one_partition_store(root, "ff", [(k, 1) for k in keys], key_serde="bytes", value_serde="int32")
-    with iqkit.open(root) as engine:
+    with open_engine(root) as engine:
         got = [k for k, _ in scan(engine, "ff", PrefixScanQuery.with_prefix(b"\xff\xff"))]
         everything = [k for k, _ in scan(engine, "ff", PrefixScanQuery.with_prefix(b""))]
     assert got == [b"\xff\xff", b"\xff\xff\x00"]
     assert everything == sorted(keys)
 
 
-def test_prefix_scan_reads_only_the_prefix_range(root):
+def test_prefix_scan_reads_only_the_prefix_range(root, open_engine):
     """A prefix scan is a bounded iterator: it yields exactly the prefix's rows, and the
     trace shows the bounds, not a full scan."""
     one_partition_store(
         root, "many", [(f"{g:03d}-{i:04d}", i) for g in range(20) for i in range(50)]
     )
-    with iqkit.open(root) as engine:
+    with open_engine(root) as engine:
         r = engine.query(
             request("many", PrefixScanQuery.with_prefix("007-")).enable_execution_info()
         )
@@ -209,9 +209,9 @@ def window_rows(engine, query):
     return out
 
 
-def test_window_key_query_is_inclusive_and_time_ordered(windows):
+def test_window_key_query_is_inclusive_and_time_ordered(windows, open_engine):
     q = iqkit.WindowKeyQuery.with_key_and_window_start_range("ann", 60_000, 180_000)
-    with iqkit.open(windows) as engine:
+    with open_engine(windows) as engine:
         asc = window_rows(engine, q)
         desc = window_rows(engine, q.with_descending_keys())
     assert [kv[0] for kv in asc] == [
@@ -221,9 +221,9 @@ def test_window_key_query_is_inclusive_and_time_ordered(windows):
     assert [kv[0].start for kv in desc] == [180_000, 120_000, 60_000]  # newest first
 
 
-def test_window_keys_are_prefix_free(windows):
+def test_window_keys_are_prefix_free(windows, open_engine):
     """'ann' and 'ann\\x00x' share a byte prefix; their windows must not mix."""
-    with iqkit.open(windows) as engine:
+    with open_engine(windows) as engine:
         got = window_rows(
             engine, iqkit.WindowKeyQuery.with_key_and_window_start_range("ann", 0, 10**9)
         )
@@ -231,17 +231,17 @@ def test_window_keys_are_prefix_free(windows):
     assert len(got) == 5
 
 
-def test_window_key_query_accepts_datetimes(windows):
+def test_window_key_query_accepts_datetimes(windows, open_engine):
     start = datetime(1970, 1, 1, 0, 2, tzinfo=UTC)
     end = datetime(1970, 1, 1, 0, 4, tzinfo=UTC)
     q = iqkit.WindowKeyQuery.with_key_and_window_start_range("bob", start, end)
-    with iqkit.open(windows) as engine:
+    with open_engine(windows) as engine:
         assert [kv[0].start for kv in window_rows(engine, q)] == [120_000, 180_000, 240_000]
 
 
-def test_window_range_query_returns_every_key_in_the_time_range(windows):
+def test_window_range_query_returns_every_key_in_the_time_range(windows, open_engine):
     q = iqkit.WindowRangeQuery.with_window_start_range(60_000, 120_000)
-    with iqkit.open(windows) as engine:
+    with open_engine(windows) as engine:
         asc = window_rows(engine, q)
         r = engine.query(request("clicks", q.with_descending_keys()))
         per_partition_desc = {
@@ -254,10 +254,10 @@ def test_window_range_query_returns_every_key_in_the_time_range(windows):
         assert starts == sorted(starts, reverse=True)
 
 
-def test_window_from_after_to_is_empty_and_deletes_remove_windows(windows):
+def test_window_from_after_to_is_empty_and_deletes_remove_windows(windows, open_engine):
     with iqkit.StoreWriter(windows, "clicks") as w:
         w.delete("bob", window_start=0)
-    with iqkit.open(windows) as engine:
+    with open_engine(windows) as engine:
         assert (
             window_rows(engine, iqkit.WindowKeyQuery.with_key_and_window_start_range("bob", 5, 1))
             == []
@@ -271,9 +271,9 @@ def test_window_from_after_to_is_empty_and_deletes_remove_windows(windows):
 
 
 # -- raw queries -------------------------------------------------------------------------------
-def test_raw_queries_use_serialized_bytes(root):
+def test_raw_queries_use_serialized_bytes(root, open_engine):
     one_partition_store(root, "r", [(7, 1.5), (9, 2.5)], key_serde="int32", value_serde="double")
-    with iqkit.open(root) as engine:
+    with open_engine(root) as engine:
         got = engine.query(request("r", iqkit.RawKeyQuery.with_key(b"\x00\x00\x00\x07")))
         allrows = scan(engine, "r", iqkit.RawScanQuery.scan())
     assert got.only_partition_result().result == b"?\xf8\x00\x00\x00\x00\x00\x00"
@@ -284,8 +284,8 @@ def test_raw_queries_use_serialized_bytes(root):
 
 
 # -- iterator lifecycle ----------------------------------------------------------------------------
-def test_iterators_are_lazy_and_peekable(letters):
-    with iqkit.open(letters) as engine:
+def test_iterators_are_lazy_and_peekable(letters, open_engine):
+    with open_engine(letters) as engine:
         it = (
             engine.query(request("letters", RangeQuery.with_no_bounds()))
             .partition_results[0]
