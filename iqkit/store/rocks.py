@@ -321,9 +321,12 @@ def scan_chunks(
     (or dropping it) releases it, which must happen before the database is closed.
     """
     read_opts = ReadOptions()
-    read_opts.set_iterate_lower_bound(lower)
     if upper is not None:
+        read_opts.set_iterate_lower_bound(lower)
         read_opts.set_iterate_upper_bound(upper)
+    # else no bounds at all: rocksdict's iterator with a lower bound and no upper bound
+    # yields nothing (quirk); ``from_key`` seeks to ``lower`` and the reverse loop below
+    # stops at it by hand anyway.
     size = 64
     if not reverse:
         items = db.items(from_key=lower, read_opt=read_opts)
