@@ -109,11 +109,7 @@ class _StoreView:
         self.key_serde = get_serde(self.manifest.key_serde)
         self.partitioner = get_partitioner(self.manifest.partitioner)
         self.routes_keys = self.partitioner.routes_keys
-        self.query_types = (
-            TypedWindowLayer.query_types
-            if self.manifest.kind == "window"
-            else TypedKeyValueLayer.query_types
-        )
+        self.query_types = self.manifest.kind.query_types
         self._latest_path = os.fspath(layout.latest)  # stat'ed on every query: keep a str
         self.pinned = pinned
         self.record: VersionRecord | None = None
@@ -320,7 +316,7 @@ class StateEngine:
         for p in sorted(record.partitions):
             keys = self._open_partition(view, record, p).partition.approximate_rows()
             total += max(0, keys - 1)
-        return total // 2 if view.manifest.kind == "window" else total
+        return view.manifest.kind.records_in(total)
 
     def partition_for_key(self, store: str, key: Any) -> int | None:
         """The partition that owns ``key`` (KIP-535 ``queryMetadataForKey``).
