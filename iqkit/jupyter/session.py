@@ -51,8 +51,6 @@ from .values import bound_value, key_value, time_value, variable
 __all__ = ["DEFAULT_ROOT", "IQSession", "default_root"]
 
 DEFAULT_ROOT = "stores"
-#: A window-store scan asks for every window start in this range (epoch ms).
-_ALL_TIME = (-(2**62), 2**62)
 
 
 def default_root() -> str:
@@ -227,10 +225,8 @@ class IQSession:
             query = WindowRangeQuery.with_window_start_range(
                 time_value(command.lower or "", ns), time_value(command.upper or "", ns)
             )
-        elif manifest.kind.windowed:  # scan of a window store: every window
-            query = WindowRangeQuery.with_window_start_range(*_ALL_TIME)
-        else:
-            query = RangeQuery.with_no_bounds()
+        else:  # scan: every record (of a window store: every window of all time)
+            query = manifest.kind.scan_query()
         return query.with_descending_keys() if command.desc else query
 
     def query(self, command: IQCommand, namespace: Mapping[str, Any]) -> Any:
