@@ -42,7 +42,7 @@ from .query import (
     StateQueryResult,
 )
 from .store.inputs import is_up_to, offset_lag
-from .store.layers import Trace, TypedKeyValueLayer, TypedWindowLayer
+from .store.layers import Trace, TypedKeyValueLayer
 from .store.layout import StoreLayout, list_store_names, validate_store_name
 from .store.manifest import StoreManifest
 from .store.partitioners import get_partitioner
@@ -74,11 +74,7 @@ class _StoreView:
         self.key_serde = get_serde(self.manifest.key_serde)
         self.partitioner = get_partitioner(self.manifest.partitioner)
         self.routes_keys = self.partitioner.routes_keys
-        self.query_types = (
-            TypedWindowLayer.query_types
-            if self.manifest.kind == "window"
-            else TypedKeyValueLayer.query_types
-        )
+        self.query_types = self.manifest.kind.query_types
 
 
 class StateEngine:
@@ -181,7 +177,7 @@ class StateEngine:
         for p in sorted(record.partitions):
             keys = view.snapshot.partition(record, p).partition.approximate_rows()
             total += max(0, keys - 1)
-        return total // 2 if view.manifest.kind == "window" else total
+        return view.manifest.kind.records_in(total)
 
     def partition_for_key(self, store: str, key: Any) -> int | None:
         """The partition that owns ``key`` (KIP-535 ``queryMetadataForKey``).

@@ -55,12 +55,10 @@ from .query import (
     KeyValueIterator,
     MultiKeyQuery,
     Query,
-    RangeQuery,
     RawKeyQuery,
     RawScanQuery,
     StateQueryRequest,
     StateQueryResult,
-    WindowRangeQuery,
 )
 from .store.layers import ScanIterator
 from .store.manifest import StoreManifest
@@ -100,10 +98,6 @@ WINDOW_START = "window_start"
 WINDOW_END = "window_end"
 VALUE = "value"
 TIMESTAMP = pa.timestamp("ms", tz="UTC")
-
-#: Every window start a window store can hold (its time index is 64-bit signed).
-_EARLIEST_MS = -(2**63)
-_LATEST_MS = 2**63 - 1
 
 #: Arrow's own type for values of the serdes that have one.
 _SERDE_TYPES: dict[str, pa.DataType] = {
@@ -398,7 +392,7 @@ class _Shaper:
     def __init__(self, manifest: StoreManifest, query: Query[Any] | None) -> None:
         self.store = manifest.name
         raw = isinstance(query, RawKeyQuery | RawScanQuery)
-        self.windowed = manifest.kind == "window" and not raw
+        self.windowed = manifest.kind.windowed and not raw
         self.key_hint = pa.binary() if raw else _SERDE_TYPES.get(manifest.key_serde)
         self.value_hint = pa.binary() if raw else _SERDE_TYPES.get(manifest.value_serde)
         names = _key_names(manifest)
@@ -411,7 +405,7 @@ class _Shaper:
         self.key_serde = get_serde(self.key_serde_name)
         #: Whether to take stored bytes: only key-value scans hand them over, and only
         #: values some bulk decoding applies to are worth it.
-        self.bulk = manifest.kind != "window" and (
+        self.bulk = not manifest.kind.windowed and (
             self.value_serde_name in _BULK_SERDES or self.value_serde_name == "json"
         )
 
@@ -773,12 +767,6 @@ def collect(
 
 
 # -- store_batches -------------------------------------------------------------------------
-def _scan_query(manifest: StoreManifest) -> Query[Any]:
-    if manifest.kind == "window":
-        return WindowRangeQuery.with_window_start_range(_EARLIEST_MS, _LATEST_MS)
-    return RangeQuery.with_no_bounds()
-
-
 def _partitions_to_scan(manifest: StoreManifest, partitions: Iterable[int] | None) -> list[int]:
     n = manifest.partitions
     if partitions is None:
@@ -882,7 +870,7 @@ def store_batches(
         raise TypeError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
     manifest = engine.manifest(store)
     chosen = _partitions_to_scan(manifest, partitions)
-    query = _scan_query(manifest)
+    query = manifest.kind.scan_query()
     request = StateQueryRequest.in_store(store).with_query(query)
     if partitions is not None:
         request = request.with_partitions(chosen)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from ..errors import IqkitError
+from ..store.kinds import StoreKind
 from .command import IQCommand
 from .parse import parse_bound, parse_partitions
 from .render import table_style
@@ -44,9 +45,6 @@ if TYPE_CHECKING:  # the session builds panels (%iq panel): importing it back is
 __all__ = ["MISSING_IPYWIDGETS", "IQPanel", "split_keys"]
 
 MISSING_IPYWIDGETS = "the panel needs ipywidgets: pip install ipywidgets"
-
-#: Query types a store of each kind offers, in the order the buttons show them.
-QUERIES = {"kv": ("get", "range", "prefix", "scan"), "window": ("window", "windows", "scan")}
 
 #: The widgets each query type uses (the rest are hidden and left out of the command).
 #: ``partitions``, ``bound``, ``active`` and ``trace`` apply to every query.
@@ -184,7 +182,9 @@ class IQPanel:
         self.refresh = w.Button(
             icon="refresh", tooltip="list the stores again", layout=w.Layout(width="3em")
         )
-        self.query = w.ToggleButtons(options=QUERIES["kv"], style={"button_width": "6em"})
+        self.query = w.ToggleButtons(
+            options=StoreKind.KEY_VALUE.commands, style={"button_width": "6em"}
+        )
         self.key = w.Textarea(description="key", rows=2, layout=wide(), style=style)
         self.lower = w.Text(description="from", layout=wide(), style=style)
         self.upper = w.Text(description="to", layout=wide(), style=style)
@@ -278,9 +278,9 @@ class IQPanel:
                 manifest = self.session.engine.manifest(self.store.value)
             except (UsageError, IqkitError, OSError) as exc:
                 self._set_error(exc)
-        kind = manifest.kind if manifest is not None else "kv"
+        kind = manifest.kind if manifest is not None else StoreKind.KEY_VALUE
         current = self.query.value
-        options = QUERIES.get(kind, QUERIES["kv"])
+        options = kind.commands  # the query types the store offers, in button order
         if tuple(self.query.options) != options:
             # As above: new options reset the value to the first one; keep a query type
             # both kinds offer (scan).

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+from ..store.kinds import QUERY_COMMANDS
+
 __all__ = ["ACTIONS", "QUERY_ACTIONS", "IQCommand"]
 
-#: Sub-commands that run a state query and return an ``IQResult``.
-QUERY_ACTIONS = ("get", "range", "prefix", "window", "windows", "scan")
+#: Sub-commands that run a state query and return an ``IQResult`` (each store kind says
+#: which of them read it).
+QUERY_ACTIONS = QUERY_COMMANDS
 #: Every sub-command, in the order ``%iq help`` lists them.
 ACTIONS = (
     "open",

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .command import ACTIONS
+from .command import ACTIONS, QUERY_ACTIONS
 from .parse import option_flags
 from .session import IQSession
 
 __all__ = ["candidates", "register_completer"]
 
-_TAKES_STORE = ("get", "range", "prefix", "window", "windows", "scan", "lag")
+_TAKES_STORE = (*QUERY_ACTIONS, "lag")
 
 
 def candidates(session: IQSession, line: str) -> list[str]:

@@ -600,7 +600,7 @@ def _store_row(engine: Any, name: str) -> tuple[Any, ...]:
         lag = sum(known)  # type: ignore[arg-type]
     return (
         name,
-        manifest.kind,
+        manifest.kind.value,  # the kind's name, a plain str (not the StoreKind enum)
         manifest.partitions,
         manifest.key_serde,
         manifest.value_serde,

@@ -40,6 +40,7 @@ from ..query import (
     WindowRangeQuery,
 )
 from ..sql import SQL_ACCESS
+from ..store.kinds import QUERY_COMMANDS, StoreKind
 from ..store.manifest import StoreManifest
 from ..store.ordered import short_repr
 from .command import IQCommand
@@ -50,8 +51,6 @@ from .values import bound_value, key_value, time_value, variable
 __all__ = ["DEFAULT_ROOT", "IQSession", "default_root"]
 
 DEFAULT_ROOT = "stores"
-#: A window-store scan asks for every window start in this range (epoch ms).
-_ALL_TIME = (-(2**62), 2**62)
 
 
 def default_root() -> str:
@@ -204,7 +203,6 @@ class IQSession:
         self, command: IQCommand, ns: Mapping[str, Any], manifest: StoreManifest
     ) -> Query[Any]:
         action = command.action
-        window_store = manifest.kind == "window"
         _check_kind(action, manifest)
         query: Any
         if action == "get":
@@ -227,10 +225,8 @@ class IQSession:
             query = WindowRangeQuery.with_window_start_range(
                 time_value(command.lower or "", ns), time_value(command.upper or "", ns)
             )
-        elif window_store:  # scan of a window store: every window
-            query = WindowRangeQuery.with_window_start_range(*_ALL_TIME)
-        else:
-            query = RangeQuery.with_no_bounds()
+        else:  # scan: every record (of a window store: every window of all time)
+            query = manifest.kind.scan_query()
         return query.with_descending_keys() if command.desc else query
 
     def query(self, command: IQCommand, namespace: Mapping[str, Any]) -> Any:
@@ -380,22 +376,18 @@ class _RowsProgress:
         self._bar.close()
 
 
-#: Commands that only one kind of store can answer; ``scan`` reads either.
-_KV_ONLY = ("get", "range", "prefix")
-_WINDOW_ONLY = ("window", "windows")
-
-
 def _check_kind(action: str, manifest: StoreManifest) -> None:
     """A command the store's kind cannot answer is a usage error in a notebook: the
     engine (like Kafka Streams) would fail every partition with ``UNKNOWN_QUERY_TYPE``,
     a result that reads like a store problem when the command was simply the wrong one."""
-    if action in _WINDOW_ONLY and manifest.kind != "window":
-        raise UsageError(
-            f"%iq {action}: {manifest.name!r} is a key-value store; "
-            "use get, range, prefix or scan (window and windows read window stores)"
-        )
-    if action in _KV_ONLY and manifest.kind == "window":
-        raise UsageError(
-            f"%iq {action}: {manifest.name!r} is a window store; "
-            "use window, windows or scan (get, range and prefix read key-value stores)"
-        )
+    kind = manifest.kind
+    if action not in QUERY_COMMANDS or action in kind.commands:
+        return
+    other = next(k for k in StoreKind if action in k.own_commands)
+    fits = kind.commands
+    theirs = other.own_commands
+    raise UsageError(
+        f"%iq {action}: {manifest.name!r} is a {kind.label}; "
+        f"use {', '.join(fits[:-1])} or {fits[-1]} "
+        f"({', '.join(theirs[:-1])} and {theirs[-1]} read {other.label}s)"
+    )

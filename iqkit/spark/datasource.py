@@ -306,7 +306,7 @@ def _schema_ddl(manifest: StoreManifest, value_schema: str | None) -> str:
     if key_cols is None:
         key_cols = [(KEY_COLUMN, _SERDE_DDL[manifest.key_serde])]
     fixed = [(PARTITION_COLUMN, "INT"), *key_cols]
-    if manifest.kind == "window":
+    if manifest.kind.windowed:
         fixed += [(WINDOW_START_COLUMN, "TIMESTAMP"), (WINDOW_END_COLUMN, "TIMESTAMP")]
     fixed_names = [n for n, _ in fixed]
     cols = [f"{_quote(n)} {t}" for n, t in fixed]
@@ -408,9 +408,9 @@ class IqkitReader(DataSourceReader):
             self.key_mode = "value" if self.key_serde in _SCALAR_SERDES else "json"
             self.key_names = [KEY_COLUMN]
         fixed = {PARTITION_COLUMN, *self.key_names}
-        if self.kind == "window":
+        if self.kind.windowed:
             fixed |= {WINDOW_START_COLUMN, WINDOW_END_COLUMN}
-        if len(fixed) != 1 + len(self.key_names) + (2 if self.kind == "window" else 0):
+        if len(fixed) != 1 + len(self.key_names) + (2 if self.kind.windowed else 0):
             raise ValueError(
                 f"iqkit: store {self.store!r}: key columns {self.key_names} clash with the "
                 "partition or window columns"
@@ -500,9 +500,9 @@ class IqkitReader(DataSourceReader):
             elif name in self.key_names:
                 i = self.key_names.index(name)
                 getters.append(lambda k, w, v, i=i: k[i])
-            elif self.kind == "window" and name == WINDOW_START_COLUMN:
+            elif self.kind.windowed and name == WINDOW_START_COLUMN:
                 getters.append(lambda k, w, v: _ms_to_datetime(w[0]))
-            elif self.kind == "window" and name == WINDOW_END_COLUMN:
+            elif self.kind.windowed and name == WINDOW_END_COLUMN:
                 getters.append(lambda k, w, v: _ms_to_datetime(w[1]))
             elif not self.value_fields_mode:
                 getters.append(self._value_getter())

@@ -534,8 +534,8 @@ def _stage_fragments(
         source = layout.partition_version_dir(partition, spec.base_partitions[partition])
     # Records, not RocksDB keys (a window is two keys), as every writer counts them.
     kind = spec.manifest.kind
-    puts = keyspace.records_in(kind, sum(f.puts for f in fragments))
-    deletes = keyspace.records_in(kind, sum(f.deletes for f in fragments))
+    puts = kind.records_in(sum(f.puts for f in fragments))
+    deletes = kind.records_in(sum(f.deletes for f in fragments))
     previous: Path | None = None
     record: dict[str, Any] = {}
     staging = layout.job_staging_dir(partition, spec.job_id, "driver")

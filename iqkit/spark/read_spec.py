@@ -50,6 +50,7 @@ from ..query import (
     WindowRangeQuery,
 )
 from ..query.window import to_epoch_millis
+from ..store.kinds import EARLIEST_WINDOW_START_MS, LATEST_WINDOW_START_MS, StoreKind
 from ..store.manifest import StoreManifest
 from ..store.partitioners import get_partitioner
 from ..store.serdes import get_serde
@@ -70,7 +71,6 @@ READ_OPTIONS = (
     *NARROWING_OPTIONS,
 )
 
-_MIN_MS, _MAX_MS = -(2**63), 2**63 - 1
 #: ``keys`` lists at most this many keys (one MultiKeyQuery per partition holds them all).
 MAX_KEYS = 100_000
 
@@ -103,11 +103,12 @@ class ReadSpec:
             owned.setdefault(p, []).append(key)
         return [(p, tuple(owned[p])) for p in allowed if p in owned]
 
-    def queries(self, kind: str, keys: tuple[Any, ...] | None) -> list[Query]:
-        """The IQv2 queries one partition runs (``keys``: those it owns, from :meth:`plan`)."""
-        if kind == "window":
-            lo = _MIN_MS if self.time_from is None else self.time_from
-            hi = _MAX_MS if self.time_to is None else self.time_to
+    def queries(self, kind: StoreKind | str, keys: tuple[Any, ...] | None) -> list[Query]:
+        """The IQv2 queries one partition runs (``keys``: those it owns, from :meth:`plan`;
+        ``kind``: the store's, or its name)."""
+        if StoreKind(kind).windowed:
+            lo = EARLIEST_WINDOW_START_MS if self.time_from is None else self.time_from
+            hi = LATEST_WINDOW_START_MS if self.time_to is None else self.time_to
             if keys is not None:
                 return [WindowKeyQuery.with_key_and_window_start_range(k, lo, hi) for k in keys]
             return [WindowRangeQuery.with_window_start_range(lo, hi)]
@@ -136,7 +137,7 @@ def parse_read_options(options: Mapping[str, Any], manifest: StoreManifest) -> R
         value = given.get(name)
         return None if value is None or str(value) == "" else str(value)
 
-    window = manifest.kind == "window"
+    window = manifest.kind.windowed
     fits = ("key", "keys", "time_from", "time_to") if window else NARROWING_OPTIONS[1:6]
     misplaced = [n for n in NARROWING_OPTIONS[1:] if text(n) is not None and n not in fits]
     if misplaced:

@@ -26,6 +26,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ..store.kinds import StoreKind
 from ..store.manifest import StoreManifest
 from ..store.writer import STORE_SETTINGS, ensure_store
 
@@ -278,7 +279,7 @@ def ensure_spark_store(
     wanted = StoreManifest(
         name=store,
         partitions=partitions,
-        kind="window" if plan.window_column else "kv",
+        kind=StoreKind.WINDOW if plan.window_column else StoreKind.KEY_VALUE,
         key_serde=plan.key_serde,
         value_serde=plan.value_serde,
         partitioner="explicit" if explicit else (partitioner or "murmur2"),

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import IqkitError, StoreNotFoundError, UnknownStoreError
 from ..query.position import Position
-from . import keyspace, rocks
+from . import rocks
 from .commit import build_partition, publish_partitions, warn_cleanup_failed
 from .layout import StoreLayout, list_store_names, remove_if_exists, remove_tree_or_file
 from .locking import CommitLock
@@ -172,7 +172,7 @@ def stage_partition(
 def _record_counts(spec: JobSpec, puts: int, deletes: int) -> dict[str, int]:
     """The commit record's counts: records, not RocksDB keys (a window is two keys)."""
     kind = spec.manifest.kind
-    return {"puts": keyspace.records_in(kind, puts), "deletes": keyspace.records_in(kind, deletes)}
+    return {"puts": kind.records_in(puts), "deletes": kind.records_in(deletes)}
 
 
 #: Rows per Arrow slice handed to the SST writer, and per block when runs are merged.

@@ -157,11 +157,3 @@ def window_time_range(time_from: int, time_to: int) -> tuple[bytes, bytes]:
 
 WINDOW_LOWER = WINDOW_PREFIX
 WINDOW_UPPER = WINDOW_TIME_PREFIX
-
-
-def records_in(kind: str, rocksdb_keys: int) -> int:
-    """How many records ``rocksdb_keys`` written keys of a ``kind`` store hold: one key
-    per record in a key-value store, two per window in a window store (``window_key``
-    and its ``window_time_key``, written and deleted together). Counts of what a write
-    wrote (commit records, progress) are records, as ``StoreWriter`` counts them."""
-    return rocksdb_keys // 2 if kind == "window" else rocksdb_keys

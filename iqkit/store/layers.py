@@ -40,6 +40,7 @@ from ..query import (
     WindowRangeQuery,
 )
 from . import keyspace
+from .kinds import StoreKind
 from .manifest import StoreManifest
 from .partition import BytesPartition
 from .serdes import Serde, get_serde
@@ -344,7 +345,7 @@ _new_kv = partial(tuple.__new__, KeyValue)
 
 class TypedKeyValueLayer(_TypedLayer):
     name = "TypedKeyValueLayer"
-    query_types = (KeyQuery, MultiKeyQuery, RangeQuery, PrefixScanQuery, RawKeyQuery, RawScanQuery)
+    query_types = StoreKind.KEY_VALUE.query_types
 
     def __init__(self, manifest: StoreManifest, inner: CachingLayer) -> None:
         super().__init__(manifest, inner)
@@ -416,7 +417,7 @@ class TypedWindowLayer(_TypedLayer):
     """Window stores: results are ``KeyValue(Windowed(key, start, end), value)``."""
 
     name = "TypedWindowLayer"
-    query_types = (WindowKeyQuery, WindowRangeQuery, RawKeyQuery, RawScanQuery)
+    query_types = StoreKind.WINDOW.query_types
 
     def __init__(self, manifest: StoreManifest, inner: CachingLayer) -> None:
         super().__init__(manifest, inner)
@@ -488,6 +489,6 @@ def build_layers(
 ) -> TypedKeyValueLayer | TypedWindowLayer:
     """The full stack for one partition version: typed → caching → RocksDB."""
     stack = CachingLayer(RocksDBLayer(partition), cache)
-    if manifest.kind == "window":
+    if manifest.kind.windowed:
         return TypedWindowLayer(manifest, stack)
     return TypedKeyValueLayer(manifest, stack)

@@ -12,19 +12,21 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import StoreCorruptedError, StoreNotFoundError
+from .kinds import StoreKind
 from .layout import StoreLayout, atomic_write_text, read_store_text
 from .names import FORMAT_VERSION
 from .partitioners import get_partitioner
 from .serdes import get_serde
 
-KINDS = ("kv", "window")
 DEFAULT_RETENTION = 10
 
 
 @dataclass(frozen=True)
 class StoreManifest:
     name: str
-    kind: str
+    #: A ``StoreKind`` (given as one or as its name, ``"kv"`` / ``"window"``; stored as the
+    #: name, so it still equals and prints as the string).
+    kind: StoreKind
     partitions: int
     key_serde: str
     value_serde: str
@@ -37,8 +39,8 @@ class StoreManifest:
     properties: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"store {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        # A frozen dataclass: normalising a field in __post_init__ needs object.__setattr__.
+        object.__setattr__(self, "kind", StoreKind.of(self.kind, self.name))
         if (
             not isinstance(self.partitions, int)
             or isinstance(self.partitions, bool)
@@ -50,7 +52,7 @@ class StoreManifest:
         get_serde(self.key_serde)
         get_serde(self.value_serde)
         get_partitioner(self.partitioner)
-        if self.kind == "window":
+        if self.kind.windowed:
             if not isinstance(self.window_size_ms, int) or self.window_size_ms <= 0:
                 raise ValueError(
                     f"store {self.name!r}: a window store needs window_size_ms > 0, "

@@ -152,7 +152,7 @@ class StoreWriter:
         self._key_serde: Serde = get_serde(self.manifest.key_serde)
         self._value_serde: Serde = get_serde(self.manifest.value_serde)
         self._partitioner = get_partitioner(self.manifest.partitioner)
-        self._window = self.manifest.kind == "window"
+        self._window = self.manifest.kind.windowed
         self._lock_timeout = lock_timeout
         self._who = who or "StoreWriter"
         self._buffers: dict[int, _PartitionBuffer] = {}

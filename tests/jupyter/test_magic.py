@@ -108,6 +108,19 @@ def test_window_and_windows(shell):
     assert len(run(shell, "%iq scan clicks").rows) == 7
 
 
+def test_scan_of_a_window_store_reads_every_window_start_the_store_can_hold(shell, nb_root):
+    """``%iq scan`` of a window store reads all time: every 64-bit window start, as
+    ``store_batches``, SQL and the Spark reader do (it used to stop at +-2**62 ms)."""
+    starts = (-(2**63), -(2**62) - 1, 2**62 + 1, 2**63 - 1 - 60_000)
+    with iqkit.StoreWriter(nb_root, "clicks") as w:
+        for i, start in enumerate(starts):
+            w.put(f"far{i}", 100 + i, window_start=start)
+    rows = run(shell, "%iq scan clicks --limit 0").rows
+    far = rows[rows["key"].str.startswith("far")]
+    assert sorted(far["value"]) == [100, 101, 102, 103]
+    assert len(rows) == 7 + len(starts)
+
+
 def test_assignment_semicolon_and_as(shell):
     shell.run_cell("x = %iq get totals bob")
     assert shell.user_ns["x"].rows["total"].tolist() == [13]
