@@ -22,7 +22,6 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -49,6 +48,7 @@ from .store.manifest import StoreManifest
 from .store.memory import MemoryPartition
 from .store.partition import BytesPartition, RocksDBPartition
 from .store.partitioners import get_partitioner
+from .store.roots import local_root
 from .store.serdes import get_serde
 from .store.versions import (
     VersionLease,
@@ -230,7 +230,7 @@ class StateEngine:
     def __init__(
         self, root: str | os.PathLike[str], *, as_of: int | Mapping[str, int] | None = None
     ) -> None:
-        self.root = Path(root)
+        self.root = local_root(root)  # a URL is refused in one line, never a folder "s3:"
         if not self.root.is_dir():
             # Never create anything for a reader: a typo must not make an empty root.
             raise StoreNotFoundError(f"no iqkit root folder at {os.fspath(root)!r}")
