@@ -79,17 +79,17 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def put_immutable(self, path: str, file: str | os.PathLike[str]) -> None:
-        """Store the local ``file`` as ``path`` (a unique name: writing it twice, as a
-        retry does, stores the same bytes). The file must not change afterwards: a local
-        root may hard-link it rather than copy."""
+        """Store a copy of the local ``file`` as ``path`` (a unique name: writing it twice,
+        as a retry does, stores the same bytes)."""
 
     @abstractmethod
     def read_bytes(self, path: str) -> bytes: ...
 
     @abstractmethod
     def download(self, path: str, local_file: str | os.PathLike[str]) -> int:
-        """Copy ``path`` to ``local_file`` (through a temporary file beside it and a
-        rename, so ``local_file`` is whole or absent); returns its size in bytes."""
+        """Copy ``path`` to ``local_file`` (through a temporary file beside it, so
+        ``local_file`` is whole or absent; an existing ``local_file`` is kept, as the
+        same immutable object); returns the size in bytes."""
 
     @abstractmethod
     def list(self, prefix: str = "") -> list[str]:
@@ -163,21 +163,40 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _place(src: Path, target: Path) -> None:
-    """Make ``target`` hold ``src``'s bytes, whole or not at all: hard-link (both are
-    immutable) or copy ``src`` to a temporary name beside ``target``, then rename."""
-    tmp = _tmp_beside(target)
+def _settle(tmp: Path, target: Path) -> int:
+    """Give the finished temporary file ``tmp`` its final name, unless ``target`` exists;
+    returns the size. Never replaces: a name holds one file from the moment it appears
+    until it is deleted, so a reader that pinned the file at a cache path reads that same
+    file through the path (a second process fetching the same immutable object keeps the
+    first copy). The size is read before: once named, the file may be evicted by another
+    process at any moment."""
     try:
-        try:
-            os.link(src, tmp)
-        except FileNotFoundError:
-            raise
-        except OSError:  # another file system (EXDEV), or one without hard links
-            shutil.copyfile(src, tmp)
-        os.replace(tmp, target)
+        size = tmp.stat().st_size
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, target)
+        return size
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def _place(src: Path, target: Path, *, durable: bool) -> int:
+    """Copy ``src`` to ``target`` (whole or not at all; see ``_settle``).
+
+    Always a copy, never a hard link: a link would share the inode, so the cache touching
+    a file's mtime (its recency) would write to the root, and the root's files would
+    change with a writer's working files."""
+    tmp = _tmp_beside(target)
+    try:
+        shutil.copyfile(src, tmp)
+        if durable:
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return _settle(tmp, target)
 
 
 class LocalObjects(ObjectStore):
@@ -214,7 +233,7 @@ class LocalObjects(ObjectStore):
         target = self._path(path)
         with self._classified("upload", path):
             target.parent.mkdir(parents=True, exist_ok=True)
-            _place(Path(file), target)
+            _place(Path(file), target, durable=True)
 
     def read_bytes(self, path: str) -> bytes:
         with self._classified("read", path):
@@ -223,8 +242,7 @@ class LocalObjects(ObjectStore):
     def download(self, path: str, local_file: str | os.PathLike[str]) -> int:
         source, target = self._path(path), Path(local_file)
         with self._classified("download", path):
-            _place(source, target)
-            return target.stat().st_size
+            return _place(source, target, durable=False)
 
     def list(self, prefix: str = "") -> list[str]:
         top = self._path(prefix) if prefix else self.folder
@@ -296,14 +314,14 @@ class RemoteObjects(ObjectStore):
             tmp = _tmp_beside(target)
             try:
                 self.fs.get_file(source, os.fspath(tmp))
-                if not tmp.exists():
-                    # fsspec's get_file returns quietly when the key names a "folder"
-                    raise FileNotFoundError(source)
-                os.replace(tmp, target)
-            finally:
+            except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
-            return target.stat().st_size
+                raise
+            if not tmp.exists():
+                # fsspec's get_file returns quietly when the key names a "folder"
+                raise FileNotFoundError(source)
+            return _settle(tmp, target)
 
     def list(self, prefix: str = "") -> list[str]:
         top = self._path(prefix) if prefix else self.root.base
