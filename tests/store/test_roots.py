@@ -131,8 +131,10 @@ def test_a_missing_filesystem_package_names_the_extra(url, pkg, extra):
 
 
 def test_parsing_a_url_imports_no_filesystem_library():
+    """``import iqkit`` stays light (tests/test_import_cost.py): fsspec and the SDKs come
+    only when a remote root's filesystem is opened."""
     code = (
-        "import sys\nfrom iqkit.store.roots import parse_root\nparse_root('s3://b/x')\n"
+        "import sys, iqkit\nfrom iqkit.store.roots import parse_root\nparse_root('s3://b/x')\n"
         "print([m for m in ('fsspec', 's3fs', 'botocore') if m in sys.modules])"
     )
     out = subprocess.run(
