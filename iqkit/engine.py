@@ -21,7 +21,6 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -46,6 +45,7 @@ from .store.layers import Trace, TypedKeyValueLayer
 from .store.layout import StoreLayout, list_store_names, validate_store_name
 from .store.manifest import StoreManifest
 from .store.partitioners import get_partitioner
+from .store.roots import local_root
 from .store.serdes import get_serde
 from .store.snapshot import (
     NEVER_WRITTEN,
@@ -94,7 +94,7 @@ class StateEngine:
         as_of: int | Mapping[str, int] | None = None,
         partition_opener: PartitionOpener | None = None,
     ) -> None:
-        self.root = Path(root)
+        self.root = local_root(root)  # a URL is refused in one line, never a folder "s3:"
         if not self.root.is_dir():
             # Never create anything for a reader: a typo must not make an empty root.
             raise StoreNotFoundError(f"no iqkit root folder at {os.fspath(root)!r}")

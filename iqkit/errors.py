@@ -64,3 +64,19 @@ class StoreIOError(IqkitError):
 class StoreCleanupWarning(UserWarning):
     """A commit was published, but removing what it made obsolete (old versions, debris)
     failed; the store is consistent and the next commit tries again."""
+
+
+class RootError(IqkitError, ValueError):
+    """A store root that cannot be used as given: an unknown URL scheme, a scheme whose
+    filesystem package is not installed (the message names the extra), a malformed URL,
+    or an object-storage root where only local folders work yet. A ``ValueError`` too:
+    it is bad input, and the CLI and ``%iq`` report those in one line."""
+
+
+class ObjectExistsError(IqkitError, FileExistsError):
+    """An exclusive create found the object already there (another writer published it
+    first). Its own class so a writer can tell losing a race from an I/O failure."""
+
+
+class ObjectMissingError(StoreNotFoundError, FileNotFoundError):
+    """An object that should be on a store root is not there."""

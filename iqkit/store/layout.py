@@ -21,10 +21,12 @@ from .names import (
     STAGING_PREFIX,
     VERSIONS_DIR,
 )
+from .roots import local_root
 
 
 def list_store_names(root: str | os.PathLike[str]) -> list[str]:
     """Names of the stores under ``root`` (folders holding a manifest)."""
+    root = local_root(root)
     try:
         entries = os.listdir(root)
     except FileNotFoundError:
@@ -41,7 +43,7 @@ class StoreLayout:
 
     @classmethod
     def of(cls, root: str | os.PathLike[str], name: str) -> StoreLayout:
-        return cls(Path(root), validate_store_name(name))
+        return cls(local_root(root), validate_store_name(name))
 
     @property
     def store_dir(self) -> Path:

@@ -1,0 +1,98 @@
+"""Helpers of the object-storage tests (fixtures in tests/store/conftest.py): the AWS
+variables pointing at the test server, fresh buckets, and a proxy that dies mid-upload."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import uuid
+
+import pytest
+
+
+def aws_env(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
+    """Point botocore at ``endpoint`` with test keys, through the standard variables only;
+    no profile, no shared files, and never the cloud's instance-metadata address."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "iqkit-test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "iqkit-test-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/iqkit-aws-config")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/iqkit-aws-credentials")
+
+
+def new_bucket(endpoint: str) -> str:
+    import boto3
+
+    name = f"iqkit-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=name)
+    return name
+
+
+class CuttingProxy:
+    """A TCP proxy on 127.0.0.1 in front of the server that can die mid-request.
+
+    After ``cut_after`` bytes from the client it closes every connection and stops
+    listening, as a server that went away in the middle of an upload: later requests
+    find nothing on the port. Real sockets, so the client's own retries and errors run.
+    """
+
+    def __init__(self, target: str, cut_after: int | None = None) -> None:
+        host, port = target.removeprefix("http://").split(":")
+        self.target = (host, int(port))
+        self.cut_after = cut_after
+        self.sent = 0
+        self.cut = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.cut.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            with self._lock:
+                self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, counts: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if counts:
+                    with self._lock:
+                        self.sent += len(data)
+                        over = self.cut_after is not None and self.sent > self.cut_after
+                    if over:
+                        self.stop()
+                        return
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                cut = self.cut.is_set()
+            if not cut:
+                for s in (src, dst):
+                    with contextlib.suppress(OSError):
+                        s.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        """Stop listening and drop every connection (the server "went away")."""
+        self.cut.set()
+        self._listener.close()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
