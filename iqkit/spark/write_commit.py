@@ -11,7 +11,6 @@ empty folders of a store that was never created."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,12 +24,12 @@ from ..store.jobs import (
     JobSpec,
     StagedPartition,
     StoreConflictError,
+    remove_job_staging,
     remove_uncreated_store,
     stage_partition,
 )
 from ..store.layout import StoreLayout
 from ..store.manifest import StoreManifest
-from ..store.names import JOB_STAGING_PREFIX
 from ..store.writer import STORE_SETTINGS
 from .schema import ensure_spark_store, one_window_size
 from .write_options import WriteJob
@@ -90,17 +89,7 @@ def remove_fragments(job: WriteJob) -> None:
     """Every file or folder this job's tasks left (any attempt, any partition), and
     the folders they were made in when the store was never created."""
     layout = StoreLayout.of(job.root, job.store)
-    prefix = f"{JOB_STAGING_PREFIX}{job.job_id}-"
-    try:
-        pnames = os.listdir(layout.partitions_dir)
-    except FileNotFoundError:
-        pnames = []
-    for pname in pnames:
-        pdir = layout.partitions_dir / pname
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            for fname in os.listdir(pdir):
-                if fname.startswith(prefix):
-                    remove_tree_or_file(pdir / fname)
+    remove_job_staging(layout, job.job_id)
     remove_uncreated_store(layout)
 
 

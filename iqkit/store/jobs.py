@@ -284,13 +284,7 @@ class JobCommit:
     def abort(self) -> None:
         """Remove every folder this job built that was not published; drop the lease."""
         layout = self._layout
-        prefix = f"{JOB_STAGING_PREFIX}{self.job_id}-"
-        if layout.partitions_dir.exists():
-            for pname in os.listdir(layout.partitions_dir):
-                pdir = layout.partitions_dir / pname
-                for fname in os.listdir(pdir) if pdir.is_dir() else ():
-                    if fname.startswith(prefix):
-                        remove_tree_or_file(pdir / fname)
+        remove_job_staging(layout, self.job_id)
         if self._lease is not None:
             self._lease.release()
             self._lease = None
@@ -316,6 +310,24 @@ def _create_store(root: str, manifest: StoreManifest) -> None:
         retention=m.retention,
         properties=m.properties,
     )
+
+
+def remove_job_staging(layout: StoreLayout, job_id: str) -> None:
+    """Remove every file or folder job ``job_id`` staged under the store's partitions (any
+    attempt, any partition: the hidden ``.job-<id>-`` names), whether a task built it
+    (``stage_partition``, the Spark data source's fragments) or the driver. A partition
+    folder removed meanwhile is not an error."""
+    prefix = f"{JOB_STAGING_PREFIX}{job_id}-"
+    try:
+        pnames = os.listdir(layout.partitions_dir)
+    except FileNotFoundError:
+        pnames = []
+    for pname in pnames:
+        pdir = layout.partitions_dir / pname
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for fname in os.listdir(pdir):
+                if fname.startswith(prefix):
+                    remove_tree_or_file(pdir / fname)
 
 
 def remove_uncreated_store(layout: StoreLayout) -> None:
