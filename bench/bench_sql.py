@@ -42,7 +42,7 @@ import pyarrow as pa
 
 import iqkit
 from iqkit import tables
-from iqkit.sql import SQLSession
+from iqkit.sqlsession import SQLSession
 from iqkit.tables import collect, store_batches
 
 STORE = "totals"

@@ -44,10 +44,7 @@ from .query import (
     WindowKeyQuery,
     WindowRangeQuery,
 )
-
-# Imported eagerly on purpose: `iqkit.sql` must be the function, and importing the
-# submodule later (as `%iq sql` does) would rebind the package attribute to the module.
-from .sql import SQLError, SQLSession, sql
+from .sqlsession import SQLError, SQLSession, sql
 from .store.manifest import StoreManifest
 from .store.partitioners import murmur2
 from .store.serdes import get_serde

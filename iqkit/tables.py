@@ -988,7 +988,7 @@ def _scan_chunks(
 # -- pandas --------------------------------------------------------------------------------
 @functools.cache
 def _nullable_dtypes() -> dict[pa.DataType, Any]:
-    # Built on first use: pandas is imported only where DataFrames are made (see sql.py).
+    # Built on first use: pandas is imported only where DataFrames are made (iqkit.sqlsession).
     import pandas as pd
 
     return {

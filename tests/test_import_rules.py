@@ -19,7 +19,7 @@ import iqkit
 
 ROOT = Path(iqkit.__file__).parent
 PACKAGE = ROOT / "jupyter"
-SUBPACKAGES = ("query", "store", "spark", "jupyter")
+SUBPACKAGES = ("query", "store", "spark", "jupyter", "sqlsession")
 
 #: What each part of ``iqkit`` may import (its own modules aside). ``__init__`` (the
 #: public API), ``__main__`` (the CLI) and ``demo`` sit on top and may import any part.
@@ -29,9 +29,9 @@ LAYERS: dict[str, set[str]] = {
     "store": {"errors", "query"},
     "engine": {"errors", "query", "store"},
     "tables": {"errors", "query", "store"},
-    "sql": {"errors", "query", "store", "engine", "tables"},
+    "sqlsession": {"errors", "query", "store", "engine", "tables"},
     "spark": {"errors", "query", "store"},
-    "jupyter": {"errors", "query", "store", "engine", "tables", "sql"},
+    "jupyter": {"errors", "query", "store", "engine", "tables", "sqlsession"},
 }
 TOP = {"__init__", "__main__", "demo"}
 

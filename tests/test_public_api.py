@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 
 import iqkit
@@ -45,9 +46,12 @@ def test_spec_signatures():
 
 
 def test_notebook_entry_points():
-    import iqkit.sql  # importing the submodule must not rebind iqkit.sql
+    # iqkit.sql is only the function: no submodule of that name to import or shadow it
+    # (issue 12.8; the SQL code is the iqkit.sqlsession package).
+    assert importlib.util.find_spec("iqkit.sql") is None
+    from iqkit.sqlsession import sql
 
-    assert callable(iqkit.sql) and iqkit.sql.__module__ == "iqkit.sql"
+    assert callable(iqkit.sql) and iqkit.sql is sql
     assert {"sql", "panel", "SQLSession", "SQLError", "load_ipython_extension"} <= set(
         iqkit.__all__
     )

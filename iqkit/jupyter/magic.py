@@ -21,7 +21,7 @@ from IPython.core.magic import (
 from traitlets import Bool, Enum, Int, List, TraitError, Unicode, observe, validate
 from traitlets.config import Configurable
 
-from ..sql import SQL_ACCESS
+from ..sqlsession import SQL_ACCESS
 from .complete import register_completer
 from .parse import check_result_name, overview, parse_line
 from .session import IQSession

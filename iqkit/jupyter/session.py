@@ -39,7 +39,7 @@ from ..query import (
     WindowKeyQuery,
     WindowRangeQuery,
 )
-from ..sql import SQL_ACCESS
+from ..sqlsession import SQL_ACCESS
 from ..store.kinds import QUERY_COMMANDS, StoreKind
 from ..store.manifest import StoreManifest
 from ..store.ordered import short_repr
@@ -331,7 +331,7 @@ class IQSession:
     @property
     def sql_session(self) -> Any:
         if self._sql is None:
-            from ..sql import SQLSession
+            from ..sqlsession import SQLSession
 
             self._sql = SQLSession(
                 engine=lambda: self.engine,

@@ -22,7 +22,7 @@ The job, end to end:
    prefix defeat Spark's prefix sort, and ``pyarrow`` sorts them several times faster.
 4. Write (``mapInArrow``): each task serializes what is still raw (vectorized), sorts
    each store partition's rows by key and keeps the last row per key
-   (``store.jobs.SortedRows``, spilling sorted runs to local disk past a memory budget),
+   (``store.sorted_rows.SortedRows``, spilling sorted runs to local disk past a memory budget),
    stages its store partitions (``store.jobs.stage_partition``; fresh partitions are
    bulk-loaded from an SST file) and returns what it staged. Nothing is visible yet.
 5. Driver: once the job succeeded, publish exactly one staged folder per partition as
@@ -49,10 +49,11 @@ from pyspark.sql import types as T
 
 from ..query.position import Position
 from ..store import keyspace
-from ..store.jobs import JobCommit, JobSpec, SortedRows, StagedPartition, stage_partition
+from ..store.jobs import JobCommit, JobSpec, StagedPartition, stage_partition
 from ..store.manifest import StoreManifest
 from ..store.partitioners import get_partitioner, murmur2
 from ..store.serdes import Serde, get_serde
+from ..store.sorted_rows import SortedRows
 from .progress import WriteProgress
 from .roots import driver_root
 from .schema import (

@@ -88,7 +88,7 @@ def hostile_magic_input(workdir: Path, iterations: int, rng: random.Random) -> O
         except UsageError as exc:
             refused += 1
             # SQL errors may add DuckDB's short hint and the LINE excerpt with its caret
-            # (iqkit.sql._short_message); everything else is one line.
+            # (iqkit.sqlsession.errors.short_message); everything else is one line.
             most = 4 if line.startswith("%iq sql") else 1
             if len(str(exc).splitlines()) > most or len(str(exc)) > 600:
                 lost.append(f"{line[:60]!r}: a UsageError of {len(str(exc))} characters")

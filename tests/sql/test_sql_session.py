@@ -16,7 +16,7 @@ import pytest
 from helpers import kv_rows
 
 import iqkit
-from iqkit.sql import SQLError, SQLSession, sql
+from iqkit.sqlsession import SQLError, SQLSession, sql
 
 TOTALS = {f"c{i:03d}": {"total": i * 10, "region": "eu" if i % 3 else "us"} for i in range(60)}
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import iqkit
 from iqkit.store import keyspace
-from iqkit.store.jobs import JobCommit, SortedRows, last_per_key, stage_partition
+from iqkit.store.jobs import JobCommit, stage_partition
+from iqkit.store.sorted_rows import SortedRows, last_per_key
 
 relaxed = settings(deadline=None, max_examples=60)  # spills write files; shared machine
 

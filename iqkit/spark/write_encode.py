@@ -1,0 +1,249 @@
+"""The tasks' encoding for ``df.write.format("iqkit")``: each Arrow batch of the DataFrame
+becomes (store partition, RocksDB key, value, sequence) rows — serdes (vectorized where
+the serde can), murmur2 or the named partition column, RocksDB key bytes, JSON values as
+Spark's ``to_json`` writes them — buffered, then sorted by (store partition, key, input
+order) in Arrow, keeping the last row of each key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..store import keyspace
+from ..store.partitioners import Partitioner, get_partitioner
+from ..store.serdes import Serde, get_serde
+from .schema import arrow_has_non_finite, non_finite_message
+from .to_json import json_records, json_texts
+from .write_options import WriteJob
+
+ENCODED = pa.schema(
+    [("p", pa.int32()), ("k", pa.binary()), ("v", pa.binary()), ("seq", pa.int64())]
+)
+
+
+class RowEncoder:
+    """Arrow batches of the DataFrame → (store partition, RocksDB key, value, sequence),
+    buffered until :meth:`drain` sorts them and keeps the last row of each key. What the
+    task reports besides its fragments is counted here too: ``rows`` read, the highest
+    Kafka ``offsets`` per (topic, partition), and the smallest and largest
+    ``window_sizes``.
+
+    The per-row work matches ``write_store``'s encoder (batch.py), which encodes inside
+    ``mapInArrow`` after its own shuffle; this one encodes what each task is given."""
+
+    def __init__(self, job: WriteJob) -> None:
+        assert job.plan is not None
+        plan = job.plan
+        self.plan = plan
+        self.store = job.store
+        self.key_serde = get_serde(plan.key_serde)
+        self.value_serde = get_serde(plan.value_serde)
+        self.partitioner = get_partitioner(job.partitioner)
+        self.n = job.partitions
+        self.kafka = job.kafka
+        self.buffer: list[pa.RecordBatch] = []
+        self.buffered = 0
+        self.seq = 0  # input order within the task
+        self.rows = 0
+        #: Highest input offset per (topic, partition), for Kafka-shaped input.
+        self.offsets: dict[str, dict[int, int]] = {}
+        #: Smallest and largest window size (ms) seen, for window stores.
+        self.window_sizes: tuple[int, int] | None = None
+
+    # -- one batch -----------------------------------------------------------------------
+    def add(self, batch: pa.RecordBatch) -> None:
+        plan, n = self.plan, batch.num_rows
+        self.rows += n
+        key_bytes = self._keys(batch)
+        if plan.partition_column is not None:
+            parts = self._explicit_partitions(batch)
+        else:
+            parts = _partitions(self.partitioner, key_bytes, self.n)
+        values = self._values(batch)
+        if self.kafka:
+            seq = pc.fill_null(batch.column("offset").cast(pa.int64()), -1)
+            _max_offsets(batch, self.offsets)
+        else:
+            seq = pa.array(range(self.seq, self.seq + n), pa.int64())
+            self.seq += n
+        if plan.window_column is not None:
+            window = batch.column(plan.window_column)
+            if window.null_count:
+                raise ValueError(
+                    f"store {self.store!r}: window column {plan.window_column!r} holds nulls"
+                )
+            starts, sizes = _window_starts(window)
+            self.window_sizes = _widen(self.window_sizes, sizes)
+            wk, tk = keyspace.window_key, keyspace.window_time_key
+            kbs = key_bytes.to_pylist()
+            keys = [wk(kb, s) for kb, s in zip(kbs, starts, strict=True)]
+            keys += [tk(kb, s) for kb, s in zip(kbs, starts, strict=True)]
+            # The time index entry is b"" (a delete when the window's value is deleted).
+            index_values = pc.if_else(pc.is_null(values), pa.scalar(None, pa.binary()), b"")
+            encoded = pa.RecordBatch.from_arrays(
+                [
+                    pa.concat_arrays([parts, parts]),
+                    pa.array(keys, pa.binary()),
+                    pa.concat_arrays([values, index_values]),
+                    pa.concat_arrays([seq, seq]),
+                ],
+                schema=ENCODED,
+            )
+        else:
+            encoded = pa.RecordBatch.from_arrays(
+                [parts, _kv_keys(key_bytes), values, seq], schema=ENCODED
+            )
+        self.buffer.append(encoded)
+        self.buffered += encoded.num_rows
+
+    def _keys(self, batch: pa.RecordBatch) -> pa.Array:
+        """The serialized keys of a batch, a ``binary`` array (null keys refused)."""
+        columns = []
+        for name in self.plan.key_columns:
+            col = batch.column(name)
+            if col.null_count:
+                raise ValueError(f"store {self.store!r}: key column {name!r} holds null keys")
+            columns.append(col)
+        if len(columns) == 1:
+            return _serialize_column(self.key_serde, columns[0], self.store, "key")
+        tuples = zip(*(c.to_pylist() for c in columns), strict=True)
+        serialize = self.key_serde.serialize
+        try:
+            return pa.array([serialize(k) for k in tuples], pa.binary())
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"store {self.store!r}: key {exc}") from None
+
+    def _explicit_partitions(self, batch: pa.RecordBatch) -> list[int]:
+        name = self.plan.partition_column
+        col = batch.column(name)
+        lo_hi = pc.min_max(col)
+        lo, hi = lo_hi["min"].as_py(), lo_hi["max"].as_py()
+        if col.null_count or lo < 0 or hi >= self.n:
+            bad = None if col.null_count else (lo if lo < 0 else hi)
+            raise ValueError(
+                f"store {self.store!r}: mark_as_partitioned column {name!r} must hold integers "
+                f"in [0, {self.n}); found {bad!r}"
+            )
+        return col.cast(pa.int32())
+
+    def _values(self, batch: pa.RecordBatch) -> pa.Array:
+        plan = self.plan
+        for name in plan.float_json_columns:  # JSON has no NaN: refused, as write_store does
+            if arrow_has_non_finite(batch.column(name)):
+                raise ValueError(non_finite_message(self.store, name))
+        if plan.value_column is None:
+            return json_records(batch, plan.record_columns).cast(pa.binary())
+        col = batch.column(plan.value_column)
+        if plan.value_serde == "json":
+            return json_texts(col).cast(pa.binary())  # a null value stays null: a delete
+        return _serialize_column(self.value_serde, col, self.store, "value")
+
+    # -- sorting ------------------------------------------------------------------------------
+    def drain(self) -> Iterator[tuple[int, list[bytes], list[bytes | None]]]:
+        """Per store partition (ascending): keys ascending, the last row of each key."""
+        if not self.buffer:
+            return
+        table = pa.Table.from_batches(self.buffer, schema=ENCODED)
+        self.buffer, self.buffered = [], 0
+        # Arrow's sort is stable: rows already in sequence order (input order, not Kafka
+        # offsets) need no sequence key.
+        sort_keys = [("p", "ascending"), ("k", "ascending")]
+        if self.kafka:
+            sort_keys.append(("seq", "ascending"))
+        order = pc.sort_indices(table, sort_keys=sort_keys)
+        table = table.take(order).combine_chunks()
+        p, k = table.column("p").chunk(0), table.column("k").chunk(0)
+        if len(table) > 1:
+            same_as_next = pc.and_(pc.equal(k[:-1], k[1:]), pc.equal(p[:-1], p[1:]))
+            keep = pa.concat_arrays([pc.invert(same_as_next), pa.array([True])])
+            table = table.filter(keep)
+        parts = table.column("p").to_numpy()
+        keys, values = table.column("k"), table.column("v")
+        start = 0
+        while start < len(parts):
+            partition = int(parts[start])
+            end = int(parts.searchsorted(partition, side="right"))
+            # Python objects for one partition at a time keeps a task's memory near the
+            # Arrow buffers' size.
+            yield (
+                partition,
+                keys.slice(start, end - start).to_pylist(),
+                values.slice(start, end - start).to_pylist(),
+            )
+            start = end
+
+
+def _serialize_column(serde: Serde, col: pa.Array, store: str, role: str) -> pa.Array:
+    """``serde.serialize`` of every value of ``col`` (nulls stay null), as a ``binary``
+    array: the serde's vectorized ``serialize_arrow`` when it has one for the column's
+    type, else value by value (which raises the serde's message, prefixed with the store).
+    """
+    # serialize_arrow arrives with the batch.py speed rewrite; older serdes lack it.
+    fast = getattr(serde, "serialize_arrow", None)
+    out = fast(col) if fast is not None else None
+    if out is not None:
+        return out
+    serialize = serde.serialize
+    try:
+        return pa.array([None if v is None else serialize(v) for v in col.to_pylist()], pa.binary())
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"store {store!r}: {role} {exc}") from None
+
+
+def _partitions(partitioner: Partitioner, key_bytes: pa.Array, n: int) -> pa.Array:
+    """The store partition of every serialized key (an ``int32`` array)."""
+    many = getattr(partitioner, "partition_many", None)  # vectorized murmur2, if present
+    if many is not None:
+        return pa.array(many(key_bytes, n), pa.int32())
+    partition = partitioner.partition
+    return pa.array([partition(kb, n) for kb in key_bytes.to_pylist()], pa.int32())
+
+
+def _kv_keys(key_bytes: pa.Array) -> pa.Array:
+    """``keyspace.kv_key`` of every serialized key."""
+    many = getattr(keyspace, "kv_keys_arrow", None)
+    if many is not None:
+        return many(key_bytes)
+    kv_key = keyspace.kv_key
+    return pa.array([kv_key(kb) for kb in key_bytes.to_pylist()], pa.binary())
+
+
+def _max_offsets(batch: pa.RecordBatch, into: dict[str, dict[int, int]]) -> None:
+    """Highest ``offset`` per (``topic``, ``partition``) of Kafka-shaped rows (rows with a
+    null topic, partition or offset are skipped, as in write_store)."""
+    table = pa.table(
+        {
+            "t": batch.column("topic").cast(pa.string()),
+            "p": batch.column("partition").cast(pa.int64()),
+            "o": batch.column("offset").cast(pa.int64()),
+        }
+    )
+    grouped = table.group_by(["t", "p"]).aggregate([("o", "max")])
+    for t, p, o in zip(*(grouped.column(c).to_pylist() for c in ("t", "p", "o_max")), strict=True):
+        if t is None or p is None or o is None:
+            continue
+        parts = into.setdefault(t, {})
+        parts[p] = max(o, parts.get(p, o))
+
+
+def _window_starts(col: pa.Array) -> tuple[list[int], tuple[int, int] | None]:
+    """Window starts (epoch ms, floored like Spark's ``unix_millis``) and the smallest and
+    largest window size of a Spark window struct column (nulls were refused already)."""
+    start = pc.struct_field(col, "start").cast(pa.int64())  # microseconds
+    end = pc.struct_field(col, "end").cast(pa.int64())
+    starts = [us // 1000 for us in start.to_pylist()]
+    ends = [us // 1000 for us in end.to_pylist()]
+    if not starts:
+        return [], None
+    sizes = [e - s for s, e in zip(starts, ends, strict=True)]
+    return starts, (min(sizes), max(sizes))
+
+
+def _widen(current: tuple[int, int] | None, new: tuple[int, int] | None) -> tuple[int, int] | None:
+    if new is None:
+        return current
+    if current is None:
+        return new
+    return min(current[0], new[0]), max(current[1], new[1])

@@ -1,0 +1,184 @@
+"""The write options of ``df.write.format("iqkit")`` and the plan made from them on the
+driver before any row is read (``writer()``): options, columns and types
+(``schema.plan_columns``, the same checks as ``write_store``), the existing store's
+settings, the pinned base version and the job id. Nothing is written here, so every
+error leaves the store as it was. The result, a :class:`WriteJob`, is all the tasks and
+the commit know of the job."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.types import StructType
+
+from ..store.layout import StoreLayout
+from ..store.manifest import StoreManifest
+from ..store.versions import read_latest_number
+from .schema import KAFKA_COLUMNS, ColumnPlan, ensure_spark_store, plan_columns
+
+#: Options the writer understands (Spark lower-cases option names).
+WRITE_OPTIONS = frozenset(
+    {
+        "path",
+        "root",
+        "store",
+        "key",
+        "value",
+        "partitions",
+        "key_serde",
+        "value_serde",
+        "window",
+        "mark_as_partitioned",
+        "retention",
+        "if_exists",
+        "_fail_task_once",
+        "_run_rows",
+    }
+)
+_IF_EXISTS = ("error", "errorifexists", "ignore")
+
+#: Encoded rows a task buffers before it writes a sorted run (roughly 100 bytes each, twice
+#: that while sorting). Every run is one more fragment per store partition to ingest.
+RUN_ROWS = 1_000_000
+
+
+class _SchemaOnly:
+    """``plan_columns`` reads only ``df.schema``; the writer has a schema, no DataFrame."""
+
+    def __init__(self, schema: StructType) -> None:
+        self.schema = schema
+
+
+@dataclass(frozen=True)
+class WriteJob:
+    """One write, planned on the driver by :func:`plan_job`, pickled to every task and
+    back to the driver for the commit (each phase in its own Python worker: they share
+    no state but these fields)."""
+
+    root: str
+    store: str
+    skip: bool = False  # if_exists=ignore and the store exists: write nothing
+    plan: ColumnPlan | None = None
+    mode: str = "upsert"
+    partitions: int = 0
+    partitioner: str = "murmur2"
+    retention: int | None = None
+    key_types: tuple[str, ...] = ()
+    kafka: bool = False
+    base_version: int | None = None
+    job_id: str = ""
+    fail_marker: str | None = None  # tests only: see write_tasks.write_task
+    run_rows: int = RUN_ROWS
+
+
+def _int_option(options: Mapping[str, Any], name: str, *, minimum: int) -> int | None:
+    text = options.get(name)
+    if text is None or str(text).strip() == "":
+        return None
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ValueError(f"iqkit: option {name!r} must be an integer, got {text!r}") from None
+    if value < minimum:
+        raise ValueError(f"iqkit: option {name!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def _text_option(options: Mapping[str, Any], name: str) -> str | None:
+    text = options.get(name)
+    if text is None or str(text).strip() == "":
+        return None
+    return str(text).strip()
+
+
+def plan_job(
+    options: Mapping[str, Any], root: str, store: str, schema: StructType, overwrite: bool
+) -> WriteJob:
+    """Check everything that can be checked without the rows; return the job."""
+    unknown = sorted(k for k in options if k.lower() not in WRITE_OPTIONS)
+    if unknown:
+        raise ValueError(
+            f"iqkit: unknown write option(s) {', '.join(map(repr, unknown))} for store "
+            f"{store!r} (known: {', '.join(sorted(o for o in WRITE_OPTIONS if o[0] != '_'))})"
+        )
+    layout = StoreLayout.of(root, store)
+    existing = StoreManifest.read(layout) if layout.manifest.exists() else None
+    if_exists = _text_option(options, "if_exists")
+    if if_exists is not None and if_exists.lower() not in _IF_EXISTS:
+        raise ValueError(
+            f"iqkit: option 'if_exists' must be one of {', '.join(_IF_EXISTS)}, got {if_exists!r}"
+        )
+    if existing is not None and if_exists is not None:
+        if if_exists.lower() == "ignore":
+            return WriteJob(root=root, store=store, skip=True)
+        raise ValueError(
+            f"iqkit: store {store!r} already exists under {root} (option if_exists={if_exists!r})"
+        )
+
+    props = existing.properties if existing is not None else {}
+    key_text = _text_option(options, "key")
+    if key_text is not None:
+        keys: Sequence[str] = [k.strip() for k in key_text.split(",") if k.strip()]
+    elif props.get("key_columns"):
+        keys = list(props["key_columns"])
+    else:
+        raise ValueError(
+            f"iqkit: store {store!r}: option 'key' is required (a column, or a comma list of "
+            "columns for a composite key)"
+        )
+    value = _text_option(options, "value")
+    if value is None and props.get("value_column"):
+        value = str(props["value_column"])
+    mark = _text_option(options, "mark_as_partitioned")
+    plan = plan_columns(
+        _SchemaOnly(schema),  # type: ignore[arg-type]
+        store,
+        key=keys[0] if len(keys) == 1 else keys,
+        value=value,
+        key_serde=_text_option(options, "key_serde"),
+        value_serde=_text_option(options, "value_serde"),
+        window=_text_option(options, "window"),
+        partition_column=mark,
+    )
+    partitions = _int_option(options, "partitions", minimum=1)
+    retention = _int_option(options, "retention", minimum=1)
+    if existing is not None:
+        if existing.partitioner == "explicit" and mark is None:
+            raise ValueError(
+                f"store {store!r} uses the explicit partitioner (KIP-759): option "
+                "'mark_as_partitioned' must name the column holding each row's partition"
+            )
+        partitions = partitions or existing.partitions
+        ensure_spark_store(  # checked again at commit, with the window size known
+            root,
+            store,
+            plan,
+            partitions=partitions,
+            partitioner=existing.partitioner,
+            window_size=None,
+            retention=retention,
+            key_types=(),
+            written_by="iqkit.spark data source",
+        )
+    elif partitions is None:
+        raise ValueError(f"iqkit: option 'partitions' is required to create store {store!r}")
+    types = {f.name: f.dataType.simpleString() for f in schema.fields}
+    return WriteJob(
+        root=root,
+        store=store,
+        plan=plan,
+        mode="overwrite" if overwrite else "upsert",
+        partitions=partitions,
+        partitioner=(existing.partitioner if existing else None)
+        or ("explicit" if mark else "murmur2"),
+        retention=retention,
+        key_types=tuple(types[k] for k in plan.key_columns),
+        kafka=set(KAFKA_COLUMNS) <= set(types),
+        base_version=read_latest_number(layout) if existing is not None else None,
+        job_id=uuid.uuid4().hex[:16],
+        fail_marker=_text_option(options, "_fail_task_once"),
+        run_rows=_int_option(options, "_run_rows", minimum=1) or RUN_ROWS,
+    )
