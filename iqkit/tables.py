@@ -105,26 +105,9 @@ TIMESTAMP = pa.timestamp("ms", tz="UTC")
 _EARLIEST_MS = -(2**63)
 _LATEST_MS = 2**63 - 1
 
-#: Arrow's own type for values of the serdes that have one.
-_SERDE_TYPES: dict[str, pa.DataType] = {
-    "string": pa.string(),
-    "bytes": pa.binary(),
-    "int32": pa.int32(),
-    "int64": pa.int64(),
-    "double": pa.float64(),
-}
-
 #: What ``pa.array`` raises on Python values it cannot type consistently.
 _ARROW_ERRORS = (pa.ArrowException, OverflowError, TypeError, ValueError)
 
-#: Serdes of fixed-width big-endian numbers: numpy dtype of their bytes, Arrow type.
-_FIXED_SERDES: dict[str, tuple[str, pa.DataType]] = {
-    "int32": (">i4", pa.int32()),
-    "int64": (">i8", pa.int64()),
-    "double": (">f8", pa.float64()),
-}
-#: Serdes whose bytes ``_bulk_column`` decodes.
-_BULK_SERDES = frozenset({"string", "bytes", *_FIXED_SERDES})
 #: Ints beyond this magnitude cannot share a column with floats in ``pa.array``.
 _EXACT_DOUBLE_INT = 2**53
 
@@ -213,58 +196,7 @@ def _key_names(manifest: StoreManifest) -> list[str]:
     return [str(n) for n in names]
 
 
-# -- decoding stored bytes in bulk -----------------------------------------------------------
-def _binary(datas: list[bytes]) -> tuple[pa.Array, np.ndarray, np.ndarray] | None:
-    """``datas`` as an Arrow ``binary`` array, plus numpy views of its offsets and bytes
-    (``None`` past 2 GiB, where ``pa.array`` returns chunks)."""
-    array = pa.array(datas, pa.binary())
-    if not isinstance(array, pa.BinaryArray):
-        return None
-    _, offsets_buf, data_buf = array.buffers()
-    offsets = np.frombuffer(offsets_buf, np.int32, len(datas) + 1)
-    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.empty(0, np.uint8)
-    return array, offsets, data
-
-
-def _bulk_column(datas: list[bytes], offset: int, serde: str) -> pa.Array | None:
-    """``data[offset:]`` of every ``data`` decoded by the serde named ``serde`` as one
-    Arrow column, or ``None`` when some value would not decode (the row path then
-    raises the serde's own error) or the serde has no bulk decoding."""
-    binary = _binary(datas) if serde in _BULK_SERDES else None
-    if binary is None:
-        return None
-    array, offsets, data = binary
-    n = len(datas)
-    lengths = np.diff(offsets)
-    fixed = _FIXED_SERDES.get(serde)
-    if fixed is not None:
-        dtype, arrow_type = fixed
-        width = offset + np.dtype(dtype).itemsize
-        if not (lengths == width).all():
-            return None
-        numbers = data[: n * width].reshape(n, width)[:, offset:].copy().view(dtype)
-        # astype to native order swaps bytes (NaN payloads and -0.0 kept, as struct does)
-        return pa.array(numbers.reshape(n).astype(dtype.replace(">", "=")), arrow_type)
-    if offset:
-        if (lengths < offset).any():
-            return None
-        keep = np.ones(int(offsets[-1]), dtype=bool)
-        for i in range(offset):
-            keep[offsets[:-1] + i] = False
-        stripped = offsets - np.arange(0, offset * (n + 1), offset, dtype=np.int32)
-        array = pa.Array.from_buffers(
-            pa.binary(),
-            n,
-            [None, pa.py_buffer(stripped), pa.py_buffer(data[: int(offsets[-1])][keep])],
-        )
-    if serde == "string":
-        try:
-            return array.cast(pa.string())  # validates UTF-8, as bytes.decode does
-        except _ARROW_ERRORS:
-            return None
-    return array
-
-
+# -- decoding stored JSON records in bulk ----------------------------------------------------
 def _untimestamped(t: pa.DataType) -> pa.DataType:
     """``t`` with every timestamp (nested ones too) made a string."""
     if pa.types.is_timestamp(t):
@@ -399,21 +331,21 @@ class _Shaper:
         self.store = manifest.name
         raw = isinstance(query, RawKeyQuery | RawScanQuery)
         self.windowed = manifest.kind == "window" and not raw
-        self.key_hint = pa.binary() if raw else _SERDE_TYPES.get(manifest.key_serde)
-        self.value_hint = pa.binary() if raw else _SERDE_TYPES.get(manifest.value_serde)
+        #: The serdes (raw queries' keys and values are bytes); their Arrow types are
+        #: the columns' types, and those that have one decode in bulk (``decode_arrow``).
+        self.key_serde = get_serde("bytes" if raw else manifest.key_serde)
+        self.value_serde = get_serde("bytes" if raw else manifest.value_serde)
+        self.key_hint = self.key_serde.arrow_type()
+        self.value_hint = self.value_serde.arrow_type()
         names = _key_names(manifest)
         #: Declared tuple keys: always one column per element, even for short keys.
         self.key_names = names if len(names) >= 2 and manifest.key_serde == "ordered" else []
         self.declared_names = names
-        #: Serde names for bulk decoding (raw queries' keys and values are bytes).
-        self.key_serde_name = "bytes" if raw else manifest.key_serde
-        self.value_serde_name = "bytes" if raw else manifest.value_serde
-        self.key_serde = get_serde(self.key_serde_name)
+        #: JSON records are decoded in bulk by ``_json_records``.
+        self.records = self.value_serde.name == "json"
         #: Whether to take stored bytes: only key-value scans hand them over, and only
         #: values some bulk decoding applies to are worth it.
-        self.bulk = manifest.kind != "window" and (
-            self.value_serde_name in _BULK_SERDES or self.value_serde_name == "json"
-        )
+        self.bulk = manifest.kind != "window" and (self.value_hint is not None or self.records)
 
     def rows_of(self, value: KeyValueIterator[Any, Any]) -> tuple[Iterator[Any], _Stored | None]:
         """The rows of an iterator result: its stored bytes when it hands them over and
@@ -448,14 +380,14 @@ class _Shaper:
         )
         keys = list(map(itemgetter(0), rows))
         values = list(map(itemgetter(1), rows))
-        records = self.value_serde_name == "json"
+        records = self.records
         fields = _json_records(values) if records else []
-        value = None if records else _bulk_column(values, 0, self.value_serde_name)
+        value = None if records else self.value_serde.decode_arrow(values)
         if fields is None or (value is None and not records):
             return None
         cols = {PARTITION: _Column(self._partitions(segments))}
-        if self.key_serde_name in _BULK_SERDES:
-            key = _bulk_column(keys, key_offset, self.key_serde_name)
+        if self.key_hint is not None:
+            key = self.key_serde.decode_arrow(keys, key_offset)
             if key is None:
                 return None
             cols["key"] = _Column(key)

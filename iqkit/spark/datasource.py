@@ -153,6 +153,7 @@ from iqkit.query import (
     StateQueryRequest,
 )
 from iqkit.store.manifest import StoreManifest
+from iqkit.store.serdes import get_serde
 
 from .datasource_write import plan_write
 from .read_spec import parse_read_options
@@ -167,18 +168,6 @@ KEY_COLUMN = "key"
 VALUE_COLUMN = "value"
 WINDOW_START_COLUMN = "window_start"
 WINDOW_END_COLUMN = "window_end"
-
-#: Spark DDL type of each serde's values; ``json``/``ordered`` are their JSON text.
-_SERDE_DDL = {
-    "string": "STRING",
-    "int32": "INT",
-    "int64": "BIGINT",
-    "double": "DOUBLE",
-    "bytes": "BINARY",
-    "json": "STRING",
-    "ordered": "STRING",
-}
-_SCALAR_SERDES = ("string", "int32", "int64", "double", "bytes")
 
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
@@ -304,7 +293,7 @@ def _quote(name: str) -> str:
 def _schema_ddl(manifest: StoreManifest, value_schema: str | None) -> str:
     key_cols = _key_columns(manifest)
     if key_cols is None:
-        key_cols = [(KEY_COLUMN, _SERDE_DDL[manifest.key_serde])]
+        key_cols = [(KEY_COLUMN, get_serde(manifest.key_serde).spark_ddl)]
     fixed = [(PARTITION_COLUMN, "INT"), *key_cols]
     if manifest.kind == "window":
         fixed += [(WINDOW_START_COLUMN, "TIMESTAMP"), (WINDOW_END_COLUMN, "TIMESTAMP")]
@@ -326,7 +315,7 @@ def _schema_ddl(manifest: StoreManifest, value_schema: str | None) -> str:
             )
         cols.append(value_schema)
     else:
-        cols.append(f"{_quote(VALUE_COLUMN)} {_SERDE_DDL[manifest.value_serde]}")
+        cols.append(f"{_quote(VALUE_COLUMN)} {get_serde(manifest.value_serde).spark_ddl}")
     return ", ".join(cols)
 
 
@@ -405,7 +394,7 @@ class IqkitReader(DataSourceReader):
             self.key_mode = "columns"
             self.key_names = [n for n, _ in declared]
         else:
-            self.key_mode = "value" if self.key_serde in _SCALAR_SERDES else "json"
+            self.key_mode = "json" if get_serde(self.key_serde).json_text else "value"
             self.key_names = [KEY_COLUMN]
         fixed = {PARTITION_COLUMN, *self.key_names}
         if self.kind == "window":
@@ -519,7 +508,7 @@ class IqkitReader(DataSourceReader):
         return build
 
     def _value_getter(self) -> Callable[[Any, Any, Any], Any]:
-        if self.value_serde in ("json", "ordered"):
+        if get_serde(self.value_serde).json_text:
             return lambda k, w, v: _json_text(v)
         return lambda k, w, v: v
 
