@@ -152,6 +152,7 @@ from iqkit.query import (
     Query,
     StateQueryRequest,
 )
+from iqkit.rows import KEY, PARTITION, VALUE, WINDOW_END, WINDOW_START, RowSchema
 from iqkit.store.manifest import StoreManifest
 from iqkit.store.serdes import get_serde
 
@@ -162,12 +163,6 @@ from .worker_python import require_workers_can_import_iqkit
 from .workers import keep_spark_archive_indexes
 
 __all__ = ["IqkitDataSource", "IqkitReader", "register"]
-
-PARTITION_COLUMN = "partition"
-KEY_COLUMN = "key"
-VALUE_COLUMN = "value"
-WINDOW_START_COLUMN = "window_start"
-WINDOW_END_COLUMN = "window_end"
 
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
@@ -234,91 +229,6 @@ def _read_manifest(root: str, store: str, as_of: int | None) -> tuple[StoreManif
         return engine.manifest(store), engine.version(store)
 
 
-def _key_columns(manifest: StoreManifest) -> list[tuple[str, str]] | None:
-    """``(name, DDL type)`` of an ordered key's declared columns, or ``None``."""
-    if manifest.key_serde != "ordered":
-        return None
-    names = manifest.properties.get("key_columns")
-    types = manifest.properties.get("key_types")
-    if not names or not types:
-        return None
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
-    if isinstance(types, str):
-        types = [t.strip() for t in _split_ddl_list(types)]
-    if len(names) != len(types):
-        raise ValueError(
-            f"iqkit: store {manifest.name!r}: properties key_columns {names!r} and "
-            f"key_types {types!r} differ in length"
-        )
-    return [(str(n), str(t)) for n, t in zip(names, types, strict=True)]
-
-
-def _split_ddl_list(text: str) -> list[str]:
-    """Split ``"string, decimal(10,2)"`` on top-level commas."""
-    parts, depth, current = [], 0, []
-    for ch in text:
-        if ch in "(<":
-            depth += 1
-        elif ch in ")>":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    parts.append("".join(current))
-    return [p for p in parts if p.strip()]
-
-
-def _ddl_names(ddl: str) -> list[str]:
-    """Column names of a DDL column list (``"a string, `b c` map<string,int>"``)."""
-    names = []
-    for part in _split_ddl_list(ddl):
-        part = part.strip()
-        if part.startswith("`"):
-            end = part.find("`", 1)
-            while end != -1 and part[end + 1 : end + 2] == "`":
-                end = part.find("`", end + 2)
-            names.append(part[1:end].replace("``", "`") if end != -1 else part)
-        else:
-            names.append(part.split(None, 1)[0].rstrip(":"))
-    return names
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
-def _schema_ddl(manifest: StoreManifest, value_schema: str | None) -> str:
-    key_cols = _key_columns(manifest)
-    if key_cols is None:
-        key_cols = [(KEY_COLUMN, get_serde(manifest.key_serde).spark_ddl)]
-    fixed = [(PARTITION_COLUMN, "INT"), *key_cols]
-    if manifest.kind == "window":
-        fixed += [(WINDOW_START_COLUMN, "TIMESTAMP"), (WINDOW_END_COLUMN, "TIMESTAMP")]
-    fixed_names = [n for n, _ in fixed]
-    cols = [f"{_quote(n)} {t}" for n, t in fixed]
-    if value_schema is not None:
-        if manifest.value_serde != "json":
-            raise ValueError(
-                f"iqkit: option 'value_schema' needs a store with json values; store "
-                f"{manifest.name!r} has {manifest.value_serde!r} values"
-            )
-        taken = [n.lower() for n in fixed_names]
-        names = [n.lower() for n in _ddl_names(value_schema)]
-        clash = sorted({n for n in names if names.count(n) > 1 or n in taken})
-        if clash:
-            raise ValueError(
-                f"iqkit: option 'value_schema' repeats column(s) {', '.join(clash)}: value "
-                f"columns may not repeat each other, the partition, key or window columns"
-            )
-        cols.append(value_schema)
-    else:
-        cols.append(f"{_quote(VALUE_COLUMN)} {get_serde(manifest.value_serde).spark_ddl}")
-    return ", ".join(cols)
-
-
 class IqkitDataSource(DataSource):
     """``spark.read.format("iqkit")`` — see the module docstring for options and rules."""
 
@@ -337,7 +247,7 @@ class IqkitDataSource(DataSource):
         value_schema = self.options.get("value_schema")
         if value_schema is not None and not str(value_schema).strip():
             value_schema = None
-        return _schema_ddl(manifest, value_schema)
+        return RowSchema(manifest).spark_ddl(value_schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         keep_spark_archive_indexes()
@@ -389,16 +299,16 @@ class IqkitReader(DataSourceReader):
         self.trace_dir = options.get("_trace_dir") or None
         self.schema = schema
 
-        declared = _key_columns(manifest)
+        declared = RowSchema(manifest).typed_key_columns()
         if declared is not None:
             self.key_mode = "columns"
             self.key_names = [n for n, _ in declared]
         else:
             self.key_mode = "json" if get_serde(self.key_serde).json_text else "value"
-            self.key_names = [KEY_COLUMN]
-        fixed = {PARTITION_COLUMN, *self.key_names}
+            self.key_names = [KEY]
+        fixed = {PARTITION, *self.key_names}
         if self.kind == "window":
-            fixed |= {WINDOW_START_COLUMN, WINDOW_END_COLUMN}
+            fixed |= {WINDOW_START, WINDOW_END}
         if len(fixed) != 1 + len(self.key_names) + (2 if self.kind == "window" else 0):
             raise ValueError(
                 f"iqkit: store {self.store!r}: key columns {self.key_names} clash with the "
@@ -409,7 +319,7 @@ class IqkitReader(DataSourceReader):
         self.key_types: list[DataType | None] = [by_name.get(n) for n in self.key_names]
         value_fields = [f.name for f in schema.fields if f.name not in fixed]
         self.value_fields_mode = not (
-            options.get("value_schema") in (None, "") and value_fields in ([VALUE_COLUMN], [])
+            options.get("value_schema") in (None, "") and value_fields in ([VALUE], [])
         )
         if self.value_fields_mode and self.value_serde != "json":
             raise ValueError(
@@ -484,14 +394,14 @@ class IqkitReader(DataSourceReader):
         getters: list[Callable[[tuple[Any, ...], Any, Any], Any]] = []
         for field in self.schema.fields:
             name, dtype = field.name, field.dataType
-            if name == PARTITION_COLUMN:
+            if name == PARTITION:
                 getters.append(lambda k, w, v, p=p: p)
             elif name in self.key_names:
                 i = self.key_names.index(name)
                 getters.append(lambda k, w, v, i=i: k[i])
-            elif self.kind == "window" and name == WINDOW_START_COLUMN:
+            elif self.kind == "window" and name == WINDOW_START:
                 getters.append(lambda k, w, v: _ms_to_datetime(w[0]))
-            elif self.kind == "window" and name == WINDOW_END_COLUMN:
+            elif self.kind == "window" and name == WINDOW_END:
                 getters.append(lambda k, w, v: _ms_to_datetime(w[1]))
             elif not self.value_fields_mode:
                 getters.append(self._value_getter())
