@@ -199,3 +199,20 @@ def run_python_script(script: str, *args: str, cwd=None, env=None, timeout: floa
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
     assert lines, f"the script failed:\n{done.stdout[-3000:]}\n{done.stderr[-4000:]}"
     return json.loads(lines[-1][len("RESULT") :])
+
+
+def store_manifest(kind="kv", key_serde="string", value_serde="json", **properties):
+    """The manifest of a two-partition ``murmur2`` store ``s`` (``properties`` as given),
+    for tests of what a manifest alone decides (row layouts)."""
+    from iqkit.store.manifest import StoreManifest
+
+    return StoreManifest(
+        name="s",
+        kind=kind,
+        partitions=2,
+        key_serde=key_serde,
+        value_serde=value_serde,
+        partitioner="murmur2",
+        window_size_ms=1000 if kind == "window" else None,
+        properties=properties,
+    )

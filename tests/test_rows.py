@@ -5,25 +5,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from helpers import store_manifest as manifest
 from helpers import write_store
 
 import iqkit
 from iqkit.rows import RowSchema, ddl_names, split_ddl_list
-from iqkit.store.manifest import StoreManifest
 from iqkit.tables import store_batches
-
-
-def manifest(kind="kv", key_serde="string", value_serde="json", **properties):
-    return StoreManifest(
-        name="s",
-        kind=kind,
-        partitions=2,
-        key_serde=key_serde,
-        value_serde=value_serde,
-        partitioner="murmur2",
-        window_size_ms=1000 if kind == "window" else None,
-        properties=properties,
-    )
 
 
 def test_key_value_rows():
