@@ -4,12 +4,11 @@
 holds); ``store_batches`` streams a full scan of a store as a ``pa.RecordBatchReader``
 for DuckDB. Both build rows the same way:
 
-* ``partition`` (int32), then the key — one column ``key``, or for tuple keys one column
-  per element, named from ``manifest.properties["key_columns"]`` when present, else
-  ``key_0, key_1, …`` — then, for window stores, ``window_start`` and ``window_end``
+* The columns are the row schema's (:mod:`iqkit.rows`, shared with the Spark reader):
+  ``partition`` (int32), the key (one column ``key``, or for tuple keys one column per
+  element), for window stores ``window_start`` and ``window_end``
   (``timestamp[ms, tz=UTC]``), then the value: dict values (JSON records) become one
-  column per field in first-seen order (a field named like a key, partition or window
-  column becomes ``value.<field>``), any other value is one column ``value``.
+  column per field in first-seen order, any other value is one column ``value``.
 * Column types are inferred by Arrow from the Python values, with the serde's type when
   it has one (``int32`` keys stay int32, ``bytes`` become binary). A column Arrow cannot
   type (mixed types: ``1`` in one row, ``"a"`` in another; ints beyond 64 bits) becomes
@@ -60,9 +59,9 @@ from .query import (
     StateQueryRequest,
     StateQueryResult,
 )
+from .rows import KEY, PARTITION, VALUE, WINDOW_END, WINDOW_START, RowSchema, arrow_timestamp
 from .store.layers import ScanIterator
 from .store.manifest import StoreManifest
-from .store.serdes import get_serde
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -93,32 +92,12 @@ def bulk_decode(enabled: bool) -> Iterator[None]:
         _BULK_DECODE = old
 
 
-PARTITION = "partition"
-WINDOW_START = "window_start"
-WINDOW_END = "window_end"
-VALUE = "value"
-TIMESTAMP = pa.timestamp("ms", tz="UTC")
+TIMESTAMP = arrow_timestamp()
 
-#: Arrow's own type for values of the serdes that have one.
-_SERDE_TYPES: dict[str, pa.DataType] = {
-    "string": pa.string(),
-    "bytes": pa.binary(),
-    "int32": pa.int32(),
-    "int64": pa.int64(),
-    "double": pa.float64(),
-}
 
 #: What ``pa.array`` raises on Python values it cannot type consistently.
 _ARROW_ERRORS = (pa.ArrowException, OverflowError, TypeError, ValueError)
 
-#: Serdes of fixed-width big-endian numbers: numpy dtype of their bytes, Arrow type.
-_FIXED_SERDES: dict[str, tuple[str, pa.DataType]] = {
-    "int32": (">i4", pa.int32()),
-    "int64": (">i8", pa.int64()),
-    "double": (">f8", pa.float64()),
-}
-#: Serdes whose bytes ``_bulk_column`` decodes.
-_BULK_SERDES = frozenset({"string", "bytes", *_FIXED_SERDES})
 #: Ints beyond this magnitude cannot share a column with floats in ``pa.array``.
 _EXACT_DOUBLE_INT = 2**53
 
@@ -200,65 +179,7 @@ def _column(values: Sequence[Any], hint: pa.DataType | None) -> _Column:
         return _Column(_json_texts(values), json=True)
 
 
-def _key_names(manifest: StoreManifest) -> list[str]:
-    names = manifest.properties.get("key_columns") or []
-    if isinstance(names, str):  # written by hand as "a, b"
-        names = [n.strip() for n in names.split(",") if n.strip()]
-    return [str(n) for n in names]
-
-
-# -- decoding stored bytes in bulk -----------------------------------------------------------
-def _binary(datas: list[bytes]) -> tuple[pa.Array, np.ndarray, np.ndarray] | None:
-    """``datas`` as an Arrow ``binary`` array, plus numpy views of its offsets and bytes
-    (``None`` past 2 GiB, where ``pa.array`` returns chunks)."""
-    array = pa.array(datas, pa.binary())
-    if not isinstance(array, pa.BinaryArray):
-        return None
-    _, offsets_buf, data_buf = array.buffers()
-    offsets = np.frombuffer(offsets_buf, np.int32, len(datas) + 1)
-    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.empty(0, np.uint8)
-    return array, offsets, data
-
-
-def _bulk_column(datas: list[bytes], offset: int, serde: str) -> pa.Array | None:
-    """``data[offset:]`` of every ``data`` decoded by the serde named ``serde`` as one
-    Arrow column, or ``None`` when some value would not decode (the row path then
-    raises the serde's own error) or the serde has no bulk decoding."""
-    binary = _binary(datas) if serde in _BULK_SERDES else None
-    if binary is None:
-        return None
-    array, offsets, data = binary
-    n = len(datas)
-    lengths = np.diff(offsets)
-    fixed = _FIXED_SERDES.get(serde)
-    if fixed is not None:
-        dtype, arrow_type = fixed
-        width = offset + np.dtype(dtype).itemsize
-        if not (lengths == width).all():
-            return None
-        numbers = data[: n * width].reshape(n, width)[:, offset:].copy().view(dtype)
-        # astype to native order swaps bytes (NaN payloads and -0.0 kept, as struct does)
-        return pa.array(numbers.reshape(n).astype(dtype.replace(">", "=")), arrow_type)
-    if offset:
-        if (lengths < offset).any():
-            return None
-        keep = np.ones(int(offsets[-1]), dtype=bool)
-        for i in range(offset):
-            keep[offsets[:-1] + i] = False
-        stripped = offsets - np.arange(0, offset * (n + 1), offset, dtype=np.int32)
-        array = pa.Array.from_buffers(
-            pa.binary(),
-            n,
-            [None, pa.py_buffer(stripped), pa.py_buffer(data[: int(offsets[-1])][keep])],
-        )
-    if serde == "string":
-        try:
-            return array.cast(pa.string())  # validates UTF-8, as bytes.decode does
-        except _ARROW_ERRORS:
-            return None
-    return array
-
-
+# -- decoding stored JSON records in bulk ----------------------------------------------------
 def _untimestamped(t: pa.DataType) -> pa.DataType:
     """``t`` with every timestamp (nested ones too) made a string."""
     if pa.types.is_timestamp(t):
@@ -387,27 +308,26 @@ _Segments = Sequence[tuple[int, Sequence[Any], _Stored | None]]
 
 
 class _Shaper:
-    """Turns lists of ``KeyValue``s into named Arrow columns for one store and query."""
+    """Turns lists of ``KeyValue``s into named Arrow columns for one store and query, in
+    the row schema's layout (``iqkit.rows``)."""
 
     def __init__(self, manifest: StoreManifest, query: Query[Any] | None) -> None:
         self.store = manifest.name
-        raw = isinstance(query, RawKeyQuery | RawScanQuery)
-        self.windowed = manifest.kind.windowed and not raw
-        self.key_hint = pa.binary() if raw else _SERDE_TYPES.get(manifest.key_serde)
-        self.value_hint = pa.binary() if raw else _SERDE_TYPES.get(manifest.value_serde)
-        names = _key_names(manifest)
+        self.rows = RowSchema(manifest, raw=isinstance(query, RawKeyQuery | RawScanQuery))
+        self.windowed = self.rows.windowed
+        #: The serdes; their Arrow types are the columns' types, and those that have
+        #: one decode in bulk (``decode_arrow``).
+        self.key_serde = self.rows.key_serde
+        self.value_serde = self.rows.value_serde
+        self.key_hint = self.key_serde.arrow_type()
+        self.value_hint = self.value_serde.arrow_type()
         #: Declared tuple keys: always one column per element, even for short keys.
-        self.key_names = names if len(names) >= 2 and manifest.key_serde == "ordered" else []
-        self.declared_names = names
-        #: Serde names for bulk decoding (raw queries' keys and values are bytes).
-        self.key_serde_name = "bytes" if raw else manifest.key_serde
-        self.value_serde_name = "bytes" if raw else manifest.value_serde
-        self.key_serde = get_serde(self.key_serde_name)
+        self.key_names = self.rows.tuple_key_columns
+        #: JSON records are decoded in bulk by ``_json_records``.
+        self.records = self.value_serde.name == "json"
         #: Whether to take stored bytes: only key-value scans hand them over, and only
         #: values some bulk decoding applies to are worth it.
-        self.bulk = not manifest.kind.windowed and (
-            self.value_serde_name in _BULK_SERDES or self.value_serde_name == "json"
-        )
+        self.bulk = not manifest.kind.windowed and (self.value_hint is not None or self.records)
 
     def rows_of(self, value: KeyValueIterator[Any, Any]) -> tuple[Iterator[Any], _Stored | None]:
         """The rows of an iterator result: its stored bytes when it hands them over and
@@ -442,27 +362,24 @@ class _Shaper:
         )
         keys = list(map(itemgetter(0), rows))
         values = list(map(itemgetter(1), rows))
-        records = self.value_serde_name == "json"
+        records = self.records
         fields = _json_records(values) if records else []
-        value = None if records else _bulk_column(values, 0, self.value_serde_name)
+        value = None if records else self.value_serde.decode_arrow(values)
         if fields is None or (value is None and not records):
             return None
         cols = {PARTITION: _Column(self._partitions(segments))}
-        if self.key_serde_name in _BULK_SERDES:
-            key = _bulk_column(keys, key_offset, self.key_serde_name)
+        if self.key_hint is not None:
+            key = self.key_serde.decode_arrow(keys, key_offset)
             if key is None:
                 return None
-            cols["key"] = _Column(key)
+            cols[KEY] = _Column(key)
         else:  # ordered, json: the serde's own chunk decoder, then as the row path
             self._key_columns(self.key_serde.deserialize_many(keys, key_offset), cols)
         if value is not None:  # as the row path: not renamed (it is not a record field)
             cols[VALUE] = _Column(value)
             return cols
         for f, array in fields:
-            name = f
-            while name in cols:  # a field named like a key/partition/window column
-                name = f"{VALUE}.{name}"
-            cols[name] = _Column(array)
+            cols[self.rows.field_column(f, cols)] = _Column(array)
         return cols
 
     @staticmethod
@@ -473,24 +390,10 @@ class _Shaper:
         )
         return pa.array(parts, pa.int32())
 
-    # Column names of keys --------------------------------------------------------------
-    def _tuple_name(self, i: int) -> str:
-        names = self.declared_names
-        return names[i] if i < len(names) else f"key_{i}"
-
     def empty_columns(self) -> dict[str, _Column]:
         """The columns of a result without rows (types from the serdes where known)."""
-        cols = {PARTITION: _Column(pa.array([], pa.int32()))}
-        if self.key_names:
-            for name in self.key_names:
-                cols[name] = _Column(pa.array([], pa.null()))
-        else:
-            cols["key"] = _Column(pa.array([], self.key_hint or pa.null()))
-        if self.windowed:
-            cols[WINDOW_START] = _Column(pa.array([], TIMESTAMP))
-            cols[WINDOW_END] = _Column(pa.array([], TIMESTAMP))
-        cols[VALUE] = _Column(pa.array([], self.value_hint or pa.null()))
-        return cols
+        types = self.rows.arrow_types().items()
+        return {name: _Column(pa.array([], t or pa.null())) for name, t in types}
 
     def columns(
         self, segments: Sequence[tuple[int, Sequence[KeyValue[Any, Any]]]]
@@ -526,12 +429,10 @@ class _Shaper:
     def _key_columns(self, keys: list[Any], cols: dict[str, _Column]) -> None:
         is_tuple = list(map(isinstance, keys, repeat(tuple)))
         if not self.key_names and not any(is_tuple):
-            cols["key"] = _column(keys, self.key_hint)
+            cols[KEY] = _column(keys, self.key_hint)
             return
         if not all(is_tuple):
-            # The ordered serde encodes a one-element tuple as its element: a bare key
-            # is the 1-tuple (k,), so it belongs in the first key column.
-            keys = [k if t else (k,) for k, t in zip(keys, is_tuple, strict=True)]
+            keys = self.rows.key_parts(keys)  # a bare key is the 1-tuple (k,)
         lengths = set(map(len, keys))
         width = max(max(lengths, default=0), len(self.key_names), 1)
         for i in range(width):
@@ -539,8 +440,7 @@ class _Shaper:
                 element = list(map(itemgetter(i), keys))
             else:
                 element = [k[i] if len(k) > i else None for k in keys]
-            name = self._tuple_name(i)
-            cols[name] = _column(element, None)
+            cols[self.rows.key_element_column(i)] = _column(element, None)
 
     def _value_columns(self, values: list[Any], cols: dict[str, _Column]) -> None:
         if not values or not all(map(isinstance, values, repeat(dict))):
@@ -549,9 +449,7 @@ class _Shaper:
         fields = dict.fromkeys(chain.from_iterable(values))  # first-seen order, in C
         every_row_has_all = min(map(len, values)) == len(fields)
         for f in fields:
-            name = f if isinstance(f, str) else str(f)
-            while name in cols:  # a field named like a key/partition/window column
-                name = f"{VALUE}.{name}"
+            name = self.rows.field_column(f, cols)
             if every_row_has_all:
                 column = list(map(itemgetter(f), values))
             else:

@@ -241,3 +241,20 @@ def with_private_tmp(command: list[str], listing: Path) -> list[str] | None:
 def user_environment() -> dict[str, str]:
     """This process's environment without ``make test``'s scratch-folder settings."""
     return {k: v for k, v in os.environ.items() if k not in TEST_SCRATCH_VARIABLES}
+
+
+def store_manifest(kind="kv", key_serde="string", value_serde="json", **properties):
+    """The manifest of a two-partition ``murmur2`` store ``s`` (``properties`` as given),
+    for tests of what a manifest alone decides (row layouts)."""
+    from iqkit.store.manifest import StoreManifest
+
+    return StoreManifest(
+        name="s",
+        kind=kind,
+        partitions=2,
+        key_serde=key_serde,
+        value_serde=value_serde,
+        partitioner="murmur2",
+        window_size_ms=1000 if kind == "window" else None,
+        properties=properties,
+    )

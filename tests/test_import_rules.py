@@ -28,10 +28,11 @@ LAYERS: dict[str, set[str]] = {
     "query": {"errors"},
     "store": {"errors", "query"},
     "engine": {"errors", "query", "store"},
-    "tables": {"errors", "query", "store"},
-    "sqlsession": {"errors", "query", "store", "engine", "tables"},
-    "spark": {"errors", "query", "store"},
-    "jupyter": {"errors", "query", "store", "engine", "tables", "sqlsession"},
+    "rows": {"errors", "query", "store"},
+    "tables": {"errors", "query", "store", "rows"},
+    "sqlsession": {"errors", "query", "store", "engine", "rows", "tables"},
+    "spark": {"errors", "query", "store", "rows"},
+    "jupyter": {"errors", "query", "store", "engine", "rows", "tables", "sqlsession"},
 }
 TOP = {"__init__", "__main__", "demo"}
 

@@ -35,6 +35,7 @@ from IPython.core.error import UsageError
 
 from ..errors import IqkitError
 from ..store.kinds import StoreKind
+from ..store.serdes import get_serde
 from .command import IQCommand
 from .parse import parse_bound, parse_partitions
 from .render import table_style
@@ -58,16 +59,6 @@ _FIELDS = {
 }
 _OPTIONAL = ("key", "lower", "upper", "prefix", "desc", "skip_cache", "limit")
 
-#: An example literal per key serde, for the placeholders ("int32 key, e.g. 42").
-_EXAMPLES = {
-    "string": "alice",
-    "int32": "42",
-    "int64": "42",
-    "double": "1.5",
-    "bytes": "0x0a0b",
-    "json": 'alice or {"id": 1}',
-    "ordered": '[1, "a"]',
-}
 _TIME_EXAMPLE = "epoch ms, 2024-05-01T12:00 or now-1h"
 
 _TABS = ("Rows", "Partitions", "Trace", "Lag", "%iq line")
@@ -304,7 +295,7 @@ class IQPanel:
         for name in _OPTIONAL:
             getattr(self, name).layout.display = None if name in used else "none"
         serde = self._key_serde
-        example = _EXAMPLES.get(serde or "", "")
+        example = get_serde(serde).example if serde else ""  # "int32 key, e.g. 42"
         kind = f"{serde} key" if serde else "key"
         key_hint = f"{kind}, e.g. {example}" if example else kind
         if action == "get":

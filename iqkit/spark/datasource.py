@@ -69,7 +69,9 @@ when the partition's rows are done.
 Schema rules
 ------------
 ``partition int`` first, then the key column(s), for window stores ``window_start
-timestamp, window_end timestamp``, then the value column(s).
+timestamp, window_end timestamp``, then the value column(s): the row schema of
+:mod:`iqkit.rows`, which Arrow tables and SQL share; rows are built by
+:mod:`iqkit.spark.read_rows`.
 
 * Scalar serdes map to Spark types: ``string`` → string, ``int32`` → int, ``int64`` →
   bigint, ``double`` → double, ``bytes`` → binary; ``json`` → string holding the compact
@@ -108,14 +110,10 @@ Other decisions
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import datetime as _dt
-import decimal
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -124,25 +122,7 @@ from pyspark.sql.datasource import (
     DataSourceWriter,
     InputPartition,
 )
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    BooleanType,
-    ByteType,
-    DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    MapType,
-    ShortType,
-    StringType,
-    StructType,
-    TimestampNTZType,
-    TimestampType,
-)
+from pyspark.sql.types import StructType
 
 import iqkit
 from iqkit.errors import IqkitError
@@ -152,35 +132,17 @@ from iqkit.query import (
     Query,
     StateQueryRequest,
 )
+from iqkit.rows import RowSchema
 from iqkit.store.manifest import StoreManifest
 
 from .datasource_write import plan_write
+from .read_rows import SparkRows
 from .read_spec import parse_read_options
 from .roots import driver_root
 from .worker_python import require_workers_can_import_iqkit
 from .workers import keep_spark_archive_indexes
 
 __all__ = ["IqkitDataSource", "IqkitReader", "register"]
-
-PARTITION_COLUMN = "partition"
-KEY_COLUMN = "key"
-VALUE_COLUMN = "value"
-WINDOW_START_COLUMN = "window_start"
-WINDOW_END_COLUMN = "window_end"
-
-#: Spark DDL type of each serde's values; ``json``/``ordered`` are their JSON text.
-_SERDE_DDL = {
-    "string": "STRING",
-    "int32": "INT",
-    "int64": "BIGINT",
-    "double": "DOUBLE",
-    "bytes": "BINARY",
-    "json": "STRING",
-    "ordered": "STRING",
-}
-_SCALAR_SERDES = ("string", "int32", "int64", "double", "bytes")
-
-_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
 
 def register(spark: Any) -> None:
@@ -245,91 +207,6 @@ def _read_manifest(root: str, store: str, as_of: int | None) -> tuple[StoreManif
         return engine.manifest(store), engine.version(store)
 
 
-def _key_columns(manifest: StoreManifest) -> list[tuple[str, str]] | None:
-    """``(name, DDL type)`` of an ordered key's declared columns, or ``None``."""
-    if manifest.key_serde != "ordered":
-        return None
-    names = manifest.properties.get("key_columns")
-    types = manifest.properties.get("key_types")
-    if not names or not types:
-        return None
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",") if n.strip()]
-    if isinstance(types, str):
-        types = [t.strip() for t in _split_ddl_list(types)]
-    if len(names) != len(types):
-        raise ValueError(
-            f"iqkit: store {manifest.name!r}: properties key_columns {names!r} and "
-            f"key_types {types!r} differ in length"
-        )
-    return [(str(n), str(t)) for n, t in zip(names, types, strict=True)]
-
-
-def _split_ddl_list(text: str) -> list[str]:
-    """Split ``"string, decimal(10,2)"`` on top-level commas."""
-    parts, depth, current = [], 0, []
-    for ch in text:
-        if ch in "(<":
-            depth += 1
-        elif ch in ")>":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    parts.append("".join(current))
-    return [p for p in parts if p.strip()]
-
-
-def _ddl_names(ddl: str) -> list[str]:
-    """Column names of a DDL column list (``"a string, `b c` map<string,int>"``)."""
-    names = []
-    for part in _split_ddl_list(ddl):
-        part = part.strip()
-        if part.startswith("`"):
-            end = part.find("`", 1)
-            while end != -1 and part[end + 1 : end + 2] == "`":
-                end = part.find("`", end + 2)
-            names.append(part[1:end].replace("``", "`") if end != -1 else part)
-        else:
-            names.append(part.split(None, 1)[0].rstrip(":"))
-    return names
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
-def _schema_ddl(manifest: StoreManifest, value_schema: str | None) -> str:
-    key_cols = _key_columns(manifest)
-    if key_cols is None:
-        key_cols = [(KEY_COLUMN, _SERDE_DDL[manifest.key_serde])]
-    fixed = [(PARTITION_COLUMN, "INT"), *key_cols]
-    if manifest.kind.windowed:
-        fixed += [(WINDOW_START_COLUMN, "TIMESTAMP"), (WINDOW_END_COLUMN, "TIMESTAMP")]
-    fixed_names = [n for n, _ in fixed]
-    cols = [f"{_quote(n)} {t}" for n, t in fixed]
-    if value_schema is not None:
-        if manifest.value_serde != "json":
-            raise ValueError(
-                f"iqkit: option 'value_schema' needs a store with json values; store "
-                f"{manifest.name!r} has {manifest.value_serde!r} values"
-            )
-        taken = [n.lower() for n in fixed_names]
-        names = [n.lower() for n in _ddl_names(value_schema)]
-        clash = sorted({n for n in names if names.count(n) > 1 or n in taken})
-        if clash:
-            raise ValueError(
-                f"iqkit: option 'value_schema' repeats column(s) {', '.join(clash)}: value "
-                f"columns may not repeat each other, the partition, key or window columns"
-            )
-        cols.append(value_schema)
-    else:
-        cols.append(f"{_quote(VALUE_COLUMN)} {_SERDE_DDL[manifest.value_serde]}")
-    return ", ".join(cols)
-
-
 class IqkitDataSource(DataSource):
     """``spark.read.format("iqkit")`` — see the module docstring for options and rules."""
 
@@ -348,7 +225,7 @@ class IqkitDataSource(DataSource):
         value_schema = self.options.get("value_schema")
         if value_schema is not None and not str(value_schema).strip():
             value_schema = None
-        return _schema_ddl(manifest, value_schema)
+        return RowSchema(manifest).spark_ddl(value_schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         keep_spark_archive_indexes()
@@ -379,61 +256,28 @@ class IqkitReader(DataSourceReader):
     """Reads the store partitions the read options select (all by default), one input
     partition each, at the version resolved when the reader is built (on the driver).
 
+    Three jobs, three homes: what to read is planned here from the options
+    (:mod:`iqkit.spark.read_spec`: which partitions, which IQv2 queries), a partition is
+    read by ``_read_partition`` in its task, and records become rows of the schema as
+    :class:`iqkit.spark.read_rows.SparkRows` says (the layout is :mod:`iqkit.rows`').
+
     Deliberately no ``pushFilters``: see "Narrowing is by options" in the module
     docstring."""
 
     def __init__(self, options: Any, schema: StructType) -> None:
         self.root = _root_from_options(options)
         self.store = _store_from_options(options, self.root)
-        as_of = _as_of_from_options(options)
-        manifest, version = _read_manifest(self.root, self.store, as_of)
+        manifest, version = _read_manifest(self.root, self.store, _as_of_from_options(options))
         #: What the options narrow the read to (checked here, on the driver).
         self.spec = parse_read_options(options, manifest)
         self.manifest = manifest
         #: The version every partition reads (``None``: nothing committed yet).
         self.version = version
-        self.kind = manifest.kind
-        self.num_partitions = manifest.partitions
-        self.key_serde = manifest.key_serde
-        self.value_serde = manifest.value_serde
-        self.partitioner = manifest.partitioner
         self.trace_dir = options.get("_trace_dir") or None
-        self.schema = schema
-
-        declared = _key_columns(manifest)
-        if declared is not None:
-            self.key_mode = "columns"
-            self.key_names = [n for n, _ in declared]
-        else:
-            self.key_mode = "value" if self.key_serde in _SCALAR_SERDES else "json"
-            self.key_names = [KEY_COLUMN]
-        fixed = {PARTITION_COLUMN, *self.key_names}
-        if self.kind.windowed:
-            fixed |= {WINDOW_START_COLUMN, WINDOW_END_COLUMN}
-        if len(fixed) != 1 + len(self.key_names) + (2 if self.kind.windowed else 0):
-            raise ValueError(
-                f"iqkit: store {self.store!r}: key columns {self.key_names} clash with the "
-                "partition or window columns"
-            )
-        # Key column types as the (possibly user-given) schema states them.
-        by_name = {f.name: f.dataType for f in schema.fields}
-        self.key_types: list[DataType | None] = [by_name.get(n) for n in self.key_names]
-        value_fields = [f.name for f in schema.fields if f.name not in fixed]
-        self.value_fields_mode = not (
-            options.get("value_schema") in (None, "") and value_fields in ([VALUE_COLUMN], [])
+        #: How records become rows of ``schema`` (checked here too).
+        self.rows = SparkRows(
+            RowSchema(manifest), schema, value_schema=options.get("value_schema") not in (None, "")
         )
-        if self.value_fields_mode and self.value_serde != "json":
-            raise ValueError(
-                f"iqkit: store {self.store!r} has {self.value_serde!r} values; columns "
-                f"{value_fields} can only be decoded from json values"
-            )
-        names = [f.name for f in schema.fields]
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        if repeated:
-            raise ValueError(
-                f"iqkit: store {self.store!r}: column(s) {repeated} appear twice (value_schema "
-                f"may not reuse {sorted(fixed)})"
-            )
 
     # -- planning --------------------------------------------------------------------------
     def partitions(self) -> list[InputPartition]:
@@ -445,111 +289,52 @@ class IqkitReader(DataSourceReader):
         keep_spark_archive_indexes()
         if not isinstance(partition, _StorePartition) or self.version is None:
             return iter(())  # nothing to read (everything pruned, or nothing committed)
-        return self._read(partition)
+        return _read_partition(self, partition)
 
-    def _read(self, part: _StorePartition) -> Iterator[tuple[Any, ...]]:
-        p = part.partition
-        queries = self.spec.queries(self.kind, part.keys)
-        split = self._key_splitter()
-        build = self._row_builder(p)
-        count = 0
-        try:
-            with iqkit.open(self.root, as_of={self.store: self.version}) as engine:
-                for query in queries:
-                    request = (
-                        StateQueryRequest.in_store(self.store)
-                        .with_query(query)
-                        .with_partitions({p})
-                    )
-                    result = engine.query(request).partition_results[p]
-                    if result.is_failure:
-                        raise IqkitError(
-                            f"iqkit: store {self.store!r} partition {p} at version "
-                            f"{self.version} cannot be read: {result.failure_reason.name}: "
-                            f"{result.failure_message}"
-                        )
-                    for key, window, value in _records(query, result.result):
-                        count += 1
-                        yield build(split(key), window, value)
-        finally:
-            if self.trace_dir:
-                self._trace(p, queries, count)
 
-    def _trace(self, p: int, queries: Sequence[Query], rows: int) -> None:
-        os.makedirs(self.trace_dir, exist_ok=True)
-        entry = {
-            "store": self.store,
-            "partition": p,
-            "version": self.version,
-            "queries": [repr(q) for q in queries],
-            "rows": rows,
-        }
-        name = f"{self.store}-p{p}-{uuid.uuid4().hex}.json"
-        path = os.path.join(self.trace_dir, name)
-        with open(path + ".tmp", "w", encoding="utf-8") as fh:
-            json.dump(entry, fh)
-        os.replace(path + ".tmp", path)
-
-    def _row_builder(self, p: int) -> Callable[[tuple[Any, ...], Any, Any], tuple[Any, ...]]:
-        """``(key columns, window, value) -> row`` in the order of the reader's schema."""
-        getters: list[Callable[[tuple[Any, ...], Any, Any], Any]] = []
-        for field in self.schema.fields:
-            name, dtype = field.name, field.dataType
-            if name == PARTITION_COLUMN:
-                getters.append(lambda k, w, v, p=p: p)
-            elif name in self.key_names:
-                i = self.key_names.index(name)
-                getters.append(lambda k, w, v, i=i: k[i])
-            elif self.kind.windowed and name == WINDOW_START_COLUMN:
-                getters.append(lambda k, w, v: _ms_to_datetime(w[0]))
-            elif self.kind.windowed and name == WINDOW_END_COLUMN:
-                getters.append(lambda k, w, v: _ms_to_datetime(w[1]))
-            elif not self.value_fields_mode:
-                getters.append(self._value_getter())
-            else:
-                getters.append(
-                    lambda k, w, v, name=name, dtype=dtype: (
-                        _coerce(v.get(name), dtype) if isinstance(v, dict) else None
-                    )
-                )
-
-        def build(cols: tuple[Any, ...], window: Any, value: Any) -> tuple[Any, ...]:
-            return tuple([g(cols, window, value) for g in getters])
-
-        return build
-
-    def _value_getter(self) -> Callable[[Any, Any, Any], Any]:
-        if self.value_serde in ("json", "ordered"):
-            return lambda k, w, v: _json_text(v)
-        return lambda k, w, v: v
-
-    def _key_splitter(self) -> Callable[[Any], tuple[Any, ...]]:
-        if self.key_mode == "value":
-            return lambda key: (key,)
-        if self.key_mode == "json":
-            return lambda key: (_json_text(key),)
-        n = len(self.key_names)
-        types = self.key_types
-        store, names = self.store, self.key_names
-
-        def split(key: Any) -> tuple[Any, ...]:
-            parts = (key,) if n == 1 else key
-            if not isinstance(parts, tuple) or len(parts) != n:
-                raise IqkitError(
-                    f"iqkit: store {store!r}: key {key!r} does not match its key_columns {names}"
-                )
-            out = []
-            for part, dtype in zip(parts, types, strict=True):
-                value = part if dtype is None else _coerce(part, dtype)
-                if value is None and part is not None:
+def _read_partition(reader: IqkitReader, part: _StorePartition) -> Iterator[tuple[Any, ...]]:
+    """The rows of one store partition at the reader's version (a task's whole work);
+    a failed partition raises ``IqkitError`` (module docstring)."""
+    p, store, version = part.partition, reader.store, reader.version
+    queries = reader.spec.queries(reader.manifest.kind, part.keys)
+    split = reader.rows.splitter()
+    build = reader.rows.builder(p)
+    count = 0
+    try:
+        with iqkit.open(reader.root, as_of={store: version}) as engine:
+            for query in queries:
+                request = StateQueryRequest.in_store(store).with_query(query).with_partitions({p})
+                result = engine.query(request).partition_results[p]
+                if result.is_failure:
                     raise IqkitError(
-                        f"iqkit: store {store!r}: key {key!r}: {part!r} does not fit the "
-                        f"declared key type {dtype.simpleString() if dtype else '?'}"
+                        f"iqkit: store {store!r} partition {p} at version {version} cannot "
+                        f"be read: {result.failure_reason.name}: {result.failure_message}"
                     )
-                out.append(value)
-            return tuple(out)
+                for key, window, value in _records(query, result.result):
+                    count += 1
+                    yield build(split(key), window, value)
+    finally:
+        if reader.trace_dir:
+            _trace(reader.trace_dir, store, p, version, queries, count)
 
-        return split
+
+def _trace(
+    trace_dir: str, store: str, p: int, version: int | None, queries: Sequence[Query], rows: int
+) -> None:
+    """One JSON file per partition read (the hidden ``_trace_dir`` option)."""
+    os.makedirs(trace_dir, exist_ok=True)
+    entry = {
+        "store": store,
+        "partition": p,
+        "version": version,
+        "queries": [repr(q) for q in queries],
+        "rows": rows,
+    }
+    name = f"{store}-p{p}-{uuid.uuid4().hex}.json"
+    path = os.path.join(trace_dir, name)
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(entry, fh)
+    os.replace(path + ".tmp", path)
 
 
 # -- rows ------------------------------------------------------------------------------------
@@ -570,91 +355,3 @@ def _records(query: Query, result: Any) -> Iterator[tuple[Any, Any, Any]]:
                 yield key.key, (key.start, key.end), kv.value
             else:
                 yield key, None, kv.value
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return "0x" + bytes(value).hex()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def _json_text(value: Any) -> str:
-    return json.dumps(
-        value, ensure_ascii=False, separators=(",", ":"), default=_json_default, allow_nan=True
-    )
-
-
-def _ms_to_datetime(ms: int) -> _dt.datetime:
-    return _EPOCH + _dt.timedelta(milliseconds=ms)
-
-
-# -- JSON → Spark values (value_schema columns, declared key columns) ------------------------
-_INT_RANGES = {
-    ByteType: (-(2**7), 2**7 - 1),
-    ShortType: (-(2**15), 2**15 - 1),
-    IntegerType: (-(2**31), 2**31 - 1),
-    LongType: (-(2**63), 2**63 - 1),
-}
-
-
-def _coerce(value: Any, dtype: DataType) -> Any:
-    """``value`` (decoded JSON or a key element) as a Python value Spark accepts for
-    ``dtype``, or ``None`` when it does not fit (PERMISSIVE, like ``from_json``)."""
-    if value is None:
-        return None
-    if isinstance(dtype, StringType):
-        return value if isinstance(value, str) else _json_text(value)
-    if isinstance(dtype, BooleanType):
-        return value if isinstance(value, bool) else None
-    for cls, (lo, hi) in _INT_RANGES.items():
-        if isinstance(dtype, cls):
-            ok = isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
-            return value if ok else None
-    if isinstance(dtype, (DoubleType, FloatType)):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        return None
-    if isinstance(dtype, DecimalType):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            try:
-                return decimal.Decimal(str(value))
-            except decimal.InvalidOperation:
-                return None
-        return None
-    if isinstance(dtype, BinaryType):
-        if isinstance(value, (bytes, bytearray)):
-            return bytes(value)
-        if isinstance(value, str):
-            with contextlib.suppress(ValueError):
-                return base64.b64decode(value, validate=True)
-        return None
-    if isinstance(dtype, (TimestampType, TimestampNTZType)):
-        if not isinstance(value, str):
-            return None
-        try:
-            parsed = _dt.datetime.fromisoformat(value)
-        except ValueError:
-            return None
-        if isinstance(dtype, TimestampNTZType):
-            return parsed.replace(tzinfo=None)
-        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=_dt.UTC)
-    if isinstance(dtype, DateType):
-        if not isinstance(value, str):
-            return None
-        try:
-            return _dt.date.fromisoformat(value)
-        except ValueError:
-            return None
-    if isinstance(dtype, ArrayType):
-        if not isinstance(value, (list, tuple)):
-            return None
-        return [_coerce(v, dtype.elementType) for v in value]
-    if isinstance(dtype, MapType):
-        if not isinstance(value, dict) or not isinstance(dtype.keyType, StringType):
-            return None
-        return {k: _coerce(v, dtype.valueType) for k, v in value.items()}
-    if isinstance(dtype, StructType):
-        if not isinstance(value, dict):
-            return None
-        return {f.name: _coerce(value.get(f.name), f.dataType) for f in dtype.fields}
-    return None

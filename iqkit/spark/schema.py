@@ -28,27 +28,19 @@ from pyspark.sql import types as T
 
 from ..store.kinds import StoreKind
 from ..store.manifest import StoreManifest
+from ..store.serdes import all_serdes
 from ..store.writer import STORE_SETTINGS, ensure_store
 
-#: The serde a single key or value column gets when none is named.
-_DEFAULT_SERDE: dict[type[T.DataType], str] = {
-    T.StringType: "string",
-    T.IntegerType: "int32",
-    T.ShortType: "int32",
-    T.ByteType: "int32",
-    T.LongType: "int64",
-    T.DoubleType: "double",
-    T.FloatType: "double",
-    T.BinaryType: "bytes",
+#: The serde a single key or value column gets when none is named, by the column's
+#: Spark type name (``DataType.typeName()``); the serdes say which types are theirs.
+_DEFAULT_SERDE: dict[str, str] = {
+    spark_type: serde.name for serde in all_serdes() for spark_type in serde.spark_default_for
 }
 
-#: Spark types each serde accepts for a column (json and ordered take anything JSON-able).
-_ACCEPTS: dict[str, tuple[type[T.DataType], ...]] = {
-    "string": (T.StringType,),
-    "bytes": (T.BinaryType,),
-    "int32": (T.IntegerType, T.ShortType, T.ByteType),
-    "int64": (T.LongType, T.IntegerType, T.ShortType, T.ByteType),
-    "double": (T.DoubleType, T.FloatType, T.IntegerType, T.LongType),
+#: Spark type names each serde accepts for a column (json and ordered, absent, take
+#: anything JSON-able).
+_ACCEPTS: dict[str, tuple[str, ...]] = {
+    serde.name: serde.spark_accepts for serde in all_serdes() if serde.spark_accepts
 }
 
 KAFKA_COLUMNS = ("topic", "partition", "offset")
@@ -117,7 +109,7 @@ def plan_columns(
             )
         key_serde = "ordered"
     else:
-        key_serde = key_serde or _DEFAULT_SERDE.get(type(key_fields[0].dataType), "ordered")
+        key_serde = key_serde or _DEFAULT_SERDE.get(key_fields[0].dataType.typeName(), "ordered")
         _check_fits(key_fields[0], key_serde, store, "key")
     window_column = None
     if window is not None:
@@ -137,7 +129,7 @@ def plan_columns(
             )
     if value is not None:
         vf = _field(df, value, store, "value")
-        simple = _DEFAULT_SERDE.get(type(vf.dataType))
+        simple = _DEFAULT_SERDE.get(vf.dataType.typeName())
         value_serde = value_serde or simple or "json"
         if value_serde != "json":
             _check_fits(vf, value_serde, store, "value")
@@ -172,7 +164,7 @@ def _check_fits(field: T.StructField, serde: str, store: str, role: str) -> None
     accepted = _ACCEPTS.get(serde)
     if accepted is None:  # json / ordered: Python values of any JSON-able type
         return
-    if not isinstance(field.dataType, accepted):
+    if field.dataType.typeName() not in accepted:
         raise ValueError(
             f"store {store!r}: {role} column {field.name!r} of type "
             f"{field.dataType.simpleString()} does not fit the {serde!r} serde"

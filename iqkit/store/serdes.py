@@ -23,6 +23,14 @@ a slower branch. ``serialize_arrow`` does a whole Arrow column at once (Spark's 
 writes hand over Arrow batches): it returns ``None`` where it has no vectorized path or
 a value would not serialize, so the caller falls back to ``serialize`` per value, which
 raises the usual message.
+
+One home per serde: besides its bytes, a serde holds every fact the rest of iqkit needs
+about its values, so a new serde means editing this file only: its Arrow type
+(``arrow_type``) and whole-column decoder (``decode_arrow``, next to ``serialize_arrow``)
+for tables and SQL; its Spark SQL type (``spark_ddl``, ``json_text``) for the Spark reader,
+and the Spark column types it is the default for and accepts (``spark_default_for``,
+``spark_accepts``) for the Spark writers; and an ``example`` literal for the panel.
+pyarrow and numpy stay imported lazily, inside the methods that use them.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SERDE_NAMES",
+    "all_serdes",
     "BytesSerde",
     "DoubleSerde",
     "Int32Serde",
@@ -111,6 +120,75 @@ def _fixed_width_binary(values: pa.Array, big_endian: Any, width: int) -> pa.Arr
     )
 
 
+def _arrow_errors() -> tuple[type[Exception], ...]:
+    """What Arrow raises on values it cannot take (invalid UTF-8 in a string cast...)."""
+    import pyarrow as pa
+
+    return (pa.ArrowException, OverflowError, TypeError, ValueError)
+
+
+def _binary_buffers(datas: Sequence[bytes]) -> tuple[pa.Array, Any, Any] | None:
+    """``datas`` as an Arrow ``binary`` array, plus numpy views of its offsets and bytes
+    (``None`` past 2 GiB, where ``pa.array`` returns chunks)."""
+    import numpy as np
+    import pyarrow as pa
+
+    array = pa.array(datas, pa.binary())
+    if not isinstance(array, pa.BinaryArray):
+        return None
+    _, offsets_buf, data_buf = array.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int32, len(datas) + 1)
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    return array, offsets, data
+
+
+def _binary_after(datas: Sequence[bytes], offset: int) -> pa.Array | None:
+    """``data[offset:]`` of every ``data`` as one ``binary`` array, without a Python
+    slice per value (``None`` when a value is shorter than ``offset``, or past 2 GiB)."""
+    import numpy as np
+    import pyarrow as pa
+
+    binary = _binary_buffers(datas)
+    if binary is None:
+        return None
+    array, offsets, data = binary
+    if not offset:
+        return array
+    n = len(datas)
+    if (np.diff(offsets) < offset).any():
+        return None
+    keep = np.ones(int(offsets[-1]), dtype=bool)
+    for i in range(offset):
+        keep[offsets[:-1] + i] = False
+    stripped = offsets - np.arange(0, offset * (n + 1), offset, dtype=np.int32)
+    return pa.Array.from_buffers(
+        pa.binary(),
+        n,
+        [None, pa.py_buffer(stripped), pa.py_buffer(data[: int(offsets[-1])][keep])],
+    )
+
+
+def _decode_fixed_arrow(
+    datas: Sequence[bytes], offset: int, dtype: str, arrow_type: pa.DataType
+) -> pa.Array | None:
+    """``data[offset:]`` of equal-width big-endian numbers (numpy ``dtype``, e.g.
+    ``">i4"``) as one Arrow column, or ``None`` when some value has another width."""
+    import numpy as np
+    import pyarrow as pa
+
+    binary = _binary_buffers(datas)
+    if binary is None:
+        return None
+    _, offsets, data = binary
+    n = len(datas)
+    width = offset + np.dtype(dtype).itemsize
+    if not (np.diff(offsets) == width).all():
+        return None
+    numbers = data[: n * width].reshape(n, width)[:, offset:].copy().view(dtype)
+    # astype to native order swaps bytes (NaN payloads and -0.0 kept, as struct does)
+    return pa.array(numbers.reshape(n).astype(dtype.replace(">", "=")), arrow_type)
+
+
 # Java's Double.doubleToLongBits collapses every NaN to this one bit pattern.
 _JAVA_NAN = bytes.fromhex("7ff8000000000000")
 
@@ -128,6 +206,19 @@ class Serde(ABC):
     __slots__ = ()  # stateless: instances are immutable and compare by class
     name: ClassVar[str]
     order_preserving: ClassVar[bool] = False
+    #: A literal as a user types it (``%iq get totals 42``), shown by the panel's fields.
+    example: ClassVar[str]
+    #: The Spark SQL type (DDL) of this serde's keys and values in a DataFrame read from a
+    #: store.
+    spark_ddl: ClassVar[str]
+    #: True when typed readers (Spark) show the values as their compact JSON text: their
+    #: shape varies from value to value, so no one column type fits them all.
+    json_text: ClassVar[bool] = False
+    #: Spark column types (``DataType.typeName()``) a Spark writer stores with this serde
+    #: when none is named.
+    spark_default_for: ClassVar[tuple[str, ...]] = ()
+    #: Spark column types this serde can store; empty: any type with a JSON form.
+    spark_accepts: ClassVar[tuple[str, ...]] = ()
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self)
@@ -165,6 +256,19 @@ class Serde(ABC):
         (out of range, invalid UTF-8): the caller then serializes value by value, and
         ``serialize`` raises its usual message.
         """
+        return None
+
+    def arrow_type(self) -> pa.DataType | None:
+        """Arrow's type for this serde's values, or ``None`` when they have none of their
+        own (JSON values, tuples: the type is inferred from the values)."""
+        return None
+
+    def decode_arrow(self, datas: Sequence[bytes], offset: int = 0) -> pa.Array | None:
+        """``data[offset:]`` of every ``data`` decoded as one Arrow column of
+        ``arrow_type()``, equal to ``pa.array`` of ``deserialize`` of each; ``None`` when
+        this serde has no bulk decoder or some value would not decode (the caller then
+        decodes value by value, and ``deserialize`` raises its usual message). The
+        counterpart of ``serialize_arrow``."""
         return None
 
     @abstractmethod
@@ -219,6 +323,15 @@ class StringSerde(Serde):
     __slots__ = ()
     name: ClassVar[str] = "string"
     order_preserving: ClassVar[bool] = True  # UTF-8 byte order == code point order
+    example: ClassVar[str] = "alice"
+    spark_ddl: ClassVar[str] = "STRING"
+    spark_default_for: ClassVar[tuple[str, ...]] = ("string",)
+    spark_accepts: ClassVar[tuple[str, ...]] = ("string",)
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.string()
 
     def serialize(self, value: Any) -> bytes:
         if isinstance(value, str):
@@ -238,6 +351,15 @@ class StringSerde(Serde):
         except pa.ArrowInvalid:
             return None
         return values.cast(pa.binary())  # UTF-8 bytes as they are: no copy
+
+    def decode_arrow(self, datas: Sequence[bytes], offset: int = 0) -> pa.Array | None:
+        array = _binary_after(datas, offset)
+        if array is None:
+            return None
+        try:
+            return array.cast(self.arrow_type())  # validates UTF-8, as bytes.decode does
+        except _arrow_errors():
+            return None
 
     def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
         try:
@@ -272,6 +394,15 @@ class BytesSerde(Serde):
     __slots__ = ()
     name: ClassVar[str] = "bytes"
     order_preserving: ClassVar[bool] = True
+    example: ClassVar[str] = "0x0a0b"
+    spark_ddl: ClassVar[str] = "BINARY"
+    spark_default_for: ClassVar[tuple[str, ...]] = ("binary",)
+    spark_accepts: ClassVar[tuple[str, ...]] = ("binary",)
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.binary()
 
     def serialize(self, value: Any) -> bytes:
         if type(value) is bytes:
@@ -286,6 +417,9 @@ class BytesSerde(Serde):
         if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
             return None
         return values.cast(pa.binary())
+
+    def decode_arrow(self, datas: Sequence[bytes], offset: int = 0) -> pa.Array | None:
+        return _binary_after(datas, offset)
 
     def deserialize(self, data: bytes) -> bytes:
         if type(data) is bytes:
@@ -367,6 +501,9 @@ class _BigEndianIntSerde(Serde):
             return None  # serialize raises the out-of-range message
         return _fixed_width_binary(values, ints.astype(f">i{self.WIDTH}"), self.WIDTH)
 
+    def decode_arrow(self, datas: Sequence[bytes], offset: int = 0) -> pa.Array | None:
+        return _decode_fixed_arrow(datas, offset, f">i{self.WIDTH}", self.arrow_type())
+
     def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
         return _unpack_fixed(self, datas, offset, self.CODE, self.WIDTH)
 
@@ -388,6 +525,15 @@ class Int32Serde(_BigEndianIntSerde):
     CODE, WIDTH, _STRUCT = "i", 4, _INT32
     MIN: ClassVar[int] = -(2**31)
     MAX: ClassVar[int] = 2**31 - 1
+    example: ClassVar[str] = "42"
+    spark_ddl: ClassVar[str] = "INT"
+    spark_default_for: ClassVar[tuple[str, ...]] = ("integer", "short", "byte")
+    spark_accepts: ClassVar[tuple[str, ...]] = ("integer", "short", "byte")
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.int32()
 
 
 class Int64Serde(_BigEndianIntSerde):
@@ -398,6 +544,15 @@ class Int64Serde(_BigEndianIntSerde):
     CODE, WIDTH, _STRUCT = "q", 8, _INT64
     MIN: ClassVar[int] = -(2**63)
     MAX: ClassVar[int] = 2**63 - 1
+    example: ClassVar[str] = "42"
+    spark_ddl: ClassVar[str] = "BIGINT"
+    spark_default_for: ClassVar[tuple[str, ...]] = ("long",)
+    spark_accepts: ClassVar[tuple[str, ...]] = ("long", "integer", "short", "byte")
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.int64()
 
 
 # --- double ---------------------------------------------------------------------------
@@ -412,6 +567,15 @@ class DoubleSerde(Serde):
 
     __slots__ = ()
     name: ClassVar[str] = "double"
+    example: ClassVar[str] = "1.5"
+    spark_ddl: ClassVar[str] = "DOUBLE"
+    spark_default_for: ClassVar[tuple[str, ...]] = ("double", "float")
+    spark_accepts: ClassVar[tuple[str, ...]] = ("double", "float", "integer", "long")
+
+    def arrow_type(self) -> pa.DataType:
+        import pyarrow as pa
+
+        return pa.float64()
 
     def serialize(self, value: Any) -> bytes:
         t = type(value)
@@ -448,6 +612,9 @@ class DoubleSerde(Serde):
         if nan.any():
             big[nan] = np.frombuffer(_JAVA_NAN, dtype=">f8")[0]  # Java's canonical NaN bits
         return _fixed_width_binary(values, big, 8)
+
+    def decode_arrow(self, datas: Sequence[bytes], offset: int = 0) -> pa.Array | None:
+        return _decode_fixed_arrow(datas, offset, ">f8", self.arrow_type())
 
     def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
         return _unpack_fixed(self, datas, offset, "d", 8)
@@ -522,6 +689,9 @@ class JsonSerde(Serde):
 
     __slots__ = ()
     name: ClassVar[str] = "json"
+    example: ClassVar[str] = 'alice or {"id": 1}'
+    spark_ddl: ClassVar[str] = "STRING"
+    json_text: ClassVar[bool] = True
 
     def serialize(self, value: Any) -> bytes:
         try:
@@ -573,6 +743,9 @@ class OrderedSerde(Serde):
     __slots__ = ()
     name: ClassVar[str] = "ordered"
     order_preserving: ClassVar[bool] = True
+    example: ClassVar[str] = '[1, "a"]'
+    spark_ddl: ClassVar[str] = "STRING"
+    json_text: ClassVar[bool] = True
 
     def serialize(self, value: Any) -> bytes:
         return _ordered_encode(value)
@@ -607,6 +780,12 @@ _SERDES: dict[str, Serde] = {
     )
 }
 SERDE_NAMES: tuple[str, ...] = tuple(_SERDES)
+
+
+def all_serdes() -> tuple[Serde, ...]:
+    """Every serde, in ``SERDE_NAMES`` order: for tables of facts built from them."""
+    return tuple(_SERDES.values())
+
 
 # Names people bring from Kafka (Serdes.Integer(), Serdes.Long()...) and Python; used
 # only to suggest the right name, never accepted silently (names live in manifests).
