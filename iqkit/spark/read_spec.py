@@ -237,9 +237,9 @@ def _keys_from_text(text: str, manifest: StoreManifest) -> tuple[Any, ...]:
         )
     if len(items) > MAX_KEYS:
         raise ValueError(f"iqkit: option 'keys' lists {len(items)} keys; at most {MAX_KEYS}")
-    plain = manifest.key_serde in ("string", "bytes")
-    keys: dict[bytes, Any] = {}  # by serialized bytes: json keys may be unhashable lists
     serde = get_serde(manifest.key_serde)
+    plain = serde.text_keys
+    keys: dict[bytes, Any] = {}  # by serialized bytes: json keys may be unhashable lists
     for item in items:
         if plain and not isinstance(item, str):
             raise ValueError(

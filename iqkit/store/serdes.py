@@ -219,6 +219,9 @@ class Serde(ABC):
     spark_default_for: ClassVar[tuple[str, ...]] = ()
     #: Spark column types this serde can store; empty: any type with a JSON form.
     spark_accepts: ClassVar[tuple[str, ...]] = ()
+    #: True when a key given in a list of keys (the Spark reader's ``keys`` option) is
+    #: its text as typed (``"alice"``, ``"0x0a"``), not a JSON value.
+    text_keys: ClassVar[bool] = False
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self)
@@ -325,6 +328,7 @@ class StringSerde(Serde):
     order_preserving: ClassVar[bool] = True  # UTF-8 byte order == code point order
     example: ClassVar[str] = "alice"
     spark_ddl: ClassVar[str] = "STRING"
+    text_keys: ClassVar[bool] = True
     spark_default_for: ClassVar[tuple[str, ...]] = ("string",)
     spark_accepts: ClassVar[tuple[str, ...]] = ("string",)
 
@@ -396,6 +400,7 @@ class BytesSerde(Serde):
     order_preserving: ClassVar[bool] = True
     example: ClassVar[str] = "0x0a0b"
     spark_ddl: ClassVar[str] = "BINARY"
+    text_keys: ClassVar[bool] = True
     spark_default_for: ClassVar[tuple[str, ...]] = ("binary",)
     spark_accepts: ClassVar[tuple[str, ...]] = ("binary",)
 

@@ -21,7 +21,7 @@ from iqkit.store.serdes import SERDE_NAMES, all_serdes, get_serde
 
 PACKAGE = Path(iqkit.__file__).parent
 #: The modules that used to keep their own tables of serde facts.
-CONSUMERS = ["tables.py", "sql.py", "spark/datasource.py", "spark/schema.py", "jupyter"]
+CONSUMERS = ["tables.py", "rows.py", "sqlsession", "spark", "jupyter"]
 
 relaxed = settings(deadline=None)  # first calls pay numpy/pyarrow warm-up; shared machine
 
