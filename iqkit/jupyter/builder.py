@@ -409,7 +409,8 @@ class IQPanel:
         try:
             self.command = self.build_command()
             # The tqdm bar would be displayed from a widget callback, which has no cell
-            # output to go to (ipywidgets #2148), so the panel reads without one.
+            # output to go to (what a callback displays lands in the log, not the page),
+            # so the panel reads without one.
             self.session.progress = False
             try:
                 result = self.session.execute(self.command, self._live_namespace())
