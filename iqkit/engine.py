@@ -21,7 +21,6 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping
-from types import TracebackType
 from typing import Any
 
 from .errors import (
@@ -115,12 +114,7 @@ class StateEngine:
     def __enter__(self) -> StateEngine:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:

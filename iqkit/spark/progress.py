@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
 from pyspark import SparkContext
@@ -63,18 +62,13 @@ class WriteProgress:
         self._bar.set_postfix(version=version, partitions=partitions, rows=rows, refresh=False)
         self._bar.n = self._bar.total or 0
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: Any) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2)
         self._bar.close()
         if self._spark_bar is not None:
-            self._spark_bar.__exit__(exc_type, exc, tb)
+            self._spark_bar.__exit__(*exc_info)
 
 
 class _SparkConsoleBarPause:

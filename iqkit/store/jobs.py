@@ -33,7 +33,6 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from ..errors import IqkitError, StoreNotFoundError, UnknownStoreError
@@ -216,12 +215,7 @@ class JobCommit:
     def __enter__(self) -> JobCommit:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
         if exc_type is not None or self.version is None:
             self.abort()
 

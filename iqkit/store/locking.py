@@ -16,7 +16,6 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 
 from ..errors import StoreLockedError
 from .layout import StoreLayout
@@ -100,12 +99,7 @@ class CommitLock:
         except ValueError:
             return {}
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
             unlock_file(self._fd)

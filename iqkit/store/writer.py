@@ -17,7 +17,6 @@ import uuid
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from ..errors import StoreExistsError, StoreNotFoundError, UnknownStoreError
@@ -165,12 +164,7 @@ class StoreWriter:
     def __enter__(self) -> StoreWriter:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
         if exc_type is not None:
             self.abort()
             return
