@@ -355,13 +355,7 @@ class _Shaper:
     ) -> dict[str, _Column] | None:
         """``columns`` of stored rows, decoded a column at a time by Arrow, or ``None``
         when that would not be exactly what the row path gives."""
-        rows: Sequence[tuple[bytes, bytes]] = (
-            segments[0][1]
-            if len(segments) == 1
-            else list(chain.from_iterable(r for _, r in segments))
-        )
-        keys = list(map(itemgetter(0), rows))
-        values = list(map(itemgetter(1), rows))
+        keys, values = _keys_and_values(segments)
         records = self.records
         fields = _json_records(values) if records else []
         value = None if records else self.value_serde.decode_arrow(values)
@@ -405,13 +399,7 @@ class _Shaper:
         becomes ``5`` in an int64 column, ``str`` becomes binary), so a schema is applied
         afterwards with Arrow's safe ``cast``, which refuses to lose data."""
         cols = {PARTITION: _Column(self._partitions(segments))}
-        rows: Sequence[KeyValue[Any, Any]] = (
-            segments[0][1]
-            if len(segments) == 1
-            else list(chain.from_iterable(r for _, r in segments))
-        )
-        keys = list(map(itemgetter(0), rows))
-        values = list(map(itemgetter(1), rows))
+        keys, values = _keys_and_values(segments)
         starts: list[int] = []
         ends: list[int] = []
         if self.windowed:
@@ -907,3 +895,13 @@ def to_pandas(table: pa.Table) -> pd.DataFrame:
     dtypes (``Int64``…): with numpy dtypes one null would turn a whole int column into
     floats (``17`` shown as ``17.0``) and bools into objects."""
     return table.to_pandas(types_mapper=_nullable_dtypes().get)
+
+
+def _keys_and_values(segments: Sequence[tuple[int, Sequence[Any]]]) -> tuple[list, list]:
+    """The keys and the values of the rows of ``segments`` (runs of ``(partition, rows)``;
+    a row is a stored ``(key, value)`` pair or a ``KeyValue``), in order: two lists, so
+    each column is built by one pass of C code."""
+    rows = (
+        segments[0][1] if len(segments) == 1 else list(chain.from_iterable(r for _, r in segments))
+    )
+    return list(map(itemgetter(0), rows)), list(map(itemgetter(1), rows))

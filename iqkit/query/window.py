@@ -21,6 +21,7 @@ __all__ = ["WindowKeyQuery", "WindowRangeQuery", "to_epoch_millis"]
 
 K = TypeVar("K")
 V = TypeVar("V")
+R = TypeVar("R")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS = timedelta(milliseconds=1)
@@ -43,7 +44,25 @@ def to_epoch_millis(value: int | datetime, what: str = "time") -> int:
     return operator.index(value)
 
 
-class WindowKeyQuery(_OrderedQuery[KeyValueIterator[Windowed[K], V]], Generic[K, V]):
+class _WindowStartRange(_OrderedQuery[R]):
+    """A window query's window-start range ``[time_from, time_to]``, epoch ms."""
+
+    __slots__ = ()
+    _time_from: int
+    _time_to: int
+
+    @property
+    def time_from(self) -> int:
+        """Earliest window start included, epoch ms."""
+        return self._time_from
+
+    @property
+    def time_to(self) -> int:
+        """Latest window start included, epoch ms."""
+        return self._time_to
+
+
+class WindowKeyQuery(_WindowStartRange[KeyValueIterator[Windowed[K], V]], Generic[K, V]):
     """The windows of one key whose start time lies in ``[time_from, time_to]``.
 
     Results are ``KeyValue(Windowed(key, start, end), value)``, oldest window first by
@@ -77,16 +96,6 @@ class WindowKeyQuery(_OrderedQuery[KeyValueIterator[Windowed[K], V]], Generic[K,
         """The key whose windows are returned."""
         return self._key
 
-    @property
-    def time_from(self) -> int:
-        """Earliest window start included, epoch ms."""
-        return self._time_from
-
-    @property
-    def time_to(self) -> int:
-        """Latest window start included, epoch ms."""
-        return self._time_to
-
     def __repr__(self) -> str:
         return (
             f"WindowKeyQuery(key={self._key!r}, time_from={self._time_from}, "
@@ -94,7 +103,7 @@ class WindowKeyQuery(_OrderedQuery[KeyValueIterator[Windowed[K], V]], Generic[K,
         )
 
 
-class WindowRangeQuery(_OrderedQuery[KeyValueIterator[Windowed[Any], V]], Generic[V]):
+class WindowRangeQuery(_WindowStartRange[KeyValueIterator[Windowed[Any], V]], Generic[V]):
     """The windows of every key whose start time lies in ``[time_from, time_to]``.
 
     Ascending (oldest window first) by default; :meth:`with_descending_keys` returns
@@ -118,16 +127,6 @@ class WindowRangeQuery(_OrderedQuery[KeyValueIterator[Windowed[Any], V]], Generi
             time_to=to_epoch_millis(time_to, "WindowRangeQuery: time_to"),
             order=ResultOrder.ASCENDING,
         )
-
-    @property
-    def time_from(self) -> int:
-        """Earliest window start included, epoch ms."""
-        return self._time_from
-
-    @property
-    def time_to(self) -> int:
-        """Latest window start included, epoch ms."""
-        return self._time_to
 
     def __repr__(self) -> str:
         return (
