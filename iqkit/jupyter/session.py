@@ -28,7 +28,7 @@ from IPython.core.error import UsageError
 
 from ..engine import StateEngine
 from ..engine import open as open_engine
-from ..errors import IqkitError
+from ..errors import IqkitError, RootError
 from ..query import (
     KeyQuery,
     MultiKeyQuery,
@@ -43,6 +43,7 @@ from ..sqlsession import SQL_ACCESS
 from ..store.kinds import QUERY_COMMANDS, StoreKind
 from ..store.manifest import StoreManifest
 from ..store.ordered import short_repr
+from ..store.roots import local_root
 from .command import IQCommand
 from .messages import Message
 from .parse import command_help, overview
@@ -103,7 +104,11 @@ class IQSession:
 
     def open(self, path: str | os.PathLike[str] | None) -> Message:
         root = os.fspath(path) if path is not None else default_root()
-        if not Path(root).is_dir():
+        try:
+            folder = local_root(root)  # a URL root: its own one-line reason, not "no folder"
+        except RootError as exc:
+            raise UsageError(f"%iq open: {exc}") from None
+        if not folder.is_dir():
             raise UsageError(f"%iq open: no such folder {root!r}")
         self.set_root(root)
         names = self.engine.store_names()

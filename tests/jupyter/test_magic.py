@@ -212,6 +212,8 @@ def test_open_switches_root(shell, tmp_path: Path):
         ("%iq get totals :missing", "no variable 'missing'"),
         ("%iq lag nope", "unknown store 'nope'"),
         ("%iq open /definitely/not/here", "no such folder"),
+        ("%iq open s3://bucket/stores", "object-storage roots are not supported"),
+        ("%iq open ftp://host/stores", "unknown scheme 'ftp'"),
         ("%iq get totals alice --as-of 99", "99"),
         ("%iq window totals alice --from 0 --to 10", "'totals' is a key-value store"),
         ("%iq windows counts --from 0 --to 10", "'counts' is a key-value store"),
@@ -363,3 +365,13 @@ def test_stable_timings_reach_trace_and_keep_the_progress_bar_away(shell, monkey
     monkeypatch.delenv(render.STABLE_TIMINGS_ENV)
     with session._progress_bar("totals") as advance:
         assert advance is not None
+
+
+def test_open_with_a_url_root_is_one_line_and_makes_no_folder(shell, tmp_path: Path, monkeypatch):
+    here = tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    with pytest.raises(UsageError, match="object-storage roots are not supported") as err:
+        shell.run_line_magic("iq", "open s3://bucket/stores")
+    assert "\n" not in str(err.value)
+    assert list(here.iterdir()) == []  # no folder "s3:" (what Path("s3://b") names)
