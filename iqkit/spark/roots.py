@@ -10,20 +10,12 @@ from __future__ import annotations
 
 import os
 
+from ..store.roots import local_root
+
 __all__ = ["driver_root"]
 
 
 def driver_root(root: str | os.PathLike[str]) -> str:
-    """``root`` as an absolute local path (``file:`` URIs accepted); other URLs are refused
-    with one line, never treated as a local folder."""
-    text = os.fspath(root)
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    elif text.startswith("file:"):
-        text = text[len("file:") :]
-    elif "://" in text:
-        raise ValueError(
-            f"iqkit: root {text!r} is not a file-system path; every executor must see the "
-            "root as a local or shared POSIX path"
-        )
-    return os.path.abspath(os.path.expanduser(text))
+    """``root`` as an absolute local path (``file:`` URIs accepted); object-storage URLs
+    are refused in one line (``store.roots.local_root``), never taken for a folder."""
+    return os.path.abspath(os.path.expanduser(local_root(root)))
