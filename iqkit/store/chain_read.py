@@ -122,13 +122,14 @@ def open_partition(
     partition; fetches only the files the cache lacks (module docstring)."""
     before = cache.stats.copy()
     pins: list[PinnedFile] = []
+    folder = database_folder(cache, objects, store, partition, chain)
+    reuse = rocks.database_exists(folder)
     try:
         for f in chain.files:
+            if reuse and not cache.path_of(objects, f.name).exists():
+                continue  # evicted, but the database holds its own link: no fetch needed
             pins.append(cache.pin(objects, f.name))
-        folder = database_folder(cache, objects, store, partition, chain)
-        built = False
-        if not rocks.database_exists(folder):
-            built = _build_in_place(folder, [p.path for p in pins])
+        built = not reuse and _build_in_place(folder, [p.path for p in pins])
         return ChainPartition(folder, chain, pins, cache.stats.since(before), built)
     except BaseException:
         for pin in pins:

@@ -221,6 +221,21 @@ def test_a_commit_uploads_only_its_delta_and_a_reader_fetches_only_that(objects,
         again.close()
 
 
+def test_a_built_database_needs_no_fetch_after_its_files_are_evicted(objects, tmp_path):
+    cache = FileCache(tmp_path / "cache", limit=0)  # evicts every file nobody pins
+    v1 = commit_version(objects, STORE, None, {0: [(key(i), b"x") for i in range(50)]}, cache=cache)
+    part = open_partition(cache, objects, STORE, 0, v1.partitions[0])
+    part.close()
+    cache.evict()
+    assert cache.usage() == 0
+    again = open_partition(cache, objects, STORE, 0, v1.partitions[0])
+    try:
+        assert (again.fetch.files_fetched, again.built) == (0, False)
+        assert again.get(key(7)) == b"x"
+    finally:
+        again.close()
+
+
 def test_compaction_folds_a_long_chain_into_one_base(objects, cache):
     rnd, n = random.Random(3), 2000
     model: dict[bytes, bytes] = {}
