@@ -22,12 +22,13 @@ import contextlib
 import hashlib
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 from . import rocks
-from .cache import CacheStats, FileCache, PinnedFile
+from .cache import STALE_TMP_SECONDS, CacheStats, FileCache, PinnedFile
 from .chain import PartitionChain
 from .names import CACHE_DBS_DIR
 from .objects import ObjectStore, check_key
@@ -137,10 +138,23 @@ def open_partition(
         raise
 
 
+def _remove_stale_builds(parent: Path) -> None:
+    """Remove builds a killed process left (older than the cache's stale-download age;
+    a younger one may be another process's build in progress)."""
+    cutoff = time.time() - STALE_TMP_SECONDS
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for entry in entries:
+            if entry.name.startswith(_BUILDING_PREFIX):
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                        shutil.rmtree(entry.path)
+
+
 def _build_in_place(folder: Path, files: list[Path]) -> bool:
     """Build ``folder`` through a temporary folder and a rename; False when another
     process's build got there first (then its folder, the same chain, is used)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_builds(folder.parent)
     tmp = folder.with_name(f"{_BUILDING_PREFIX}{uuid.uuid4().hex}-{folder.name}")
     try:
         build_database(tmp, files)

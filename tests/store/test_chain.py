@@ -28,7 +28,7 @@ from iqkit.store.chain import (
     read_version,
     record_key,
 )
-from iqkit.store.chain_read import open_partition
+from iqkit.store.chain_read import database_folder, open_partition
 from iqkit.store.chain_retention import collect_chain_garbage
 from iqkit.store.chain_write import commit_partition, commit_version
 from iqkit.store.objects import open_objects
@@ -236,6 +236,22 @@ def test_a_built_database_needs_no_fetch_after_its_files_are_evicted(objects, tm
         again.close()
 
 
+def test_a_killed_build_is_removed_once_stale_and_a_live_one_is_left(objects, tmp_path):
+    cache = FileCache(tmp_path / "cache")
+    v1 = commit_version(objects, STORE, None, {0: [(key(1), b"a")]}, cache=cache)
+    v2 = commit_version(objects, STORE, v1, {0: [(key(1), b"b")]}, cache=cache)
+    parent = database_folder(cache, objects, STORE, 0, v1.partitions[0]).parent
+    dead, live = parent / ".building-dead-1-x", parent / ".building-live-1-x"
+    for folder in (dead, live):
+        folder.mkdir(parents=True)
+        (folder / "CURRENT").write_text("half a build")
+    os.utime(dead, (1, 1))  # as a process killed long ago left it
+    part = open_partition(cache, objects, STORE, 0, v2.partitions[0])
+    part.close()
+    assert not dead.exists() and live.exists()
+    assert {p.name for p in parent.iterdir()} == {live.name, Path(part.location).name}
+
+
 def test_compaction_folds_a_long_chain_into_one_base(objects, cache):
     rnd, n = random.Random(3), 2000
     model: dict[bytes, bytes] = {}
@@ -356,7 +372,7 @@ import sys
 from iqkit.store.cache import FileCache
 from iqkit.store.chain import read_version
 from iqkit.store.chain_retention import collect_chain_garbage
-from iqkit.store.chain_read import open_partition
+from iqkit.store.chain_read import database_folder, open_partition
 from iqkit.store.objects import open_objects
 
 root, cache = sys.argv[1:]
