@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_magic.py
 	$(PY) bench/bench_render.py
 	$(PY) bench/bench_sql.py
+	$(PY) bench/bench_object_store.py
 
 # Every reliability probe's long variant; rewrites the table in RELIABILITY.md.
 reliability: $(STAMP)

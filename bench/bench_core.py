@@ -220,10 +220,15 @@ def main() -> None:
         rocks.close_quietly(raw_big)
         rocks.close_quietly(raw_small)
 
-    print(f"# iqkit core benchmark — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
+    print_table("core", f"stores built in {build_s:.1f}s", rows)
+
+
+def print_table(title: str, note: str, rows: list[tuple[str, str, str, str, str]]) -> None:
+    """The benchmarks' Markdown output: a heading, the machine, the table."""
+    print(f"# iqkit {title} benchmark — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     print(
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
-        f"{platform.system()} {platform.release()}; stores built in {build_s:.1f}s\n"
+        f"{platform.system()} {platform.release()}; {note}\n"
     )
     print("| measure | iqkit | reference | ratio | target |")
     print("|---|---|---|---|---|")

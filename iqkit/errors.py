@@ -78,5 +78,11 @@ class ObjectExistsError(IqkitError, FileExistsError):
     first). Its own class so a writer can tell losing a race from an I/O failure."""
 
 
+class VersionConflictError(ObjectExistsError):
+    """Another writer published the same version number first. The loser's uploaded
+    files stay on the root as orphans (unique names, listed by no record) for retention
+    to remove; the winner's version is untouched."""
+
+
 class ObjectMissingError(StoreNotFoundError, FileNotFoundError):
     """An object that should be on a store root is not there."""

@@ -59,5 +59,18 @@ ROCKSDB_IMMUTABLE_SUFFIXES = (".sst", ".blob")
 #: temporary folder, never under a store; see rocks.open_for_read).
 READ_VIEWS_PREFIX = "iqkit-views-"
 
+# -- the SST-chain format of object roots: <root>/<store>/... (store/chain.py) ----------
+#: One JSON record per published version: ``chain/<zero-padded n>.json``. The padding
+#: makes a listing's order numeric order, so the latest version is the last name listed.
+CHAIN_RECORDS_DIR = "chain"
+#: Digits of a chain record's number (``000000000042.json``).
+CHAIN_RECORD_DIGITS = 12
+#: Immutable SST files: ``sst/<p>/<version>-<milliseconds>-<random>.sst``; the writer's
+#: clock in the name lets retention judge an object's age without a request per object.
+CHAIN_SST_DIR = "sst"
+#: In the local cache: ``dbs/<root id>/<store>/<p>/<version>-<chain hash>/`` is a
+#: partition chain ingested into a RocksDB folder (built once, reused by later opens).
+CACHE_DBS_DIR = "dbs"
+
 #: Bumped when the on-disk layout changes incompatibly.
 FORMAT_VERSION = 1

@@ -28,7 +28,7 @@ import fcntl
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import islice
 
 from rocksdict import (
@@ -70,6 +70,7 @@ __all__ = [
     "open_for_write",
     "scan",
     "scan_chunks",
+    "write_changes_sst",
     "write_sst",
 ]
 
@@ -243,15 +244,31 @@ def write_sst(path: str | os.PathLike[str], rows: Iterator[tuple[bytes, bytes]])
     """Write ``rows`` (keys strictly increasing in byte order) to an SST file at ``path``;
     return the number of rows. ``SstFileWriter`` needs the same raw mode as the database
     (quirk: with default options it would pickle) and refuses out-of-order keys."""
+    return write_changes_sst(path, rows)
+
+
+def write_changes_sst(
+    path: str | os.PathLike[str], changes: Iterable[tuple[bytes, bytes | None]]
+) -> int:
+    """``write_sst`` with deletes: a value ``None`` writes a tombstone, which hides the
+    key's older values once the file is ingested above them (the SST chain's deltas).
+    Quirk: rocksdict's writer has no ``delete`` method; ``del writer[key]`` is it.
+    Nothing is written (no file) when ``changes`` is empty: RocksDB refuses to finish
+    an empty SST."""
     writer = SstFileWriter(_options(create=True))
     count = 0
     try:
         writer.open(os.fspath(path))
-        for key, value in rows:
-            writer[key] = value
+        for key, value in changes:
+            if value is None:
+                del writer[key]
+            else:
+                writer[key] = value
             count += 1
         if count:
             writer.finish()
+    except ValueError:
+        raise  # the caller's own check of its rows (rocksdict raises plain Exception)
     except Exception as exc:
         raise classify(exc, path) from exc
     return count

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 from collections.abc import Iterator
 
 import pytest
 from s3server import aws_env, new_bucket
+
+from iqkit.store.objects import ObjectStore, open_objects
 
 
 def _serialize_conditional_writes() -> None:
@@ -57,3 +60,17 @@ def s3_root(s3_endpoint, monkeypatch) -> str:
     """``s3://<fresh bucket>/stores``, with the AWS variables pointing at the server."""
     aws_env(monkeypatch, s3_endpoint)
     return f"s3://{new_bucket(s3_endpoint)}/stores"
+
+
+@pytest.fixture(params=["local", "s3"])
+def root_url(request, tmp_path) -> str:
+    """A fresh root, once as a local folder and once on the S3 server: the object-store
+    tests run over both."""
+    if request.param == "local":
+        return os.fspath(tmp_path / "root")
+    return request.getfixturevalue("s3_root")
+
+
+@pytest.fixture
+def objects(root_url) -> ObjectStore:
+    return open_objects(root_url)

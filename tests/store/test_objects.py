@@ -18,18 +18,6 @@ from iqkit.errors import ObjectExistsError, ObjectMissingError, StoreIOError
 from iqkit.store.objects import TMP_PREFIX, LocalObjects, RemoteObjects, open_objects
 
 
-@pytest.fixture(params=["local", "s3"])
-def root_url(request, tmp_path) -> str:
-    if request.param == "local":
-        return os.fspath(tmp_path / "root")
-    return request.getfixturevalue("s3_root")
-
-
-@pytest.fixture
-def objects(root_url):
-    return open_objects(root_url)
-
-
 def test_open_objects_picks_the_backend(tmp_path, s3_root):
     assert isinstance(open_objects(tmp_path), LocalObjects)
     assert isinstance(open_objects(tmp_path.as_uri()), LocalObjects)

@@ -1,0 +1,198 @@
+"""Version records of the SST-chain format: what a store version is on an object root.
+
+A partition version is an ordered chain of immutable SST files (one base, then one delta
+per commit; chain_write.py writes them), and a store version is one small JSON record
+listing, per partition, its chain (names and sizes), the partition's commit record (its
+position and counts: what lag and traces need without fetching any SST), the version
+whose commit wrote it, and, for the store, ``created_at``, ``source_end`` and
+``metadata`` — the same facts ``versions.VersionRecord`` and the commit record carry for
+local folders.
+
+Nothing on the root is ever renamed or rewritten. Publishing version N is one
+``create_exclusive`` of ``<store>/chain/<N zero-padded>.json``: of two writers racing for
+N exactly one succeeds, the other gets ``VersionConflictError``. There is no mutable
+LATEST pointer: the latest version is the last record a listing returns (the padding
+makes name order numeric order). A writer that crashed before publishing left only SSTs
+no record lists, which no reader ever opens (retention removes them).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ObjectExistsError, StoreCorruptedError, VersionConflictError
+from .names import CHAIN_RECORD_DIGITS, CHAIN_RECORDS_DIR
+from .objects import ObjectStore
+from .partition import parse_commit_record
+from .versions import _position_map_from_json, _position_map_to_json, describe_versions
+
+__all__ = [
+    "ChainFile",
+    "ChainVersion",
+    "PartitionChain",
+    "latest_version",
+    "list_versions",
+    "publish_version",
+    "read_version",
+    "record_key",
+]
+
+
+@dataclass(frozen=True)
+class ChainFile:
+    """One immutable SST of a chain: its key on the root and its size in bytes."""
+
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
+class PartitionChain:
+    """One partition as of a version: its SSTs, oldest (the base) first."""
+
+    files: tuple[ChainFile, ...]
+    #: The partition's commit record as ``partition.encode_commit_record`` wrote it
+    #: (the same bytes the chain's newest SST holds under ``COMMIT_KEY``).
+    commit: bytes
+    #: The version whose commit wrote this chain (later versions may carry it unchanged).
+    written_by: int
+
+    @property
+    def deltas(self) -> int:
+        """Files above the base."""
+        return max(0, len(self.files) - 1)
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def commit_record(self) -> dict[str, Any]:
+        """The decoded commit record (position as a ``Position``)."""
+        return parse_commit_record(self.commit, f"the chain of version {self.written_by}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "files": [{"name": f.name, "size": f.size} for f in self.files],
+            "commit": json.loads(self.commit),
+            "written_by": self.written_by,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PartitionChain:
+        return cls(
+            files=tuple(ChainFile(str(f["name"]), int(f["size"])) for f in data["files"]),
+            commit=json.dumps(data["commit"], sort_keys=True).encode(),
+            written_by=int(data["written_by"]),
+        )
+
+
+@dataclass(frozen=True)
+class ChainVersion:
+    """A published store version of an object root (module docstring)."""
+
+    version: int
+    partitions: dict[int, PartitionChain]
+    created_at: float = field(default_factory=time.time)
+    #: As ``VersionRecord.source_end``: topic -> partition -> log-end offset, if known.
+    source_end: dict[str, dict[int, int]] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def files(self) -> set[str]:
+        """Every SST key this version needs."""
+        return {f.name for chain in self.partitions.values() for f in chain.files}
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "version": self.version,
+                "partitions": {str(p): c.to_json() for p, c in sorted(self.partitions.items())},
+                "created_at": self.created_at,
+                "source_end": _position_map_to_json(self.source_end),
+                "metadata": self.metadata,
+            },
+            indent=1,
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> ChainVersion:
+        data = json.loads(text)
+        return cls(
+            version=int(data["version"]),
+            partitions={int(p): PartitionChain.from_json(c) for p, c in data["partitions"].items()},
+            created_at=float(data.get("created_at", 0.0)),
+            source_end=_position_map_from_json(data.get("source_end")),
+            metadata=dict(data.get("metadata") or {}),
+        )
+
+
+def record_key(store: str, version: int) -> str:
+    """The key of ``store``'s record of ``version`` on its root."""
+    return f"{store}/{CHAIN_RECORDS_DIR}/{version:0{CHAIN_RECORD_DIGITS}d}.json"
+
+
+def _number(name: str) -> int | None:
+    stem, _dot, ext = name.rpartition("/")[2].partition(".")
+    if ext == "json" and len(stem) == CHAIN_RECORD_DIGITS and stem.isascii() and stem.isdigit():
+        return int(stem)
+    return None
+
+
+def list_versions(objects: ObjectStore, store: str) -> list[int]:
+    """Numbers of ``store``'s published versions, ascending (one listing request)."""
+    found = (_number(k) for k in objects.list(f"{store}/{CHAIN_RECORDS_DIR}"))
+    return sorted(n for n in found if n is not None)
+
+
+def read_version(objects: ObjectStore, store: str, version: int) -> ChainVersion:
+    """Version ``version`` of ``store``; ``LookupError`` naming the retained versions when
+    it is not there (never published, or removed by retention)."""
+    key = record_key(store, version)
+    try:
+        raw = objects.read_bytes(key)
+    except FileNotFoundError:
+        retained = describe_versions(list_versions(objects, store))
+        raise LookupError(
+            f"store {store!r} has no version {version} (versions on the root: {retained})"
+        ) from None
+    try:
+        record = ChainVersion.from_json(raw)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise StoreCorruptedError(f"{objects.where(key)} is damaged: {exc}") from exc
+    if record.version != version:
+        raise StoreCorruptedError(
+            f"{objects.where(key)} is damaged: it says version {record.version}"
+        )
+    return record
+
+
+def latest_version(objects: ObjectStore, store: str) -> ChainVersion | None:
+    """The newest published version of ``store``, or None when none was published.
+
+    The newest record listed is read; if retention removed it between the listing and
+    the read (only possible for a record that is no longer the newest), list again."""
+    while True:
+        numbers = list_versions(objects, store)
+        if not numbers:
+            return None
+        try:
+            return read_version(objects, store, numbers[-1])
+        except LookupError:
+            if list_versions(objects, store)[-1:] == numbers[-1:]:
+                raise
+
+
+def publish_version(objects: ObjectStore, store: str, record: ChainVersion) -> None:
+    """Publish ``record`` with one exclusive create; ``VersionConflictError`` if another
+    writer published that number first (this writer's SSTs are then orphans)."""
+    key = record_key(store, record.version)
+    try:
+        objects.create_exclusive(key, record.to_json().encode())
+    except ObjectExistsError:
+        raise VersionConflictError(
+            f"store {store!r}: version {record.version} was published by another writer "
+            f"first ({objects.where(key)} exists); read the latest version and commit again"
+        ) from None

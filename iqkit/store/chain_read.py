@@ -1,0 +1,170 @@
+"""Reading one partition of an SST-chain version: its files from the cache, one RocksDB.
+
+``open_partition`` pins the chain's SSTs in the ``FileCache`` (fetching only the ones
+missing), then opens the partition's RocksDB folder in the cache,
+``dbs/<root id>/<store>/<p>/<written_by>-<chain hash>/``, building it first if no
+process has: an empty RocksDB in a temporary folder beside it, the chain's files
+ingested oldest first (``build_database``), closed, renamed into place. The rename is
+atomic and fails when the folder exists, so two processes building the same version at
+once both succeed and one keeps the other's folder; a second open of the version
+(in any process) reuses it, touching neither the root nor the network.
+
+Ingestion hands RocksDB a fresh hard link of each cached file with ``move_files``:
+RocksDB links it into the database and removes the link it was given, so the cached file
+stays, the database shares its bytes (no copy) and the file is never changed. The
+database folder holds its own links, so evicting a cached file later does not break an
+open database. The result is a ``RocksDBPartition`` (the engine's ``BytesPartition``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import rocks
+from .cache import STALE_TMP_SECONDS, CacheStats, FileCache, PinnedFile
+from .chain import PartitionChain
+from .names import CACHE_DBS_DIR
+from .objects import ObjectStore, check_key
+from .partition import RocksDBPartition
+
+__all__ = ["ChainPartition", "build_database", "database_folder", "open_partition"]
+
+#: Prefix of a database being built in the cache (removed if the build fails).
+_BUILDING_PREFIX = ".building-"
+
+
+def build_database(folder: Path, files: Sequence[str | os.PathLike[str]]) -> None:
+    """Create the RocksDB ``folder`` (must not exist) holding ``files`` (SSTs, oldest
+    first: each ingestion is newer than the last, so later values and tombstones win).
+    The files themselves are left in place (ingested through hard links beside them)."""
+    db = rocks.open_for_write(folder, create=True)
+    try:
+        for file in files:
+            # move_files removes the path it is given (quirk): hand it a second link.
+            stage = Path(folder) / f".ingest-{uuid.uuid4().hex}.sst"
+            try:
+                os.link(file, stage)
+            except OSError:
+                shutil.copyfile(file, stage)  # another file system: a copy is all we can do
+            rocks.ingest(db, [stage])
+    finally:
+        rocks.close_quietly(db)
+
+
+def database_folder(
+    cache: FileCache, objects: ObjectStore, store: str, partition: int, chain: PartitionChain
+) -> Path:
+    """Where ``chain``'s database lives in ``cache`` (the names hashed in: a folder holds
+    one chain whatever the version numbers of racing writers were)."""
+    root_id = cache.path_of(objects, store).relative_to(cache.objects_dir).parts[0]
+    digest = hashlib.sha256("\n".join(f.name for f in chain.files).encode()).hexdigest()[:16]
+    return (
+        cache.folder
+        / CACHE_DBS_DIR
+        / root_id
+        / check_key(store)
+        / str(partition)
+        / f"{chain.written_by}-{digest}"
+    )
+
+
+class ChainPartition(RocksDBPartition):
+    """A partition of an SST-chain version, opened read-only from the cache.
+
+    It keeps the chain's cached files pinned while open (eviction skips them, so the
+    cache's size accounting sees what is in use), and says what opening it cost."""
+
+    def __init__(
+        self,
+        path: Path,
+        chain: PartitionChain,
+        pins: list[PinnedFile],
+        fetch: CacheStats,
+        built: bool,
+    ) -> None:
+        self._pins = pins
+        try:
+            super().__init__(path, chain.written_by)
+        except BaseException:
+            self._release()
+            raise
+        self.chain = chain
+        #: What opening fetched and what came from the cache.
+        self.fetch = fetch
+        #: True when this open built the database; False when it was already in the cache.
+        self.built = built
+
+    def trace_line(self) -> str:
+        """One line for an execution trace: fetched files, cache hits, database reuse."""
+        made = "built" if self.built else "reused"
+        return f"{self.fetch.line()}; database {made} ({len(self.chain.files)} SST files)"
+
+    def _release(self) -> None:
+        pins, self._pins = self._pins, []
+        for pin in pins:
+            pin.release()
+
+    def close(self) -> None:
+        super().close()
+        self._release()
+
+
+def open_partition(
+    cache: FileCache, objects: ObjectStore, store: str, partition: int, chain: PartitionChain
+) -> ChainPartition:
+    """``chain`` (partition ``partition`` of a version of ``store``) as a read-only
+    partition; fetches only the files the cache lacks (module docstring)."""
+    before = cache.stats.copy()
+    pins: list[PinnedFile] = []
+    folder = database_folder(cache, objects, store, partition, chain)
+    reuse = rocks.database_exists(folder)
+    try:
+        for f in chain.files:
+            if reuse and not cache.path_of(objects, f.name).exists():
+                continue  # evicted, but the database holds its own link: no fetch needed
+            pins.append(cache.pin(objects, f.name))
+        built = not reuse and _build_in_place(folder, [p.path for p in pins])
+        return ChainPartition(folder, chain, pins, cache.stats.since(before), built)
+    except BaseException:
+        for pin in pins:
+            pin.release()
+        raise
+
+
+def _remove_stale_builds(parent: Path) -> None:
+    """Remove builds a killed process left (older than the cache's stale-download age;
+    a younger one may be another process's build in progress)."""
+    cutoff = time.time() - STALE_TMP_SECONDS
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for entry in entries:
+            if entry.name.startswith(_BUILDING_PREFIX):
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                        shutil.rmtree(entry.path)
+
+
+def _build_in_place(folder: Path, files: list[Path]) -> bool:
+    """Build ``folder`` through a temporary folder and a rename; False when another
+    process's build got there first (then its folder, the same chain, is used)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_builds(folder.parent)
+    tmp = folder.with_name(f"{_BUILDING_PREFIX}{uuid.uuid4().hex}-{folder.name}")
+    try:
+        build_database(tmp, files)
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not rocks.database_exists(folder):
+                raise
+            return False
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(tmp)
