@@ -1,0 +1,129 @@
+"""iqkit's Spark writers and reader on a real multi-process cluster (``local-cluster``:
+two executor JVMs, each in a working folder of its own; ``tests/spark/cluster.py``).
+
+Each test's body runs on the cluster's driver (``spark_cluster.run``); functions passed to
+Spark run in the executors' Python workers. The root is an absolute path on this
+machine's disk, which every executor sees (today's format needs that); nothing else may
+be shared: no test relies on an executor's working folder being the driver's.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+
+def _where_tasks_run(spark, tasks: int) -> list[dict]:
+    """Per task: the executor JVM (pid, id) running it, and the Python worker's working
+    folder and spill folder."""
+
+    def where(_):
+        from cluster import process_ancestry
+
+        from iqkit.spark.workers import spill_dir
+
+        jvm = next((pid, cmd) for pid, cmd in process_ancestry(os.getpid()) if " -cp " in cmd)
+        words = jvm[1].split()
+        yield {
+            "jvm_pid": jvm[0],
+            "executor_id": words[words.index("--executor-id") + 1]
+            if "--executor-id" in words
+            else None,
+            "cwd": os.getcwd(),
+            "spill_dir": spill_dir(),
+        }
+
+    return spark.sparkContext.parallelize(range(tasks), tasks).mapPartitions(where).collect()
+
+
+def test_tasks_run_in_two_executor_processes_with_their_own_folders(spark_cluster):
+    tasks = spark_cluster.run(_where_tasks_run, 8)
+    facts = spark_cluster.facts
+    jvms = {t["jvm_pid"] for t in tasks}
+    assert len(jvms) == 2, tasks
+    assert jvms == set(spark_cluster.executor_pids())
+    assert {t["executor_id"] for t in tasks} == {"0", "1"}
+    cwds = {t["executor_id"]: t["cwd"] for t in tasks}
+    assert len(set(cwds.values())) == 2  # one folder per executor...
+    for cwd in cwds.values():  # ...neither of them the driver's, all in the test's scratch
+        assert cwd != facts["driver_cwd"]
+        assert Path(cwd).is_relative_to(spark_cluster.scratch)
+    spills = {t["executor_id"]: t["spill_dir"] for t in tasks}
+    assert len(set(spills.values())) == 2
+    assert all(Path(s).is_relative_to(spark_cluster.scratch / "local") for s in spills.values())
+
+
+def _write_store_and_read(spark, root: str, store: str) -> dict:
+    """``write_store`` into ``root`` (as given: absolute or relative), then every row back
+    through ``spark.read.format("iqkit")`` (given the absolute folder: Spark plans a data
+    source in a Python worker whose working folder is the driver JVM's, like its own file
+    sources) and the driver's ``iqkit.open`` (given ``root``)."""
+    from helpers import kv_rows
+
+    import iqkit
+    from iqkit.spark import write_store
+
+    df = spark.createDataFrame([(f"k{i}", i) for i in range(400)], "k string, n long")
+    version = write_store(df, root, store, key="k", value="n", partitions=4, progress=True)
+    folder = os.path.abspath(root)
+    read = spark.read.format("iqkit").option("store", store).load(folder)
+    rows = sorted((r["key"], r["value"], r["partition"]) for r in read.collect())
+    with iqkit.open(root) as engine:
+        engine_rows = len(kv_rows(engine, store))
+    return {"version": version, "rows": rows, "engine_rows": engine_rows, "cwd": os.getcwd()}
+
+
+def test_write_store_and_read_back_with_an_absolute_root(spark_cluster):
+    root = spark_cluster.scratch / "abs-stores"
+    out = spark_cluster.run(_write_store_and_read, str(root), "counts")
+    assert out["version"] == 1
+    assert [(k, v) for k, v, _ in out["rows"]] == sorted((f"k{i}", i) for i in range(400))
+    assert {p for *_, p in out["rows"]} == {0, 1, 2, 3}
+    assert out["engine_rows"] == 400
+    assert (root / "counts").is_dir()
+
+
+def _datasource_write_and_read(spark, root: str) -> list[tuple]:
+    df = spark.createDataFrame(
+        [(i, f"name{i}", i * 1.5) for i in range(300)], "id int, name string, score double"
+    ).repartition(3)
+    df.write.format("iqkit").mode("append").option("store", "people").option("key", "id").option(
+        "partitions", "3"
+    ).save(root)
+    read = spark.read.format("iqkit").option("store", "people").load(root)
+    return sorted((r["key"], r["value"]) for r in read.collect())
+
+
+def test_datasource_write_and_read_with_an_absolute_root(spark_cluster):
+    import json
+
+    root = spark_cluster.scratch / "ds-stores"
+    rows = spark_cluster.run(_datasource_write_and_read, str(root))
+    assert [k for k, _ in rows] == list(range(300))
+    assert [json.loads(v) for _, v in rows[:2]] == [
+        {"name": "name0", "score": 0.0},
+        {"name": "name1", "score": 1.5},
+    ]
+
+
+def _relative_root_from(spark, folder: str, store: str) -> dict:
+    os.chdir(folder)  # what a notebook does; the executors' working folders do not follow
+    return _write_store_and_read(spark, "rel-stores", store)
+
+
+def test_relative_root_is_resolved_on_the_driver(spark_cluster):
+    folder = spark_cluster.scratch / "notebook-folder"
+    folder.mkdir()
+    out = spark_cluster.run(_relative_root_from, str(folder), "relative")
+    assert out["cwd"] == str(folder) != spark_cluster.facts["driver_cwd"]
+    assert out["version"] == 1
+    assert out["engine_rows"] == len(out["rows"]) == 400
+    assert (folder / "rel-stores" / "relative").is_dir()
+    # Nothing landed beside the executors' working folders, where a relative root would
+    # point in the tasks.
+    work = spark_cluster.spark_home / "work"
+    assert list(work.rglob("rel-stores")) == []
