@@ -182,6 +182,15 @@ def non_finite_frames(spark, prefix="s_"):
     ]
 
 
+def require_java() -> None:
+    """Fail (not skip) a Spark test when Java is missing: ``make test`` installs Java first;
+    this guards direct runs."""
+    import pytest
+
+    if shutil.which("java") is None:
+        pytest.fail("Spark tests need Java 17+ on PATH (make check-java installs it)")
+
+
 def run_python_script(script: str, *args: str, cwd=None, env=None, timeout: float = 600) -> dict:
     """Run ``script`` in a fresh Python process (this interpreter) and return the JSON it
     printed on its last line starting with ``RESULT``; fail with its output otherwise."""

@@ -96,9 +96,7 @@ class ClusterDriver:
 
     def output(self) -> str:
         """The driver process's output so far (Spark's log included), its last part."""
-        self._log.flush()
-        self._log.seek(0)
-        return self._log.read().decode(errors="replace")[-6000:]
+        return (self.scratch / "driver.log").read_text(errors="replace")[-6000:]
 
     def stop(self) -> None:
         """Stop the session (the executors end with it) and the driver process."""

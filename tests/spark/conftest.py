@@ -5,8 +5,6 @@ pytest run."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 
@@ -14,9 +12,10 @@ import pytest
 def spark_cluster(tmp_path_factory):
     """A ``local-cluster`` session's driver (``cluster.ClusterDriver``), started once for
     the run; afterwards, no process it started may be left running."""
-    if shutil.which("java") is None:  # make test installs Java first; this guards direct runs
-        pytest.fail("Spark tests need Java 17+ on PATH (make check-java installs it)")
     from cluster import ClusterDriver, alive
+    from helpers import require_java
+
+    require_java()
 
     driver = ClusterDriver(tmp_path_factory.mktemp("cluster"))
     yield driver

@@ -10,6 +10,7 @@ be shared: no test relies on an executor's working folder being the driver's.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,12 @@ pytestmark = pytest.mark.cluster
 
 
 def _where_tasks_run(spark, tasks: int) -> list[dict]:
-    """Per task: the executor JVM (pid, id) running it, and the Python worker's working
-    folder and spill folder."""
+    """Per task: the executor JVM (pid, id, command line) running it, and the Python
+    worker's interpreter, working folder and spill folder."""
 
     def where(_):
+        import sys
+
         from cluster import process_ancestry
 
         from iqkit.spark.workers import spill_dir
@@ -33,6 +36,8 @@ def _where_tasks_run(spark, tasks: int) -> list[dict]:
             "executor_id": words[words.index("--executor-id") + 1]
             if "--executor-id" in words
             else None,
+            "jvm_args": words,
+            "python": sys.executable,
             "cwd": os.getcwd(),
             "spill_dir": spill_dir(),
         }
@@ -46,12 +51,17 @@ def test_tasks_run_in_two_executor_processes_with_their_own_folders(spark_cluste
     jvms = {t["jvm_pid"] for t in tasks}
     assert len(jvms) == 2, tasks
     assert jvms == set(spark_cluster.executor_pids())
-    assert {t["executor_id"] for t in tasks} == {"0", "1"}
+    assert len({t["executor_id"] for t in tasks} - {None}) == 2
     cwds = {t["executor_id"]: t["cwd"] for t in tasks}
     assert len(set(cwds.values())) == 2  # one folder per executor...
     for cwd in cwds.values():  # ...neither of them the driver's, all in the test's scratch
         assert cwd != facts["driver_cwd"]
         assert Path(cwd).is_relative_to(spark_cluster.scratch)
+    # The venv's Python; JVM scratch and spills under the test's folder, no perf data.
+    assert {t["python"] for t in tasks} == {sys.executable}
+    for t in tasks:
+        assert f"-Djava.io.tmpdir={spark_cluster.scratch / 'tmp'}" in t["jvm_args"]
+        assert "-XX:-UsePerfData" in t["jvm_args"]
     spills = {t["executor_id"]: t["spill_dir"] for t in tasks}
     assert len(set(spills.values())) == 2
     assert all(Path(s).is_relative_to(spark_cluster.scratch / "local") for s in spills.values())
