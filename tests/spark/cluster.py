@@ -24,8 +24,8 @@ Quirks worked around:
 - Executors are JVMs the driver never configures through ``SPARK_SUBMIT_OPTS``: their
   ``java.io.tmpdir`` and perf-data switch go in ``spark.executor.extraJavaOptions``, their
   local (spill) folders in ``spark.local.dir``, which the in-driver workers read.
-- The executors register a moment after the session starts: ``start`` waits until both
-  have, so the first job can use both.
+- The executors register a moment after the session starts: ``_start_session`` waits
+  until both have, so the first job can use both.
 """
 
 from __future__ import annotations
@@ -75,7 +75,11 @@ class ClusterDriver:
         os.close(from_driver_w)
         self._send = Connection(to_driver_w, readable=False)
         self._recv = Connection(from_driver_r, writable=False)
-        self.facts: dict[str, Any] = self._answer()  # what start() found (see _serve)
+        try:
+            self.facts: dict[str, Any] = self._answer()  # the session's start (see _serve)
+        except ClusterError:
+            self.stop()  # the driver process ends; no pipe, file or zombie is left
+            raise
 
     def run(self, fn, *args: Any) -> Any:
         """``fn(spark, *args)`` on the cluster's driver; its (picklable) result."""
