@@ -10,6 +10,7 @@ be shared: no test relies on an executor's working folder being the driver's.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -95,6 +96,11 @@ def test_write_store_and_read_back_with_an_absolute_root(spark_cluster):
     assert {p for *_, p in out["rows"]} == {0, 1, 2, 3}
     assert out["engine_rows"] == 400
     assert (root / "counts").is_dir()
+    # The progress bar followed the tasks through the status tracker, then said what was
+    # written (tqdm writes to the driver's stderr, in its log).
+    log = (spark_cluster.scratch / "driver.log").read_text(errors="replace")
+    final = r"iqkit write 'counts':[^\r\n]* 4/4 [^\r\n]*partitions=4, rows=400, version=1"
+    assert re.search(final, log)
 
 
 def _datasource_write_and_read(spark, root: str) -> list[tuple]:
