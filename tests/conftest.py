@@ -4,7 +4,6 @@ Helper functions live in ``tests/helpers.py``."""
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -20,8 +19,9 @@ def root(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session for every test that needs one (starting one costs seconds)."""
-    if shutil.which("java") is None:  # make test installs Java first; this guards direct runs
-        pytest.fail("Spark tests need Java 17+ on PATH (make check-java installs it)")
+    from helpers import require_java
+
+    require_java()
     from pyspark.sql import SparkSession
 
     # Executors must run this interpreter (the venv's), not whatever python3 is on PATH.

@@ -182,6 +182,45 @@ def non_finite_frames(spark, prefix="s_"):
     ]
 
 
+# -- Structured Streaming ------------------------------------------------------------------
+def orders(start: int, count: int) -> list[tuple[str, str]]:
+    """Kafka records ``(user-<i % 7>, {"amount": i})`` for ``i`` from ``start``."""
+    import json
+
+    return [(f"user-{i % 7}", json.dumps({"amount": i})) for i in range(start, start + count)]
+
+
+def run_available_now(spark, topic, sink, checkpoint, **read) -> None:
+    """Stream ``topic``'s orders (user, amount and the Kafka columns) through ``sink``
+    (a ``foreachBatch`` function) until it has read everything, then stop."""
+    from pyspark.sql import functions as F
+
+    stream = topic.read_stream(spark, **read).select(
+        F.col("key").cast("string").alias("user"),
+        F.get_json_object(F.col("value").cast("string"), "$.amount").cast("long").alias("amount"),
+        "topic",
+        "partition",
+        "offset",
+    )
+    query = (
+        stream.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(180)
+    assert query.exception() is None
+
+
+def require_java() -> None:
+    """Fail (not skip) a Spark test when Java is missing: ``make test`` installs Java first;
+    this guards direct runs."""
+    import pytest
+
+    if shutil.which("java") is None:
+        pytest.fail("Spark tests need Java 17+ on PATH (make check-java installs it)")
+
+
 def run_python_script(script: str, *args: str, cwd=None, env=None, timeout: float = 600) -> dict:
     """Run ``script`` in a fresh Python process (this interpreter) and return the JSON it
     printed on its last line starting with ``RESULT``; fail with its output otherwise."""

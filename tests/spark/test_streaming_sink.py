@@ -5,34 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import kv_rows, non_finite_frames
-from pyspark.sql import functions as F
+from helpers import kv_rows, non_finite_frames, orders, run_available_now
 
 import iqkit
 from iqkit.spark import last_committed_batch, store_sink
 from iqkit.spark.kafka_local import LocalKafkaTopic
-
-
-def orders(start, count):
-    return [(f"user-{i % 7}", json.dumps({"amount": i})) for i in range(start, start + count)]
-
-
-def run_available_now(spark, topic, sink, checkpoint, **read):
-    stream = topic.read_stream(spark, **read).select(
-        F.col("key").cast("string").alias("user"),
-        F.get_json_object(F.col("value").cast("string"), "$.amount").cast("long").alias("amount"),
-        "topic",
-        "partition",
-        "offset",
-    )
-    query = (
-        stream.writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(180)
-    assert query.exception() is None
 
 
 def test_stream_commits_micro_batches_with_positions_and_lag(spark, tmp_path):
