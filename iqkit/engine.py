@@ -21,6 +21,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from .errors import (
@@ -39,12 +40,17 @@ from .query import (
     StateQueryRequest,
     StateQueryResult,
 )
+from .store.cache import FileCache
+from .store.chain import ChainVersion
+from .store.chain_snapshot import ChainSnapshot
+from .store.chain_store import chain_store_names
 from .store.inputs import is_up_to, offset_lag
 from .store.layers import Trace, TypedKeyValueLayer
 from .store.layout import StoreLayout, list_store_names, validate_store_name
 from .store.manifest import StoreManifest
+from .store.objects import ObjectStore, open_objects
 from .store.partitioners import get_partitioner
-from .store.roots import local_root
+from .store.roots import parse_root
 from .store.serdes import get_serde
 from .store.snapshot import (
     NEVER_WRITTEN,
@@ -67,7 +73,7 @@ class _StoreView:
     """One store as the engine routes to it: the facts requests are checked and routed
     with, and the store's snapshot (served version, leases, open partitions)."""
 
-    def __init__(self, snapshot: StoreSnapshot) -> None:
+    def __init__(self, snapshot: StoreSnapshot | ChainSnapshot) -> None:
         self.snapshot = snapshot
         self.manifest = snapshot.manifest
         self.key_serde = get_serde(self.manifest.key_serde)
@@ -77,7 +83,9 @@ class _StoreView:
 
 
 class StateEngine:
-    """Runs IQv2 requests against the stores under one root folder.
+    """Runs IQv2 requests against the stores under one root: a local folder, or an
+    object-storage URL (``s3://``, ``gs://``, ``abfs://``) whose stores are in the
+    SST-chain format and read through the local file cache (``IQKIT_CACHE``).
 
     Use ``iqkit.open(root)``. Without ``as_of`` every query reads each store's latest
     published version; with ``as_of`` (an int for every store, or a dict store → version)
@@ -93,10 +101,23 @@ class StateEngine:
         as_of: int | Mapping[str, int] | None = None,
         partition_opener: PartitionOpener | None = None,
     ) -> None:
-        self.root = local_root(root)  # a URL is refused in one line, never a folder "s3:"
-        if not self.root.is_dir():
-            # Never create anything for a reader: a typo must not make an empty root.
-            raise StoreNotFoundError(f"no iqkit root folder at {os.fspath(root)!r}")
+        parsed = parse_root(root)  # a URL is never a folder "s3:"
+        #: The object root's files (None: a local folder) and the cache they are read into.
+        self._objects: ObjectStore | None = None
+        self._cache: FileCache | None = None
+        self.root: Path | str
+        if parsed.local is not None:
+            self.root = parsed.local
+            if not self.root.is_dir():
+                # Never create anything for a reader: a typo must not make an empty root.
+                raise StoreNotFoundError(f"no iqkit root folder at {os.fspath(root)!r}")
+        else:
+            self.root = parsed.url
+            self._objects = open_objects(parsed)
+            self._cache = FileCache()
+            # One listing now: a missing credential or an unreachable endpoint is one
+            # line at open, not a failure of every later query.
+            chain_store_names(self._objects)
         self._as_of = as_of
         self._stores: dict[str, _StoreView] = {}
         self._partitions = PartitionCache(partition_opener)
@@ -139,6 +160,8 @@ class StateEngine:
     def store_names(self) -> list[str]:
         """Names of the stores under the root, sorted."""
         self._check_open()
+        if self._objects is not None:
+            return chain_store_names(self._objects)
         return list_store_names(self.root)
 
     def manifest(self, store: str) -> StoreManifest:
@@ -193,11 +216,15 @@ class StateEngine:
         if view is not None:
             return view
         validate_store_name(store)
-        layout = StoreLayout.of(self.root, store)
-        if not layout.manifest.is_file():
-            raise UnknownStoreError(store, list_store_names(self.root))
         pinned = self._as_of.get(store) if isinstance(self._as_of, Mapping) else self._as_of
-        view = _StoreView(StoreSnapshot(layout, pinned, self._partitions))
+        if self._objects is not None:
+            assert self._cache is not None
+            view = _StoreView(ChainSnapshot(self._objects, store, pinned, self._cache))
+        else:
+            layout = StoreLayout.of(self.root, store)
+            if not layout.manifest.is_file():
+                raise UnknownStoreError(store, list_store_names(self.root))
+            view = _StoreView(StoreSnapshot(layout, pinned, self._partitions))
         self._stores[store] = view
         return view
 
@@ -259,7 +286,9 @@ class StateEngine:
         except IqkitError as exc:
             return self._store_exception(view, p, entry.position, exc, trace)
         if trace.enabled:
-            version = record.version if isinstance(record, VersionRecord) else None
+            version = record.version if isinstance(record, (VersionRecord, ChainVersion)) else None
+            if entry.fetched is not None:  # an object root: what reading it fetched
+                trace.add("FileCache", started, entry.fetched)
             detail = f"store {view.manifest.name!r} partition {p} {_SERVED_AT} {version}"
             if entry.never_written:
                 detail += f" ({NEVER_WRITTEN})"

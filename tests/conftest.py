@@ -1,13 +1,19 @@
-"""Shared fixtures: every test gets a fresh root folder on disk (real RocksDB).
-Helper functions live in ``tests/helpers.py``."""
+"""Shared fixtures: every test gets a fresh root folder on disk (real RocksDB); the
+object-storage tests, wherever they are, get a real S3-compatible server (``s3_root``).
+Helper functions live in ``tests/helpers.py`` and ``tests/s3server.py``."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from s3server import aws_env, new_bucket
 
 
 @pytest.fixture
@@ -42,3 +48,52 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+# -- object storage: a real S3-compatible server (tests/s3server.py) -------------------
+def _serialize_conditional_writes() -> None:
+    """Make moto's conditional PUT atomic, as S3's is.
+
+    Quirk: moto 5 checks ``If-None-Match`` and then stores the object as two steps with no
+    lock, and its server handles requests on several threads, so two racing creators
+    could both pass the check. Real S3 decides the race on the server; one lock around
+    moto's object-writing handlers gives the tests the same guarantee (iqkit's code is
+    untouched)."""
+    from moto.s3.responses import S3Response
+
+    if getattr(S3Response, "_iqkit_serialized", False):
+        return
+    lock = threading.RLock()
+    for name in ("put_object", "_key_response_post"):
+        original = getattr(S3Response, name)
+
+        @functools.wraps(original)
+        def locked(self, *args, __original=original, **kwargs):
+            with lock:
+                return __original(self, *args, **kwargs)
+
+        setattr(S3Response, name, locked)
+    S3Response._iqkit_serialized = True
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """``http://127.0.0.1:<port>`` of a moto S3 server running for the whole session."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request
+    _serialize_conditional_writes()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_root(s3_endpoint, monkeypatch, tmp_path) -> str:
+    """``s3://<fresh bucket>/stores``, with the AWS variables pointing at the server and
+    ``IQKIT_CACHE`` at a fresh folder (never the user's cache)."""
+    aws_env(monkeypatch, s3_endpoint)
+    monkeypatch.setenv("IQKIT_CACHE", os.fspath(tmp_path / "iqkit-cache"))
+    return f"s3://{new_bucket(s3_endpoint)}/stores"

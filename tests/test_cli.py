@@ -117,3 +117,40 @@ def test_a_closed_pipe_is_not_a_traceback(tmp_path):
     err = cli.stderr.read().decode()
     cli.wait(timeout=60)
     assert "Traceback" not in err
+
+
+def test_the_cli_reads_an_s3_root_from_a_process_whose_only_access_is_the_endpoint(
+    s3_root, tmp_path
+):
+    """Written here, read by a separate process with its own empty cache and current
+    folder: the AWS variables (endpoint, keys) are all it shares with the writer."""
+    write_small_stores(s3_root)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IQKIT_")}
+    env["IQKIT_CACHE"] = os.fspath(tmp_path / "reader-cache")
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "iqkit", *args],
+            capture_output=True, text=True, timeout=300, cwd=cwd, env=env,
+        )  # fmt: skip
+
+    stores = cli("stores", s3_root)
+    assert stores.returncode == 0, stores.stderr
+    assert [line.split("\t")[0] for line in stores.stdout.splitlines()] == ["clicks", "totals"]
+    assert "version 1" in stores.stdout
+    got = cli("get", s3_root, "totals", "dave")
+    assert got.stdout.strip() == "{'customer': 'dave', 'last': 99}"
+    scan = cli("scan", s3_root, "totals", "--prefix", "ca")
+    assert "'carol'" in scan.stdout and "'alice'" not in scan.stdout
+    lag = cli("lag", s3_root)
+    assert lag.returncode == 0 and "totals\t" in lag.stdout
+    assert sorted(p.name for p in cwd.iterdir()) == []
+    assert (tmp_path / "reader-cache").is_dir()
+
+    env.pop("AWS_ACCESS_KEY_ID")
+    env.pop("AWS_SECRET_ACCESS_KEY")
+    refused = cli("stores", s3_root)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.count("\n") == 1 and "no credentials" in refused.stderr

@@ -21,7 +21,6 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -43,7 +42,7 @@ from ..sqlsession import SQL_ACCESS
 from ..store.kinds import QUERY_COMMANDS, StoreKind
 from ..store.manifest import StoreManifest
 from ..store.ordered import short_repr
-from ..store.roots import local_root
+from ..store.roots import parse_root
 from .command import IQCommand
 from .messages import Message
 from .parse import command_help, overview
@@ -90,7 +89,8 @@ class IQSession:
     def engine(self) -> StateEngine:
         if self._engine is None or self._engine.is_closed:
             root = self.root
-            if not Path(root).is_dir():
+            folder = parse_root(root).local  # None: an object-storage URL
+            if folder is not None and not folder.is_dir():
                 raise UsageError(
                     f"%iq: no stores folder at {root!r}: %iq open PATH, or set IQKIT_ROOT"
                 )
@@ -105,13 +105,17 @@ class IQSession:
     def open(self, path: str | os.PathLike[str] | None) -> Message:
         root = os.fspath(path) if path is not None else default_root()
         try:
-            folder = local_root(root)  # a URL root: its own one-line reason, not "no folder"
+            folder = parse_root(root).local  # None: an object-storage URL (never a folder)
         except RootError as exc:
             raise UsageError(f"%iq open: {exc}") from None
-        if not folder.is_dir():
+        if folder is not None and not folder.is_dir():
             raise UsageError(f"%iq open: no such folder {root!r}")
+        # Opened before the root changes: an unreachable or unauthorized object root is
+        # one line (execute's IqkitError) and the notebook keeps the root it had.
+        engine = open_engine(root)
         self.set_root(root)
-        names = self.engine.store_names()
+        self._engine = engine
+        names = engine.store_names()
         listed = ", ".join(names) if names else "none yet"
         return Message(f"iqkit: {root} — {len(names)} store(s): {listed}")
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import StoreCorruptedError, StoreNotFoundError
+from ..errors import StoreCorruptedError, StoreExistsError, StoreNotFoundError
 from .kinds import StoreKind
 from .layout import StoreLayout, atomic_write_text, read_store_text
 from .names import FORMAT_VERSION
@@ -19,6 +19,17 @@ from .partitioners import get_partitioner
 from .serdes import get_serde
 
 DEFAULT_RETENTION = 10
+
+#: The settings that make a store's data readable and routable: a store asked for again
+#: with any of them different is refused (``StoreExistsError``).
+STORE_SETTINGS = (
+    "kind",
+    "partitions",
+    "key_serde",
+    "value_serde",
+    "partitioner",
+    "window_size_ms",
+)
 
 
 @dataclass(frozen=True)
@@ -85,9 +96,38 @@ class StoreManifest:
             text = read_store_text(layout, layout.manifest)
         except FileNotFoundError:
             raise StoreNotFoundError(f"no store {layout.name!r} under {layout.root}") from None
+        return cls.parse(text, layout.name, layout.manifest)
+
+    @classmethod
+    def parse(cls, text: str, store: str, where: object) -> StoreManifest:
+        """``text`` (the manifest of ``store``, read from ``where``) as a manifest;
+        ``StoreCorruptedError`` naming ``where`` when it cannot be."""
         try:
             return cls.from_json(text)
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             raise StoreCorruptedError(
-                f"store {layout.name!r}: unreadable manifest {layout.manifest}: {exc}"
+                f"store {store!r}: unreadable manifest {where}: {exc}"
             ) from exc
+
+
+def check_same_settings(
+    existing: StoreManifest,
+    wanted: StoreManifest,
+    *,
+    settings: tuple[str, ...] = STORE_SETTINGS,
+    asked: str = "asked",
+) -> StoreManifest:
+    """``existing`` when its ``settings`` equal ``wanted``'s, else ``StoreExistsError``
+    naming each difference (``asked`` says who wanted the other value). The one home of
+    this check, for every root: ``writer.ensure_store`` (local folders) and
+    ``chain_store.ensure_chain_store`` (object roots) call it."""
+    diffs = [
+        f"{f}={getattr(existing, f)!r} ({asked} {getattr(wanted, f)!r})"
+        for f in settings
+        if getattr(existing, f) != getattr(wanted, f)
+    ]
+    if diffs:
+        raise StoreExistsError(
+            f"store {wanted.name!r} exists with other settings: {', '.join(diffs)}"
+        )
+    return existing

@@ -57,7 +57,7 @@ class OpenPartition:
     """A partition version opened for queries: its layers, its position, and the version
     whose lease keeps its folder on disk (the served one, or 0: never written)."""
 
-    __slots__ = ("layers", "lease_version", "never_written", "partition", "position")
+    __slots__ = ("fetched", "layers", "lease_version", "never_written", "partition", "position")
 
     def __init__(
         self,
@@ -72,6 +72,19 @@ class OpenPartition:
         self.lease_version = lease_version
         self.never_written = never_written
         self.position: Position = partition.commit_record().get("position") or Position.empty()
+        #: What reading it from an object root last cost (files fetched, cache hits), for
+        #: the trace; None on a local root, where nothing is fetched.
+        self.fetched: str | None = None
+
+
+def empty_partition(manifest: StoreManifest) -> OpenPartition:
+    """What a partition no commit has touched reads as: no rows, an empty position.
+
+    One per store snapshot (it holds nothing, so every such partition can share it); it
+    is not a published folder, so it takes no lease and is never evicted.
+    """
+    empty = MemoryPartition(written_by_version=0, location=NEVER_WRITTEN)
+    return OpenPartition(empty, build_layers(manifest, empty, ReadCache()), 0, never_written=True)
 
 
 class _HeldVersion:
@@ -295,15 +308,8 @@ class StoreSnapshot:
         return self._partitions.open(self, record, p)
 
     def _empty_partition(self) -> OpenPartition:
-        """What a partition no commit has touched reads as: no rows, an empty position.
-
-        One per store (it holds nothing, so every such partition can share it); it is
-        not a published folder, so it takes no lease and is never evicted.
-        """
         if self._empty is None:
-            empty = MemoryPartition(written_by_version=0, location=NEVER_WRITTEN)
-            layers = build_layers(self.manifest, empty, ReadCache())
-            self._empty = OpenPartition(empty, layers, 0, never_written=True)
+            self._empty = empty_partition(self.manifest)
         return self._empty
 
     # -- leases ------------------------------------------------------------------------------

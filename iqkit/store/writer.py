@@ -1,7 +1,9 @@
 """Creating stores and committing writes to them.
 
-A ``StoreWriter`` buffers puts and deletes per partition (in raw-mode ``WriteBatch``es)
-and touches nothing on disk until the ``with`` block ends. Then, under the store's
+A ``StoreWriter`` buffers puts and deletes per partition (the last change per raw key)
+and touches nothing until the ``with`` block ends. Then a publisher commits them: on an
+object root ``chain_store.ChainPublisher`` (one delta SST per partition, one exclusive
+create of the version record); on a local folder ``_FolderPublisher``: under the store's
 commit lock, each touched partition is rebuilt as a new folder: a RocksDB checkpoint
 (hard links) of the partition's current version, plus one atomic ``WriteBatch`` holding
 the data *and* the partition's commit record (position, version), flushed to disk. Only
@@ -19,16 +21,20 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreExistsError, StoreNotFoundError, UnknownStoreError
+from ..errors import StoreNotFoundError, UnknownStoreError
 from ..query.position import Position
+from ..query.request import validate_store_name
 from ..query.window import to_epoch_millis
 from . import keyspace, rocks
+from .chain_store import ChainPublisher, ensure_chain_store
 from .commit import build_partition, publish_partitions, remove_if_exists
 from .inputs import store_partitions_fed_by
 from .layout import StoreLayout, list_store_names
 from .locking import CommitLock
-from .manifest import DEFAULT_RETENTION, StoreManifest
+from .manifest import DEFAULT_RETENTION, STORE_SETTINGS, StoreManifest, check_same_settings
+from .objects import open_objects
 from .partitioners import get_partitioner
+from .roots import parse_root
 from .serdes import Serde, get_serde
 from .versions import read_latest, read_latest_number
 
@@ -52,7 +58,7 @@ def create_store(
     (like ``CREATE TABLE IF NOT EXISTS``); different settings raise ``StoreExistsError``
     naming them, since they would make the existing data unreadable or mis-routed.
     """
-    layout = StoreLayout.of(root, name)
+    parsed = parse_root(root)
     manifest = StoreManifest(
         name=name,
         kind=kind,
@@ -64,21 +70,12 @@ def create_store(
         retention=retention,
         properties=dict(properties or {}),
     )
+    if parsed.local is None:
+        return ensure_chain_store(open_objects(parsed), manifest)
+    layout = StoreLayout.of(parsed.local, name)
     layout.store_dir.mkdir(parents=True, exist_ok=True)
     with CommitLock(layout, who="create_store", timeout=30.0):
         return ensure_store(root, manifest, create=True)
-
-
-#: The settings that make a store's data readable and routable: a store asked for again
-#: with any of them different is refused (``StoreExistsError``).
-STORE_SETTINGS = (
-    "kind",
-    "partitions",
-    "key_serde",
-    "value_serde",
-    "partitioner",
-    "window_size_ms",
-)
 
 
 def ensure_store(
@@ -101,27 +98,101 @@ def ensure_store(
         if create:
             manifest.write(layout)
         return manifest
-    existing = StoreManifest.read(layout)
-    diffs = [
-        f"{f}={getattr(existing, f)!r} ({asked} {getattr(manifest, f)!r})"
-        for f in settings
-        if getattr(existing, f) != getattr(manifest, f)
-    ]
-    if diffs:
-        raise StoreExistsError(
-            f"store {manifest.name!r} exists with other settings: {', '.join(diffs)}"
-        )
-    return existing
+    return check_same_settings(StoreManifest.read(layout), manifest, settings=settings, asked=asked)
 
 
 class _PartitionBuffer:
-    __slots__ = ("batch", "deletes", "position", "puts")
+    """One partition's buffered writes: the last change per raw key (``None``: a
+    delete), in the order first written; every publisher reads them from here."""
+
+    __slots__ = ("changes", "deletes", "position", "puts")
 
     def __init__(self) -> None:
-        self.batch = rocks.new_write_batch()
+        self.changes: dict[bytes, bytes | None] = {}
         self.position = Position.empty()
         self.puts = 0
         self.deletes = 0
+
+
+class _FolderPublisher:
+    """The publish step of ``StoreWriter`` on a local root: under the store's commit
+    lock, each touched partition is rebuilt as a new folder and the version published
+    (module docstring). ``chain_store.ChainPublisher`` is the object roots' one."""
+
+    def __init__(self, root: Path, name: str) -> None:
+        self.layout = StoreLayout.of(root, name)
+        try:
+            self.manifest = StoreManifest.read(self.layout)
+        except StoreNotFoundError:
+            raise UnknownStoreError(name, list_store_names(root)) from None
+
+    def latest_number(self) -> int | None:
+        return read_latest_number(self.layout)
+
+    def publish(
+        self,
+        buffers: Mapping[int, _PartitionBuffer],
+        *,
+        source_end: Position | None,
+        metadata: Mapping[str, Any],
+        who: str,
+        lock_timeout: float,
+    ) -> int:
+        layout = self.layout
+        with CommitLock(layout, who=who, timeout=lock_timeout):
+            # Raises StoreCorruptedError when the published version cannot be established:
+            # committing then would publish over, and collect, versions nobody can see.
+            previous = read_latest(layout)
+            version = (previous.version if previous is not None else 0) + 1
+            # A record for ``version`` can only be debris of a commit that crashed before
+            # LATEST: remove it first, so nothing can mistake it for a version.
+            remove_if_exists(layout.version_record(version))
+            token = uuid.uuid4().hex[:10]
+            built: dict[int, Path] = {}
+            try:
+                for p, buf in sorted(buffers.items()):
+                    source_dir = (
+                        layout.partition_version_dir(p, previous.partitions[p])
+                        if previous is not None and p in previous.partitions
+                        else None
+                    )
+                    staging = layout.staging_dir(p, version, token)
+                    staging.parent.mkdir(parents=True, exist_ok=True)
+                    built[p] = staging
+                    build_partition(
+                        source_dir,
+                        staging,
+                        version=version,
+                        batch=_write_batch(buf.changes),
+                        position=buf.position,
+                        counts={"puts": buf.puts, "deletes": buf.deletes},
+                    )
+            except BaseException:
+                for staging in built.values():
+                    shutil.rmtree(staging, ignore_errors=True)
+                raise
+            publish_partitions(
+                layout,
+                self.manifest,
+                previous=previous,
+                version=version,
+                built=built,
+                source_end=source_end,
+                metadata=dict(metadata),
+                who=who,
+            )
+        return version
+
+
+def _write_batch(changes: Mapping[bytes, bytes | None]) -> Any:
+    """``changes`` as one raw-mode ``WriteBatch`` (a put per value, a delete per None)."""
+    batch = rocks.new_write_batch()
+    for key, value in changes.items():
+        if value is None:
+            batch.delete(key)
+        else:
+            batch.put(key, value)
+    return batch
 
 
 class StoreWriter:
@@ -143,11 +214,13 @@ class StoreWriter:
         lock_timeout: float = 30.0,
         who: str | None = None,
     ) -> None:
-        self._layout = StoreLayout.of(root, name)
-        try:
-            self.manifest = StoreManifest.read(self._layout)
-        except StoreNotFoundError:
-            raise UnknownStoreError(name, list_store_names(root)) from None
+        parsed = parse_root(root)
+        self._publisher: _FolderPublisher | ChainPublisher = (
+            _FolderPublisher(parsed.local, name)
+            if parsed.local is not None
+            else ChainPublisher(open_objects(parsed), validate_store_name(name))
+        )
+        self.manifest = self._publisher.manifest
         self._key_serde: Serde = get_serde(self.manifest.key_serde)
         self._value_serde: Serde = get_serde(self.manifest.value_serde)
         self._partitioner = get_partitioner(self.manifest.partitioner)
@@ -187,11 +260,11 @@ class StoreWriter:
         value_bytes = self._serialize(self._value_serde, "value", value)
         if self._window:
             start = self._window_start(window_start)
-            buf.batch.put(keyspace.window_key(key_bytes, start), value_bytes)
-            buf.batch.put(keyspace.window_time_key(key_bytes, start), b"")
+            buf.changes[keyspace.window_key(key_bytes, start)] = value_bytes
+            buf.changes[keyspace.window_time_key(key_bytes, start)] = b""
         else:
             self._no_window(window_start)
-            buf.batch.put(keyspace.kv_key(key_bytes), value_bytes)
+            buf.changes[keyspace.kv_key(key_bytes)] = value_bytes
         buf.puts += 1
 
     def delete(
@@ -205,11 +278,11 @@ class StoreWriter:
         key_bytes, _, buf = self._route(key, partition, source)
         if self._window:
             start = self._window_start(window_start)
-            buf.batch.delete(keyspace.window_key(key_bytes, start))
-            buf.batch.delete(keyspace.window_time_key(key_bytes, start))
+            buf.changes[keyspace.window_key(key_bytes, start)] = None
+            buf.changes[keyspace.window_time_key(key_bytes, start)] = None
         else:
             self._no_window(window_start)
-            buf.batch.delete(keyspace.kv_key(key_bytes))
+            buf.changes[keyspace.kv_key(key_bytes)] = None
         buf.deletes += 1
 
     def advance(self, partition: int, source: tuple[str, int, int]) -> None:
@@ -284,9 +357,15 @@ class StoreWriter:
         self._state = "committing"
         try:
             if not (self._buffers or self._source_end or self._metadata):
-                self.version = read_latest_number(self._layout)
+                self.version = self._publisher.latest_number()
             else:
-                self.version = self._publish()
+                self.version = self._publisher.publish(
+                    self._buffers,
+                    source_end=self._source_end,
+                    metadata=self._metadata,
+                    who=self._who,
+                    lock_timeout=self._lock_timeout,
+                )
         except BaseException:
             self._state = "failed"
             self._buffers.clear()
@@ -294,52 +373,6 @@ class StoreWriter:
         self._state = "committed"
         self._buffers.clear()
         return self.version
-
-    def _publish(self) -> int:
-        layout = self._layout
-        with CommitLock(layout, who=self._who, timeout=self._lock_timeout):
-            # Raises StoreCorruptedError when the published version cannot be established:
-            # committing then would publish over, and collect, versions nobody can see.
-            previous = read_latest(layout)
-            version = (previous.version if previous is not None else 0) + 1
-            # A record for ``version`` can only be debris of a commit that crashed before
-            # LATEST: remove it first, so nothing can mistake it for a version.
-            remove_if_exists(layout.version_record(version))
-            token = uuid.uuid4().hex[:10]
-            built: dict[int, Path] = {}
-            try:
-                for p, buf in sorted(self._buffers.items()):
-                    source_dir = (
-                        layout.partition_version_dir(p, previous.partitions[p])
-                        if previous is not None and p in previous.partitions
-                        else None
-                    )
-                    staging = layout.staging_dir(p, version, token)
-                    staging.parent.mkdir(parents=True, exist_ok=True)
-                    built[p] = staging
-                    build_partition(
-                        source_dir,
-                        staging,
-                        version=version,
-                        batch=buf.batch,
-                        position=buf.position,
-                        counts={"puts": buf.puts, "deletes": buf.deletes},
-                    )
-            except BaseException:
-                for staging in built.values():
-                    shutil.rmtree(staging, ignore_errors=True)
-                raise
-            publish_partitions(
-                layout,
-                self.manifest,
-                previous=previous,
-                version=version,
-                built=built,
-                source_end=self._source_end,
-                metadata=self._metadata,
-                who=self._who,
-            )
-        return version
 
     # -- helpers -------------------------------------------------------------------------
     def _check_open(self) -> None:

@@ -212,7 +212,7 @@ def test_open_switches_root(shell, tmp_path: Path):
         ("%iq get totals :missing", "no variable 'missing'"),
         ("%iq lag nope", "unknown store 'nope'"),
         ("%iq open /definitely/not/here", "no such folder"),
-        ("%iq open s3://bucket/stores", "object-storage roots are not supported"),
+        ("%iq open s3:/bucket/stores", "pass the URL as a string"),
         ("%iq open ftp://host/stores", "unknown scheme 'ftp'"),
         ("%iq get totals alice --as-of 99", "99"),
         ("%iq window totals alice --from 0 --to 10", "'totals' is a key-value store"),
@@ -367,11 +367,14 @@ def test_stable_timings_reach_trace_and_keep_the_progress_bar_away(shell, monkey
         assert advance is not None
 
 
-def test_open_with_a_url_root_is_one_line_and_makes_no_folder(shell, tmp_path: Path, monkeypatch):
+def test_open_with_a_url_root_reads_the_bucket_and_makes_no_folder(
+    shell, tmp_path: Path, monkeypatch, s3_root
+):
+    """A URL is object storage (issue 13; it was refused before the chain format was
+    wired in): an empty bucket opens with no stores, and nothing is made locally."""
     here = tmp_path / "cwd"
     here.mkdir()
     monkeypatch.chdir(here)
-    with pytest.raises(UsageError, match="object-storage roots are not supported") as err:
-        shell.run_line_magic("iq", "open s3://bucket/stores")
-    assert "\n" not in str(err.value)
+    opened = shell.run_line_magic("iq", f"open {s3_root}")
+    assert "0 store(s): none yet" in repr(opened)
     assert list(here.iterdir()) == []  # no folder "s3:" (what Path("s3://b") names)

@@ -16,14 +16,14 @@ from iqkit.__main__ import main as cli_main
 from iqkit.errors import RootError
 from iqkit.store.roots import StoreRoot, local_root, parse_root
 
-NOT_YET = "object-storage roots are not supported by this store format yet"
-
 
 @pytest.fixture
 def in_tmp(tmp_path, monkeypatch) -> Path:
     """Run in an empty current folder, where the old bug made a folder named ``s3:``."""
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+    folder = tmp_path / "cwd"  # beside the s3_root fixture's IQKIT_CACHE, not around it
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    return folder
 
 
 def _one_line(exc: BaseException) -> str:
@@ -143,40 +143,35 @@ def test_parsing_a_url_imports_no_filesystem_library():
     assert out.stdout.strip() == "[]"
 
 
-# -- the local store format refuses URLs (the silent "s3:" folder bug) ----------------------
-URL = "s3://bkt/stores"
-
-
+# -- a URL root is object storage, never a local folder (the silent "s3:" folder bug) --------
 def _assert_nothing_made(folder: Path) -> None:
     assert sorted(p.name for p in folder.iterdir()) == []
 
 
-def test_create_store_with_a_url_root_writes_no_local_folder(in_tmp):
-    with pytest.raises(RootError) as info:
-        iqkit.create_store(URL, "totals", partitions=2)
-    assert _one_line(info.value) == f"root {URL!r}: {NOT_YET}; use a local folder"
+def test_create_store_and_store_writer_with_a_url_root_write_no_local_folder(in_tmp, s3_root):
+    iqkit.create_store(s3_root, "totals", partitions=2)
+    with iqkit.StoreWriter(s3_root, "totals") as w:
+        w.put("a", 1)
+    assert w.version == 1
     _assert_nothing_made(in_tmp)
 
 
-def test_store_writer_with_a_url_root_writes_no_local_folder(in_tmp):
-    with pytest.raises(RootError, match=NOT_YET):
-        iqkit.StoreWriter(URL, "totals")
-    _assert_nothing_made(in_tmp)
-
-
-def test_open_with_a_url_root_is_refused_even_where_an_s3_folder_exists(in_tmp):
-    """The old code read ``./s3:/bkt/stores`` when it existed (made by the old writer)."""
-    (in_tmp / "s3:" / "bkt" / "stores").mkdir(parents=True)
-    with pytest.raises(RootError, match=NOT_YET):
-        iqkit.open(URL)
+def test_open_with_a_url_root_never_reads_an_s3_folder(in_tmp, s3_root):
+    """The old code read ``./s3:/<bucket>/stores`` when it existed (made by the old
+    writer); the URL now reads the bucket, whatever folders the current one holds."""
+    bucket = s3_root.removeprefix("s3://").split("/")[0]
+    iqkit.create_store(in_tmp / "s3:" / bucket / "stores", "local_only", partitions=1)
+    iqkit.create_store(s3_root, "on_s3", partitions=1)
+    with iqkit.open(s3_root) as engine:
+        assert engine.store_names() == ["on_s3"]
     with pytest.raises(RootError, match="pass the URL as a string"):
-        iqkit.open(Path(URL))
+        iqkit.open(Path(s3_root))
 
 
-def test_cli_stores_with_a_url_root_is_one_line(in_tmp, capsys):
-    assert cli_main(["stores", URL]) == 2
-    err = capsys.readouterr().err
-    assert err == f"error: root {URL!r}: {NOT_YET}; use a local folder\n"
+def test_cli_stores_with_a_url_root_lists_the_bucket(in_tmp, s3_root, capsys):
+    iqkit.create_store(s3_root, "totals", partitions=2)
+    assert cli_main(["stores", s3_root]) == 0
+    assert capsys.readouterr().out.startswith("totals\tkv\t2 partitions\t")
     _assert_nothing_made(in_tmp)
 
 

@@ -1,4 +1,4 @@
-"""Helpers of the object-storage tests (fixtures in tests/store/conftest.py): the AWS
+"""Helpers of the object-storage tests (fixtures in tests/conftest.py): the AWS
 variables pointing at the test server, fresh buckets, and a proxy that dies mid-upload."""
 
 from __future__ import annotations

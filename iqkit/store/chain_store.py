@@ -1,0 +1,144 @@
+"""Stores on an object root (``s3://``, ``gs://``, ``abfs://``): their manifests, their
+names, and the publish step of a ``StoreWriter`` commit in the SST-chain format.
+
+A store on an object root is ``<root>/<store>/manifest.json`` (written once, by one
+``create_exclusive``: two creators racing cannot both write it, and the loser gets the
+same ``StoreExistsError`` / "same settings: fine" rules as a local root) plus the
+chain's records and SSTs (chain.py). The stores of a root are the prefixes holding a
+manifest. Local roots keep the folder format (layout.py) for now; docs/DECISIONS.md.
+
+``ChainPublisher`` is what ``StoreWriter`` hands its buffered partitions to on such a
+root: each partition's changes, sorted, become one delta SST (chain_write.py), and the
+next version is published with one exclusive create — a writer that lost the race gets
+``VersionConflictError`` naming the version and nothing of its commit is visible.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from ..errors import (
+    IqkitError,
+    ObjectExistsError,
+    ObjectMissingError,
+    UnknownStoreError,
+)
+from ..query.position import Position
+from ..query.request import validate_store_name
+from .cache import FileCache
+from .chain import latest_version, list_versions
+from .chain_retention import collect_chain_garbage
+from .chain_write import commit_version
+from .manifest import STORE_SETTINGS, StoreManifest, check_same_settings
+from .names import MANIFEST_FILE
+from .objects import ObjectStore
+
+__all__ = [
+    "ChainPublisher",
+    "chain_store_names",
+    "ensure_chain_store",
+    "manifest_key",
+    "read_chain_manifest",
+]
+
+log = logging.getLogger(__name__)
+
+
+def manifest_key(store: str) -> str:
+    return f"{validate_store_name(store)}/{MANIFEST_FILE}"
+
+
+def chain_store_names(objects: ObjectStore) -> list[str]:
+    """Names of the stores on ``objects``' root: the prefixes holding a manifest.
+
+    One listing of the whole root (object stores have no folders to list one level of);
+    its cost grows with the files on the root, which is why the engine lists once."""
+    names = []
+    for key in objects.list():
+        store, _, rest = key.partition("/")
+        if rest == MANIFEST_FILE:
+            names.append(store)
+    return sorted(names)
+
+
+def read_chain_manifest(objects: ObjectStore, store: str) -> StoreManifest:
+    """``store``'s manifest; ``UnknownStoreError`` (naming the stores there) if none."""
+    key = manifest_key(store)
+    try:
+        text = objects.read_bytes(key)
+    except ObjectMissingError:
+        raise UnknownStoreError(store, chain_store_names(objects)) from None
+    return StoreManifest.parse(text.decode(errors="replace"), store, objects.where(key))
+
+
+def ensure_chain_store(
+    objects: ObjectStore,
+    manifest: StoreManifest,
+    *,
+    settings: tuple[str, ...] = STORE_SETTINGS,
+    asked: str = "asked",
+) -> StoreManifest:
+    """Create ``manifest``'s store on ``objects`` (one exclusive create), or return the
+    existing one when its settings match (``manifest.check_same_settings``)."""
+    try:
+        objects.create_exclusive(manifest_key(manifest.name), manifest.to_json().encode())
+        return manifest
+    except ObjectExistsError:
+        existing = read_chain_manifest(objects, manifest.name)
+    return check_same_settings(existing, manifest, settings=settings, asked=asked)
+
+
+class Buffered(Protocol):
+    """What a writer buffered for one partition (``writer._PartitionBuffer``)."""
+
+    changes: dict[bytes, bytes | None]
+    position: Position
+    puts: int
+    deletes: int
+
+
+class ChainPublisher:
+    """The publish step of ``StoreWriter`` on an object root (module docstring)."""
+
+    def __init__(self, objects: ObjectStore, store: str) -> None:
+        self.objects = objects
+        self.store = store
+        self.manifest = read_chain_manifest(objects, store)
+
+    def latest_number(self) -> int | None:
+        numbers = list_versions(self.objects, self.store)
+        return numbers[-1] if numbers else None
+
+    def publish(
+        self,
+        buffers: Mapping[int, Buffered],
+        *,
+        source_end: Position | None,
+        metadata: Mapping[str, Any],
+        who: str,
+        lock_timeout: float,
+    ) -> int:
+        """Commit ``buffers`` as the next version; returns its number. No lock: the
+        exclusive create of the version record decides a race (``who`` and
+        ``lock_timeout`` are the local publisher's, unused here)."""
+        del who, lock_timeout
+        previous = latest_version(self.objects, self.store)
+        record = commit_version(
+            self.objects,
+            self.store,
+            previous,
+            {p: sorted(buf.changes.items()) for p, buf in buffers.items()},
+            cache=FileCache(),
+            positions={p: buf.position for p, buf in buffers.items()},
+            counts={p: {"puts": buf.puts, "deletes": buf.deletes} for p, buf in buffers.items()},
+            source_end=source_end.to_map() if source_end is not None else None,
+            metadata=metadata,
+        )
+        try:
+            collect_chain_garbage(self.objects, self.store, retain=self.manifest.retention)
+        except IqkitError as exc:  # the version is published; retention runs again next time
+            log.warning("store %r: retention after version %s failed: %s", self.store,
+                        record.version, exc)  # fmt: skip
+        return record.version
