@@ -18,4 +18,4 @@ __all__ = ["driver_root"]
 def driver_root(root: str | os.PathLike[str]) -> str:
     """``root`` as an absolute local path (``file:`` URIs accepted); object-storage URLs
     are refused in one line (``store.roots.local_root``), never taken for a folder."""
-    return os.path.abspath(os.path.expanduser(local_root(root)))
+    return os.path.abspath(os.path.expanduser(local_root(root, "a Spark job")))

@@ -195,14 +195,14 @@ def _file_url_path(text: str, rest: str) -> Path:
     return Path(rest)
 
 
-def local_root(root: str | os.PathLike[str]) -> Path:
-    """The local folder of ``root``, for the store format that lives only on local
-    folders (``store/layout.py``): an object-storage URL is refused in one line instead
-    of becoming a folder named ``s3:``."""
+def local_root(root: str | os.PathLike[str], what: str = "this operation") -> Path:
+    """The local folder of ``root``, for what works on local folders only (the folder
+    format in ``store/layout.py``; Spark jobs, ``what`` = "Spark jobs"): an
+    object-storage URL is refused in one line instead of becoming a folder named ``s3:``."""
     parsed = parse_root(root)
     if parsed.local is None:
         raise RootError(
-            f"root {parsed.text!r}: object-storage roots are not supported by this store "
-            "format yet; use a local folder"
+            f"root {parsed.text!r}: {what} needs a local folder; object-storage roots work "
+            "with iqkit.open, create_store, StoreWriter, %iq and the CLI so far"
         )
     return parsed.local
