@@ -19,15 +19,14 @@ no record lists, which no reader ever opens (retention removes them).
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ObjectExistsError, StoreCorruptedError, VersionConflictError
 from .names import CHAIN_RECORD_DIGITS, CHAIN_RECORDS_DIR
 from .objects import ObjectStore
 from .partition import parse_commit_record
-from .versions import _position_map_from_json, _position_map_to_json, describe_versions
+from .versions import PublishedVersion, describe_versions
 
 __all__ = [
     "ChainFile",
@@ -90,43 +89,16 @@ class PartitionChain:
 
 
 @dataclass(frozen=True)
-class ChainVersion:
-    """A published store version of an object root (module docstring)."""
+class ChainVersion(PublishedVersion[PartitionChain]):
+    """A published store version of an object root (module docstring): each partition's
+    entry is its SST chain."""
 
-    version: int
-    partitions: dict[int, PartitionChain]
-    created_at: float = field(default_factory=time.time)
-    #: As ``VersionRecord.source_end``: topic -> partition -> log-end offset, if known.
-    source_end: dict[str, dict[int, int]] | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
+    partition_to_json = staticmethod(PartitionChain.to_json)
+    partition_from_json = staticmethod(PartitionChain.from_json)
 
     def files(self) -> set[str]:
         """Every SST key this version needs."""
         return {f.name for chain in self.partitions.values() for f in chain.files}
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "version": self.version,
-                "partitions": {str(p): c.to_json() for p, c in sorted(self.partitions.items())},
-                "created_at": self.created_at,
-                "source_end": _position_map_to_json(self.source_end),
-                "metadata": self.metadata,
-            },
-            indent=1,
-            sort_keys=True,
-        )
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> ChainVersion:
-        data = json.loads(text)
-        return cls(
-            version=int(data["version"]),
-            partitions={int(p): PartitionChain.from_json(c) for p, c in data["partitions"].items()},
-            created_at=float(data.get("created_at", 0.0)),
-            source_end=_position_map_from_json(data.get("source_end")),
-            metadata=dict(data.get("metadata") or {}),
-        )
 
 
 def record_key(store: str, version: int) -> str:

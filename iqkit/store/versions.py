@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from ..errors import IqkitError, StoreCorruptedError, StoreIOError
 from .layout import (
@@ -47,13 +47,18 @@ from .layout import (
 from .names import JOB_STAGING_PREFIX, STAGING_PREFIX
 
 T = TypeVar("T")
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
-class VersionRecord:
+class PublishedVersion(Generic[P]):
+    """What every store version record holds, whatever the format: the version, one
+    entry per partition that has data (its type is the format's: a folder's version
+    number here, an SST chain on object roots, ``chain.ChainVersion``), when, the
+    source's end offsets and free-form facts. One JSON layout for all of them."""
+
     version: int
-    #: partition -> the version whose commit wrote that partition's current folder
-    partitions: dict[int, int]
+    partitions: dict[int, P]
     created_at: float = field(default_factory=time.time)
     #: The end offsets of the store's source when this version was committed, as a
     #: ``Position`` map (topic -> partition -> log-end offset), if the writer knew them.
@@ -61,11 +66,22 @@ class VersionRecord:
     #: Free-form facts about the commit (writer host/pid, Spark batch id, ...).
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    @staticmethod
+    def partition_to_json(entry: P) -> Any:
+        """One partition's entry as JSON (the format's subclass says how)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def partition_from_json(data: Any) -> P:
+        raise NotImplementedError
+
     def to_json(self) -> str:
         return json.dumps(
             {
                 "version": self.version,
-                "partitions": {str(p): v for p, v in sorted(self.partitions.items())},
+                "partitions": {
+                    str(p): self.partition_to_json(e) for p, e in sorted(self.partitions.items())
+                },
                 "created_at": self.created_at,
                 "source_end": _position_map_to_json(self.source_end),
                 "metadata": self.metadata,
@@ -75,15 +91,24 @@ class VersionRecord:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> VersionRecord:
+    def from_json(cls, text: str | bytes) -> Self:
         data = json.loads(text)
         return cls(
             version=int(data["version"]),
-            partitions={int(p): int(v) for p, v in data["partitions"].items()},
+            partitions={int(p): cls.partition_from_json(e) for p, e in data["partitions"].items()},
             created_at=float(data.get("created_at", 0.0)),
             source_end=_position_map_from_json(data.get("source_end")),
             metadata=dict(data.get("metadata") or {}),
         )
+
+
+@dataclass(frozen=True)
+class VersionRecord(PublishedVersion[int]):
+    """A local store's version: partition -> the version whose commit wrote that
+    partition's current folder."""
+
+    partition_to_json = staticmethod(int)
+    partition_from_json = staticmethod(int)
 
 
 def _position_map_to_json(m: dict[str, dict[int, int]] | None) -> Any:
