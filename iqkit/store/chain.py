@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ObjectExistsError, StoreCorruptedError, VersionConflictError
+from ..errors import ObjectExistsError, VersionConflictError
 from .names import CHAIN_RECORD_DIGITS, CHAIN_RECORDS_DIR
 from .objects import ObjectStore
 from .partition import parse_commit_record
@@ -130,15 +130,7 @@ def read_version(objects: ObjectStore, store: str, version: int) -> ChainVersion
         raise LookupError(
             f"store {store!r} has no version {version} (versions on the root: {retained})"
         ) from None
-    try:
-        record = ChainVersion.from_json(raw)
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise StoreCorruptedError(f"{objects.where(key)} is damaged: {exc}") from exc
-    if record.version != version:
-        raise StoreCorruptedError(
-            f"{objects.where(key)} is damaged: it says version {record.version}"
-        )
-    return record
+    return ChainVersion.parse(raw, version, objects.where(key))
 
 
 def latest_version(objects: ObjectStore, store: str) -> ChainVersion | None:

@@ -91,6 +91,18 @@ class PublishedVersion(Generic[P]):
         )
 
     @classmethod
+    def parse(cls, text: str | bytes, version: int, where: str) -> Self:
+        """The record of ``version`` read from ``where`` (a file or an object key):
+        ``StoreCorruptedError`` when it cannot be parsed or names another version."""
+        try:
+            record = cls.from_json(text)
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            raise StoreCorruptedError(f"{where} is damaged: {exc}") from exc
+        if record.version != version:
+            raise StoreCorruptedError(f"{where} is damaged: it says version {record.version}")
+        return record
+
+    @classmethod
     def from_json(cls, text: str | bytes) -> Self:
         data = json.loads(text)
         return cls(
@@ -191,15 +203,7 @@ def _no_such_version(layout: StoreLayout, version: int) -> LookupError:
 
 
 def _parse_record(layout: StoreLayout, version: int, path: Path, text: str) -> VersionRecord:
-    try:
-        record = VersionRecord.from_json(text)
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise StoreCorruptedError(f"store {layout.name!r}: {path} is damaged: {exc}") from exc
-    if record.version != version:
-        raise StoreCorruptedError(
-            f"store {layout.name!r}: {path} is damaged: it says version {record.version}"
-        )
-    return record
+    return VersionRecord.parse(text, version, f"store {layout.name!r}: {path}")
 
 
 def read_version(layout: StoreLayout, version: int) -> VersionRecord:
