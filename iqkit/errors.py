@@ -84,5 +84,10 @@ class VersionConflictError(ObjectExistsError):
     to remove; the winner's version is untouched."""
 
 
+class StoreConflictError(IqkitError):
+    """Another commit landed while a job (a Spark write: many tasks, one publish) was
+    writing; the job published nothing and can simply be run again."""
+
+
 class ObjectMissingError(StoreNotFoundError, FileNotFoundError):
     """An object that should be on a store root is not there."""

@@ -121,9 +121,9 @@ class ChainPublisher:
         lock_timeout: float,
     ) -> int:
         """Commit ``buffers`` as the next version; returns its number. No lock: the
-        exclusive create of the version record decides a race (``who`` and
-        ``lock_timeout`` are the local publisher's, unused here)."""
-        del who, lock_timeout
+        exclusive create of the version record decides a race (``lock_timeout`` is
+        the local publisher's, unused here)."""
+        del lock_timeout
         previous = latest_version(self.objects, self.store)
         record = commit_version(
             self.objects,
@@ -133,8 +133,9 @@ class ChainPublisher:
             cache=FileCache(),
             positions={p: buf.position for p, buf in buffers.items()},
             counts={p: {"puts": buf.puts, "deletes": buf.deletes} for p, buf in buffers.items()},
-            source_end=source_end.to_map() if source_end is not None else None,
+            source_end=source_end,
             metadata=metadata,
+            who=who,
         )
         try:
             collect_chain_garbage(self.objects, self.store, retain=self.manifest.retention)

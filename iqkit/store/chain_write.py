@@ -36,8 +36,16 @@ from .chain_read import build_database
 from .names import CHAIN_SST_DIR, COMMIT_KEY, META_PREFIX
 from .objects import ObjectStore
 from .partition import encode_commit_record
+from .versions import next_record
 
-__all__ = ["COMPACT_AFTER_DELTAS", "Change", "commit_partition", "commit_version", "sst_key"]
+__all__ = [
+    "COMPACT_AFTER_DELTAS",
+    "Change",
+    "commit_partition",
+    "commit_version",
+    "publish_next",
+    "sst_key",
+]
 
 #: A change: a value, or None for a delete.
 Change = tuple[bytes, bytes | None]
@@ -103,12 +111,17 @@ def commit_partition(
     counts: Mapping[str, int] | None = None,
     compact_after: int = COMPACT_AFTER_DELTAS,
     work: str | os.PathLike[str] | None = None,
+    uploaded: tuple[ChainFile, ...] = (),
 ) -> PartitionChain:
     """Upload ``partition``'s changes for ``version`` (module docstring); returns its new
     chain. Nothing is published here; ``cache`` serves the previous chain's files when
-    the commit compacts. ``work`` is a local folder for the files being written."""
+    the commit compacts. ``work`` is a local folder for the files being written.
+
+    ``uploaded``: SSTs of this commit already on the root (a Spark data source write's
+    task fragments, in the order they apply), which go between ``previous``'s files and
+    the delta holding ``changes`` and the commit record."""
     commit = _commit_record(previous, version, position, counts)
-    old = previous.files if previous is not None else ()
+    old = (*(previous.files if previous is not None else ()), *uploaded)
     with tempfile.TemporaryDirectory(prefix="iqkit-chain-", dir=work) as tmp:
         delta = Path(tmp) / "delta.sst"
         rocks.write_changes_sst(delta, _checked(changes, commit))
@@ -144,6 +157,36 @@ def _compact(
             shutil.rmtree(db_dir)
 
 
+def publish_next(
+    objects: ObjectStore,
+    store: str,
+    previous: ChainVersion | None,
+    version: int,
+    written: Mapping[int, PartitionChain],
+    *,
+    source_end: Position | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    who: str = "writer",
+    replace_all: bool = False,
+) -> ChainVersion:
+    """Publish ``version``: ``written`` partitions' new chains, the others as in
+    ``previous`` (none of them for ``replace_all``, an overwrite), with what every
+    version carries forward (``versions.next_record``). ``VersionConflictError`` when
+    another writer published that number first."""
+    partitions, end, facts = next_record(
+        previous,
+        version,
+        written,
+        source_end=source_end,
+        metadata=metadata or {},
+        who=who,
+        replace_all=replace_all,
+    )
+    record = ChainVersion(version=version, partitions=partitions, source_end=end, metadata=facts)
+    publish_version(objects, store, record)
+    return record
+
+
 def commit_version(
     objects: ObjectStore,
     store: str,
@@ -153,8 +196,9 @@ def commit_version(
     cache: FileCache,
     positions: Mapping[int, Position] | None = None,
     counts: Mapping[int, Mapping[str, int]] | None = None,
-    source_end: dict[str, dict[int, int]] | None = None,
+    source_end: Position | None = None,
     metadata: Mapping[str, Any] | None = None,
+    who: str = "writer",
     compact_after: int = COMPACT_AFTER_DELTAS,
     work: str | os.PathLike[str] | None = None,
 ) -> ChainVersion:
@@ -163,13 +207,13 @@ def commit_version(
     version; partitions without changes keep their chains. ``VersionConflictError``
     when another writer published that number first."""
     version = previous.version + 1 if previous is not None else 1
-    partitions = dict(previous.partitions) if previous is not None else {}
-    for p, rows in sorted(changes.items()):
-        partitions[p] = commit_partition(
+    before = previous.partitions if previous is not None else {}
+    written = {
+        p: commit_partition(
             objects,
             store,
             p,
-            partitions.get(p),
+            before.get(p),
             rows,
             version=version,
             cache=cache,
@@ -178,11 +222,15 @@ def commit_version(
             compact_after=compact_after,
             work=work,
         )
-    record = ChainVersion(
-        version=version,
-        partitions=partitions,
+        for p, rows in sorted(changes.items())
+    }
+    return publish_next(
+        objects,
+        store,
+        previous,
+        version,
+        written,
         source_end=source_end,
-        metadata=dict(metadata or {}),
+        metadata=metadata,
+        who=who,
     )
-    publish_version(objects, store, record)
-    return record

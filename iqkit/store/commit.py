@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -27,8 +26,7 @@ from .layout import StoreLayout, remove_if_exists, remove_tree_or_file
 from .manifest import StoreManifest
 from .names import COMMIT_KEY
 from .partition import encode_commit_record, parse_commit_record
-from .sinks import carry_forward as carry_sinks_forward
-from .versions import VersionRecord, collect_garbage, publish, read_latest_number
+from .versions import VersionRecord, collect_garbage, next_record, publish, read_latest_number
 
 __all__ = [
     "build_partition",
@@ -110,23 +108,17 @@ def publish_partitions(
                 shutil.rmtree(target)
             os.rename(staging, target)
             moved.append(target)
-        if previous is not None and previous.source_end is not None:
-            source_end = Position.from_map(previous.source_end).merge(source_end)
-        kept = {} if replace_all or previous is None else previous.partitions
-        # Streaming sinks' last batch ids carry forward, so any later version knows them.
-        sinks = carry_sinks_forward(
-            previous.metadata if previous else None, metadata.get("sinks", {}), version
+        partitions, end, facts = next_record(
+            previous,
+            version,
+            {p: version for p in built},
+            source_end=source_end,
+            metadata=metadata,
+            who=who,
+            replace_all=replace_all,
         )
         record = VersionRecord(
-            version=version,
-            partitions={**kept, **{p: version for p in built}},
-            source_end=source_end.to_map() if source_end is not None else None,
-            metadata={
-                **metadata,
-                **({"sinks": sinks} if sinks else {}),
-                "writer": {"who": who, "pid": os.getpid(), "host": socket.gethostname()},
-                "partitions_written": sorted(built),
-            },
+            version=version, partitions=partitions, source_end=end, metadata=facts
         )
         publish(layout, record)
     except BaseException:

@@ -35,23 +35,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import IqkitError, StoreNotFoundError, UnknownStoreError
+from ..errors import StoreConflictError, StoreNotFoundError, UnknownStoreError
 from ..query.position import Position
 from . import rocks
+from .chain_jobs import MODES, ChainJobCommit
 from .commit import build_partition, publish_partitions, warn_cleanup_failed
 from .layout import StoreLayout, list_store_names, remove_if_exists, remove_tree_or_file
 from .locking import CommitLock
 from .manifest import StoreManifest
 from .names import JOB_STAGING_PREFIX
+from .roots import parse_root
 from .sorted_rows import ArrowRows
 from .versions import Lease, read_latest, read_latest_number
 from .writer import create_store
-
-MODES = ("upsert", "overwrite")
-
-
-class StoreConflictError(IqkitError):
-    """Another commit landed while a job was writing; the job published nothing."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +67,23 @@ class JobSpec:
     @property
     def planned_version(self) -> int:
         return (self.base_version or 0) + 1
+
+    def stage(
+        self,
+        partition: int,
+        rows: Iterable[tuple[bytes, bytes | None]],
+        *,
+        attempt: str,
+        position: Position | None = None,
+        sorted_unique: bool = False,
+        work: str | os.PathLike[str] | None = None,
+    ) -> StagedPartition:
+        """``stage_partition`` (the same call as ``ChainJobSpec.stage`` on object roots;
+        ``work`` is unused: the partition is built in the store's own folder)."""
+        del work
+        return stage_partition(
+            self, partition, rows, attempt=attempt, position=position, sorted_unique=sorted_unique
+        )
 
 
 @dataclass(frozen=True)
@@ -288,6 +301,26 @@ class JobCommit:
     def __repr__(self) -> str:
         state = "open" if self._lease is not None else "finished"
         return f"JobCommit({self.spec.store!r}, job={self.job_id}, {self.spec.mode}, {state})"
+
+
+def open_job_commit(
+    root: str | os.PathLike[str],
+    store: str,
+    *,
+    mode: str = "upsert",
+    who: str = "job",
+    lock_timeout: float = 60.0,
+    create: StoreManifest | None = None,
+) -> JobCommit | ChainJobCommit:
+    """The job commit for ``root``'s format: ``JobCommit`` (folders) on a local root,
+    ``chain_jobs.ChainJobCommit`` on an object-storage URL. Both have ``spec`` (whose
+    ``stage`` a task calls), ``publish``, ``abort`` and ``version``."""
+    parsed = parse_root(root)
+    if parsed.local is None:
+        return ChainJobCommit(parsed.url, store, mode=mode, who=who, create=create)
+    return JobCommit(
+        parsed.local, store, mode=mode, who=who, lock_timeout=lock_timeout, create=create
+    )
 
 
 def _create_store(root: str, manifest: StoreManifest) -> None:

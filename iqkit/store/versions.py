@@ -30,13 +30,15 @@ import contextlib
 import fcntl
 import json
 import os
+import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Self, TypeVar
 
 from ..errors import IqkitError, StoreCorruptedError, StoreIOError
+from ..query.position import Position
 from .layout import (
     StoreLayout,
     atomic_write_text,
@@ -45,6 +47,7 @@ from .layout import (
     remove_tree_or_file,
 )
 from .names import JOB_STAGING_PREFIX, STAGING_PREFIX
+from .sinks import carry_forward as carry_sinks_forward
 
 T = TypeVar("T")
 P = TypeVar("P")
@@ -112,6 +115,45 @@ class PublishedVersion(Generic[P]):
             source_end=_position_map_from_json(data.get("source_end")),
             metadata=dict(data.get("metadata") or {}),
         )
+
+
+def next_record(
+    previous: PublishedVersion[P] | None,
+    version: int,
+    written: Mapping[int, P],
+    *,
+    source_end: Position | None,
+    metadata: Mapping[str, Any],
+    who: str,
+    replace_all: bool = False,
+) -> tuple[dict[int, P], dict[str, dict[int, int]] | None, dict[str, Any]]:
+    """What the record of ``version`` holds, in every format: its partitions, source end
+    offsets and metadata, given the ``previous`` record and the partitions this commit
+    ``written``. The one home of what a version carries forward:
+
+    * partitions the commit did not write keep their entries (an overwrite,
+      ``replace_all``, keeps none);
+    * source end offsets only grow: they merge with the previous ones;
+    * streaming sinks' last batch ids carry forward (``sinks.carry_forward``), so any
+      later version still recognises a replayed batch;
+    * the writer (``who``, pid, host) and the partitions written are recorded.
+    """
+    if previous is not None and previous.source_end is not None:
+        source_end = Position.from_map(previous.source_end).merge(source_end)
+    kept = {} if replace_all or previous is None else previous.partitions
+    sinks = carry_sinks_forward(
+        previous.metadata if previous else None, metadata.get("sinks", {}), version
+    )
+    return (
+        {**kept, **written},
+        source_end.to_map() if source_end is not None else None,
+        {
+            **metadata,
+            **({"sinks": sinks} if sinks else {}),
+            "writer": {"who": who, "pid": os.getpid(), "host": socket.gethostname()},
+            "partitions_written": sorted(written),
+        },
+    )
 
 
 @dataclass(frozen=True)

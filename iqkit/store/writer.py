@@ -26,7 +26,7 @@ from ..query.position import Position
 from ..query.request import validate_store_name
 from ..query.window import to_epoch_millis
 from . import keyspace, rocks
-from .chain_store import ChainPublisher, ensure_chain_store
+from .chain_store import ChainPublisher, ensure_chain_store, read_chain_manifest
 from .commit import build_partition, publish_partitions, remove_if_exists
 from .inputs import store_partitions_fed_by
 from .layout import StoreLayout, list_store_names
@@ -93,7 +93,17 @@ def ensure_store(
     Spark writers create it when their job publishes, so a failed first write leaves no
     store. The one home of this check: ``create_store`` and every Spark writer call it.
     """
-    layout = StoreLayout.of(root, manifest.name)
+    parsed = parse_root(root)
+    if parsed.local is None:
+        objects = open_objects(parsed)
+        if create:
+            return ensure_chain_store(objects, manifest, settings=settings, asked=asked)
+        try:
+            existing = read_chain_manifest(objects, manifest.name)
+        except UnknownStoreError:
+            return manifest
+        return check_same_settings(existing, manifest, settings=settings, asked=asked)
+    layout = StoreLayout.of(parsed.local, manifest.name)
     if not layout.manifest.exists():
         if create:
             manifest.write(layout)

@@ -103,8 +103,8 @@ def test_the_record_carries_chains_commit_records_and_store_facts(objects, cache
         cache=cache,
         positions={0: Position.from_map({"in": {0: 10}})},
         counts={0: {"rows": 1}},
-        source_end={"in": {0: 12}},
-        metadata={"writer": "test"},
+        source_end=Position.from_map({"in": {0: 12}}),
+        metadata={"job": "test", "sinks": {"s": {"q": 7}}},
     )
     v2 = commit_version(
         objects, STORE, v1, {0: [(key(1), None)]}, cache=cache,
@@ -117,8 +117,16 @@ def test_the_record_carries_chains_commit_records_and_store_facts(objects, cache
     assert (chain0.written_by, chain0.deltas, again.partitions[3].written_by) == (2, 1, 1)
     assert chain0.commit_record()["position"].to_map() == {"in": {0: 10, 1: 4}}
     assert [objects.size(f.name) for f in chain0.files] == [f.size for f in chain0.files]
-    assert read_version(objects, STORE, 1).metadata == {"writer": "test"}
-    assert read_version(objects, STORE, 1).source_end == {"in": {0: 12}}
+    first = read_version(objects, STORE, 1)
+    assert first.metadata["job"] == "test"
+    assert first.metadata["partitions_written"] == [0, 3]
+    assert first.metadata["writer"]["pid"] == os.getpid()
+    assert first.source_end == {"in": {0: 12}}
+    # What every version carries forward (versions.next_record), as in local folders:
+    # the source's end offsets and the sinks' batch ids survive a commit that names none.
+    assert again.source_end == {"in": {0: 12}}
+    assert again.metadata["sinks"] == {"s": {"q": {"batch": 7, "version": 1}}}
+    assert again.metadata["partitions_written"] == [0]
 
 
 # -- writer and reader ----------------------------------------------------------------

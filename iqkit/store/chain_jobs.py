@@ -1,0 +1,356 @@
+"""Job commits on object roots: partitions built and uploaded by many processes (Spark
+tasks on executors that share no filesystem), published once by the driver.
+
+The same split as ``jobs.py`` (the local folder format's job commits), in the SST-chain
+format (chain.py, chain_write.py):
+
+1. The driver opens a ``ChainJobCommit``: it pins the store's latest version (the *base*)
+   and picks a job id. A job may write a store that does not exist yet (``create=``, its
+   manifest): the manifest is created only when the job publishes, so a job that fails
+   creates no store.
+2. Each task, on whatever executor holds the partition's rows, calls
+   ``spec.stage(partition, rows, ...)``: the rows become one SST (a delta on top of the
+   base chain for an upsert, tombstones for deletes; the whole partition for an
+   overwrite), uploaded under a unique name, and the task returns a ``StagedChain`` (the
+   partition's new chain: small, sent back to the driver as text). Tasks that write many
+   sorted runs (the data source) upload each run with ``spec.upload_run`` and the driver
+   chains them (``ChainJobCommit.stage_runs``). The executor's ``FileCache`` serves the
+   base files when a chain is long enough to compact.
+3. The driver, once the job succeeded, calls ``publish(staged)`` with exactly one staged
+   chain per partition: one exclusive create of the next version record. If any commit
+   landed since the base, or another writer wins the create, the job publishes nothing
+   (``StoreConflictError``) and its SSTs are removed.
+
+What a failed, retried or speculative task attempt uploaded is listed by no record:
+retention (chain_retention.py) removes such orphans once they are older than its grace
+period. The driver removes what the staged chains it was handed uploaded when it does not
+publish them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import (
+    IqkitError,
+    StoreConflictError,
+    UnknownStoreError,
+    VersionConflictError,
+)
+from ..query.position import Position
+from .cache import FileCache
+from .chain import ChainFile, ChainVersion, PartitionChain, latest_version, list_versions
+from .chain_retention import collect_chain_garbage
+from .chain_store import chain_store_names, ensure_chain_store, read_chain_manifest
+from .chain_write import Change, commit_partition, publish_next, sst_key
+from .manifest import StoreManifest
+from .objects import ObjectStore, open_objects
+from .roots import parse_root
+
+__all__ = ["ChainJobCommit", "ChainJobSpec", "StagedChain"]
+
+log = logging.getLogger(__name__)
+
+#: A job's write modes, every format's (jobs.py imports them from here).
+MODES = ("upsert", "overwrite")
+
+
+@dataclass(frozen=True)
+class StagedChain:
+    """One partition a task built and uploaded, waiting for the driver to publish it."""
+
+    partition: int
+    chain: PartitionChain
+    attempt: str
+    puts: int = 0
+    deletes: int = 0
+    position: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def to_text(self) -> str:
+        """The staged chain as one JSON text (how a task returns it in a DataFrame)."""
+        import json
+
+        return json.dumps(
+            {
+                "partition": self.partition,
+                "chain": self.chain.to_json(),
+                "attempt": self.attempt,
+                "puts": self.puts,
+                "deletes": self.deletes,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_text(cls, text: str) -> StagedChain:
+        import json
+
+        data = json.loads(text)
+        chain = PartitionChain.from_json(data["chain"])
+        return cls(
+            partition=int(data["partition"]),
+            chain=chain,
+            attempt=str(data["attempt"]),
+            puts=int(data["puts"]),
+            deletes=int(data["deletes"]),
+            position=chain.commit_record()["position"].to_map(),
+        )
+
+
+@dataclass(frozen=True)
+class ChainJobSpec:
+    """What a task needs to build and upload its partitions (picklable, sent to
+    executors, which open the root themselves: its URL, credentials from their own
+    environment)."""
+
+    root: str
+    store: str
+    job_id: str
+    mode: str
+    #: The version the job builds on (None: the store had no version).
+    base_version: int | None
+    #: partition -> its chain in the base version (an upsert builds on these).
+    base_partitions: dict[int, PartitionChain]
+    manifest: StoreManifest
+
+    @property
+    def planned_version(self) -> int:
+        return (self.base_version or 0) + 1
+
+    def objects(self) -> ObjectStore:
+        return open_objects(parse_root(self.root))
+
+    def base_of(self, partition: int) -> PartitionChain | None:
+        """The chain a partition's commit builds on: the base's (upsert), or none."""
+        return self.base_partitions.get(partition) if self.mode == "upsert" else None
+
+    def stage(
+        self,
+        partition: int,
+        rows: Iterable[Change],
+        *,
+        attempt: str,
+        position: Position | None = None,
+        sorted_unique: bool = False,
+        work: str | os.PathLike[str] | None = None,
+    ) -> StagedChain:
+        """Upload ``partition``'s ``rows`` (sorted by key, each key once: (key, value or
+        None for a delete)) as one SST on top of the base chain; return the new chain.
+        ``sorted_unique`` is accepted for ``jobs.JobSpec.stage``'s signature: chain
+        rows are always sorted and unique (chain_write checks it)."""
+        del sorted_unique
+        counter = _Counter(rows)
+        chain = commit_partition(
+            self.objects(),
+            self.store,
+            partition,
+            self.base_of(partition),
+            counter,
+            version=self.planned_version,
+            cache=FileCache(),
+            position=position,
+            work=work,
+        )
+        return StagedChain(
+            partition=partition,
+            chain=chain,
+            attempt=attempt,
+            puts=self.manifest.kind.records_in(counter.puts),
+            deletes=self.manifest.kind.records_in(counter.deletes),
+            position=chain.commit_record()["position"].to_map(),
+        )
+
+    def upload_run(self, partition: int, sst: str | os.PathLike[str]) -> ChainFile:
+        """Upload one sorted run of a task (an SST of puts and tombstones, written with
+        ``rocks.write_changes_sst``) for ``partition``; the driver chains it
+        (``ChainJobCommit.stage_runs``)."""
+        objects = self.objects()
+        key = sst_key(self.store, partition, self.planned_version)
+        objects.put_immutable(key, sst)
+        return ChainFile(key, os.path.getsize(sst))
+
+
+class _Counter:
+    """Passes rows through, counting puts and deletes (RocksDB keys). The commit record
+    is written before the rows stream into the SST, so it carries no counts here; the
+    staged chain (and the version's metadata) carries them."""
+
+    def __init__(self, rows: Iterable[Change]) -> None:
+        self._rows = rows
+        self.puts = 0
+        self.deletes = 0
+
+    def __iter__(self) -> Iterator[Change]:
+        for key, value in self._rows:
+            if value is None:
+                self.deletes += 1
+            else:
+                self.puts += 1
+            yield key, value
+
+
+class ChainJobCommit:
+    """The driver's side of a job commit on an object root (see the module docstring).
+
+    ``create``: the manifest a store that does not exist yet gets when the job publishes
+    (one exclusive create; a store created meanwhile must have the same settings).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        store: str,
+        *,
+        mode: str = "upsert",
+        who: str = "job",
+        create: StoreManifest | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self._objects = open_objects(parse_root(root))
+        self._create: StoreManifest | None = None
+        try:
+            manifest = read_chain_manifest(self._objects, store)
+        except UnknownStoreError:
+            if create is None:
+                raise UnknownStoreError(store, chain_store_names(self._objects)) from None
+            manifest = self._create = create
+        self._base: ChainVersion | None = latest_version(self._objects, store)
+        self._who = who
+        self._uploaded: list[StagedChain] = []
+        self.job_id = uuid.uuid4().hex[:16]
+        self.spec = ChainJobSpec(
+            root=str(root),
+            store=store,
+            job_id=self.job_id,
+            mode=mode,
+            base_version=self._base.version if self._base is not None else None,
+            base_partitions=dict(self._base.partitions) if self._base is not None else {},
+            manifest=manifest,
+        )
+        self.version: int | None = None
+        self._finished = False
+
+    def __enter__(self) -> ChainJobCommit:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is not None or self.version is None:
+            self.abort()
+
+    def stage_runs(
+        self,
+        partition: int,
+        runs: Iterable[ChainFile],
+        *,
+        position: Position | None = None,
+        puts: int = 0,
+        deletes: int = 0,
+    ) -> StagedChain:
+        """On the driver: ``partition``'s new chain from the runs tasks uploaded (in the
+        order they apply) on top of the base chain (upsert) plus one small SST with the
+        commit record; compacted into one base here when the chain gets too long."""
+        spec = self.spec
+        chain = commit_partition(
+            self._objects,
+            spec.store,
+            partition,
+            spec.base_of(partition),
+            [],
+            version=spec.planned_version,
+            cache=FileCache(),
+            position=position,
+            counts={"puts": puts, "deletes": deletes},
+            uploaded=tuple(runs),
+        )
+        staged = StagedChain(
+            partition=partition,
+            chain=chain,
+            attempt="driver",
+            puts=puts,
+            deletes=deletes,
+            position=chain.commit_record()["position"].to_map(),
+        )
+        self._uploaded.append(staged)
+        return staged
+
+    def publish(
+        self,
+        staged: Iterable[StagedChain],
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        source_end: Position | None = None,
+    ) -> int:
+        """Publish one staged chain per partition as the store's next version."""
+        if self._finished:
+            raise RuntimeError(f"job {self.job_id} on store {self.spec.store!r} is finished")
+        chosen: dict[int, StagedChain] = {}
+        for s in staged:
+            if s.partition in chosen:
+                raise ValueError(f"job {self.job_id}: partition {s.partition} staged twice")
+            chosen[s.partition] = s
+        self._uploaded.extend(chosen.values())
+        spec = self.spec
+        try:
+            if self._create is not None:
+                ensure_chain_store(self._objects, self._create)
+            numbers = list_versions(self._objects, spec.store)
+            latest = numbers[-1] if numbers else None
+            if latest != spec.base_version:
+                raise _conflict(spec, latest)
+            try:
+                record = publish_next(
+                    self._objects,
+                    spec.store,
+                    self._base,
+                    spec.planned_version,
+                    {p: s.chain for p, s in chosen.items()},
+                    source_end=source_end,
+                    metadata={**(metadata or {}), "job": self.job_id, "mode": spec.mode},
+                    who=self._who,
+                    replace_all=spec.mode == "overwrite",
+                )
+            except VersionConflictError:
+                raise _conflict(spec, spec.planned_version) from None
+        except BaseException:
+            self.abort()
+            raise
+        self.version = record.version
+        self._finished = True
+        self._uploaded.clear()
+        try:
+            manifest = read_chain_manifest(self._objects, spec.store)
+            collect_chain_garbage(self._objects, spec.store, retain=manifest.retention)
+        except IqkitError as exc:  # published; retention runs again after the next commit
+            log.warning("store %r: retention after version %s failed: %s", spec.store,
+                        record.version, exc)  # fmt: skip
+        return record.version
+
+    def abort(self) -> None:
+        """Remove the SSTs of the staged chains this driver was handed or built (never
+        the base's); what other task attempts uploaded is left to retention."""
+        self._finished = True
+        base = {f.name for c in self.spec.base_partitions.values() for f in c.files}
+        for s in self._uploaded:
+            for f in s.chain.files:
+                if f.name not in base:
+                    with contextlib.suppress(IqkitError, OSError):
+                        self._objects.delete(f.name)
+        self._uploaded.clear()
+
+    def __repr__(self) -> str:
+        state = "finished" if self._finished else "open"
+        return f"ChainJobCommit({self.spec.store!r}, job={self.job_id}, {self.spec.mode}, {state})"
+
+
+def _conflict(spec: ChainJobSpec, latest: int | None) -> StoreConflictError:
+    return StoreConflictError(
+        f"store {spec.store!r} changed while the job ran (version {spec.base_version} -> "
+        f"{latest}); nothing was published, run the job again"
+    )
