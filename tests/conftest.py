@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from s3server import aws_env, new_bucket
+from s3server import aws_env, new_bucket, spark_worker_env
 
 
 @pytest.fixture
@@ -23,8 +23,10 @@ def root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def spark():
-    """One local Spark session for every test that needs one (starting one costs seconds)."""
+def spark(s3_endpoint, tmp_path_factory):
+    """One local Spark session for every test that needs one (starting one costs seconds).
+    Its Python workers can reach the test S3 server (``s3server.spark_worker_env``), with
+    a cache folder of their own, so the Spark tests can use ``s3_root`` too."""
     from helpers import require_java
 
     require_java()
@@ -33,6 +35,9 @@ def spark():
     # Executors must run this interpreter (the venv's), not whatever python3 is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    cache = tmp_path_factory.mktemp("spark-workers-cache")
+    for name, value in spark_worker_env(s3_endpoint, os.fspath(cache)).items():
+        os.environ.setdefault(name, value)
     session = (
         SparkSession.builder.master("local[2, 4]")  # 2 threads, 4 attempts per task
         .appName("iqkit-tests")

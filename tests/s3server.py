@@ -10,19 +10,38 @@ import uuid
 
 import pytest
 
+#: Variables a test process must not take from the machine (profiles, shared files).
+_UNSET = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3")
+
+
+def aws_variables(endpoint: str) -> dict[str, str]:
+    """The standard AWS variables pointing botocore at ``endpoint`` with test keys; no
+    profile, no shared files, and never the cloud's instance-metadata address."""
+    return {
+        "AWS_ACCESS_KEY_ID": "iqkit-test",
+        "AWS_SECRET_ACCESS_KEY": "iqkit-test-secret",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": "/nonexistent/iqkit-aws-config",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/iqkit-aws-credentials",
+    }
+
 
 def aws_env(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
-    """Point botocore at ``endpoint`` with test keys, through the standard variables only;
-    no profile, no shared files, and never the cloud's instance-metadata address."""
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+    """``aws_variables`` set for one test (through the standard variables only)."""
+    for name in _UNSET:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "iqkit-test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "iqkit-test-secret")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/iqkit-aws-config")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/iqkit-aws-credentials")
+    for name, value in aws_variables(endpoint).items():
+        monkeypatch.setenv(name, value)
+
+
+def spark_worker_env(endpoint: str, cache: str) -> dict[str, str]:
+    """What a Spark session's Python workers need to reach the test server: its AWS
+    variables and a cache folder of their own (``IQKIT_CACHE``). Set in the driver's
+    environment before the session starts, because Python workers inherit the JVM's
+    environment, fixed when it starts (a test's ``monkeypatch`` never reaches them)."""
+    return {**aws_variables(endpoint), "IQKIT_CACHE": cache}
 
 
 def new_bucket(endpoint: str) -> str:
