@@ -23,12 +23,17 @@ The job, end to end:
 4. Write (``mapInArrow``): each task serializes what is still raw (vectorized), sorts
    each store partition's rows by key and keeps the last row per key
    (``store.sorted_rows.SortedRows``, spilling sorted runs to local disk past a memory budget),
-   stages its store partitions (``store.jobs.stage_partition``; fresh partitions are
-   bulk-loaded from an SST file) and returns what it staged. Nothing is visible yet.
-5. Driver: once the job succeeded, publish exactly one staged folder per partition as
-   the store's next version (``JobCommit.publish``), creating the store if it is new. A
-   failed job publishes nothing and creates no store; a retried or speculative
-   attempt's folder is never published and is removed.
+   stages its store partitions through the job's spec (``store.jobs.open_job_commit``
+   picks the root's format) and returns what it staged, as text. On a local root a
+   staged partition is a hidden folder (fresh partitions are bulk-loaded from an SST
+   file); on an object root (``s3://`` ...) it is one SST built in the executor's local
+   folder and uploaded under a unique name (``store.chain_jobs``): executors and driver
+   share no files. Nothing is visible yet.
+5. Driver: once the job succeeded, publish exactly one staged partition per store
+   partition as the store's next version (one exclusive create of its version record),
+   creating the store if it is new. A failed job publishes nothing and creates no store;
+   a retried or speculative attempt's output is never published (removed at once
+   locally, by retention's grace period on object storage).
 
 Duplicate keys: the row with the highest sequence wins (Kafka's ``offset`` for
 Kafka-shaped input, else ``monotonically_increasing_id``, i.e. input order).
@@ -49,7 +54,8 @@ from pyspark.sql import types as T
 
 from ..query.position import Position
 from ..store import keyspace
-from ..store.jobs import JobCommit, JobSpec, StagedPartition, stage_partition
+from ..store.chain_jobs import ChainJobSpec, StagedChain
+from ..store.jobs import JobSpec, StagedPartition, open_job_commit
 from ..store.manifest import StoreManifest
 from ..store.partitioners import get_partitioner, murmur2
 from ..store.serdes import Serde, get_serde
@@ -75,7 +81,7 @@ _SPILL_BYTES = 256 * 1024 * 1024
 _STAGED_FIELDS = pa.schema(
     [
         ("partition", pa.int32()),
-        ("path", pa.string()),
+        ("staged", pa.string()),  # the spec's staged partition, as text (to_text)
         ("attempt", pa.string()),
         ("puts", pa.int64()),
         ("deletes", pa.int64()),
@@ -84,7 +90,7 @@ _STAGED_FIELDS = pa.schema(
     ]
 )
 _STAGED_SCHEMA = (
-    "partition int, path string, attempt string, puts long, deletes long, spark_partition int, "
+    "partition int, staged string, attempt string, puts long, deletes long, spark_partition int, "
     "null_keys long"
 )
 
@@ -122,7 +128,9 @@ def write_store(
     ``explicit`` partitioner so key queries fan out instead of routing by hash.
     Kafka-shaped input (``topic``, ``partition``, ``offset`` columns) advances the
     positions of the written partitions to the highest offsets in ``df``.
-    ``root`` must be a path every executor can see (a shared or local filesystem).
+    ``root``: a folder every executor can see (a shared or local filesystem), or an
+    object-storage URL (``s3://bucket/prefix``, ``gs://``, ``abfs://``) that every
+    executor reaches with the credentials of its own environment.
     ``progress``: show a progress bar (tasks, then partitions and rows written).
     ``_fail_task_once``: tests only — a marker file whose presence makes one task attempt
     fail after staging its first partition (the marker is consumed).
@@ -153,7 +161,7 @@ def write_store(
     sc = df.sparkSession.sparkContext
     with (
         WriteProgress(sc, store, enabled=progress) as bar,
-        JobCommit(root, store, mode=mode, who=f"spark:{sc.appName}", create=manifest) as job,
+        open_job_commit(root, store, mode=mode, who=f"spark:{sc.appName}", create=manifest) as job,
     ):
         writer = _stage_partitions_fn(
             job.spec,
@@ -171,7 +179,7 @@ def write_store(
             raise
         if any(r["null_keys"] for r in rows):  # nothing is published: the job aborts
             raise _null_keys_error(store, plan.key_columns[0])
-        staged = _one_per_partition(rows, plan, store)
+        staged = _one_per_partition(job.spec, rows, plan, store)
         # Partitions no row reached: an overwrite empties them; and in a murmur2 store,
         # whose every partition reads every input partition, they applied this input too,
         # so their positions advance (else bounds and lag would count records that could
@@ -179,7 +187,7 @@ def write_store(
         advance = position is not None and plan.partition_column is None
         if mode == "overwrite" or advance:
             for p in sorted(set(range(partitions)) - {s.partition for s in staged}):
-                staged.append(stage_partition(job.spec, p, [], attempt="driver", position=position))
+                staged.append(job.spec.stage(p, [], attempt="driver", position=position))
         written = sum(s.puts for s in staged)
         version = job.publish(
             staged,
@@ -264,8 +272,10 @@ def _parallelism(df: DataFrame) -> int:
     return max(1, df.sparkSession.sparkContext.defaultParallelism)
 
 
-def _one_per_partition(rows: list[Any], plan: ColumnPlan, store: str) -> list[StagedPartition]:
-    staged: dict[int, StagedPartition] = {}
+def _one_per_partition(
+    spec: JobSpec | ChainJobSpec, rows: list[Any], plan: ColumnPlan, store: str
+) -> list[StagedPartition | StagedChain]:
+    staged: dict[int, StagedPartition | StagedChain] = {}
     for r in rows:
         if r["partition"] in staged:
             raise ValueError(
@@ -273,13 +283,7 @@ def _one_per_partition(rows: list[Any], plan: ColumnPlan, store: str) -> list[St
                 f"Spark partition, so the input is not partitioned by "
                 f"{plan.partition_column!r}; drop mark_as_partitioned to let iqkit shuffle"
             )
-        staged[r["partition"]] = StagedPartition(
-            partition=r["partition"],
-            path=r["path"],
-            attempt=r["attempt"],
-            puts=r["puts"],
-            deletes=r["deletes"],
-        )
+        staged[r["partition"]] = spec.staged_from_text(r["staged"])
     return list(staged.values())
 
 
@@ -595,7 +599,7 @@ def _finish_fn(
 
 
 def _stage_partitions_fn(
-    spec: JobSpec,
+    spec: JobSpec | ChainJobSpec,
     position: Position | None,
     fail_marker: str | None,
     *,
@@ -630,8 +634,13 @@ def _stage_partitions_fn(
                     ps, k, v, seq = finish(batch)
                     buffer.add(k, v, seq, partitions=ps)
             for p, rows in parts if not null_keys else ():
-                s = stage_partition(
-                    spec, p, rows, attempt=attempt, position=position, sorted_unique=True
+                s = spec.stage(
+                    p,
+                    rows,
+                    attempt=attempt,
+                    position=position,
+                    sorted_unique=True,
+                    work=spill_dir(),
                 )
                 staged.append(s)
                 if fail_marker is not None and consume_marker(fail_marker):
@@ -640,7 +649,8 @@ def _stage_partitions_fn(
             parts.close()  # releases the run files' memory maps
             buffer.close()
         out = [
-            (s.partition, s.path, s.attempt, s.puts, s.deletes, spark_partition, 0) for s in staged
+            (s.partition, s.to_text(), s.attempt, s.puts, s.deletes, spark_partition, 0)
+            for s in staged
         ]
         if null_keys:
             out.append((-1, "", attempt, 0, 0, spark_partition, null_keys))

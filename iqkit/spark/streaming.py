@@ -22,9 +22,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
 from ..query.position import Position
-from ..store.layout import StoreLayout
+from ..store.jobs import latest_published, store_exists
 from ..store.sinks import UNIDENTIFIED, last_batch, latest_batch
-from ..store.versions import read_latest_number, read_version
 from ..store.writer import StoreWriter
 from .batch import write_store
 from .roots import driver_root
@@ -45,11 +44,10 @@ def last_committed_batch(
     """The highest batch id ``sink`` committed to ``store`` for streaming query
     ``query_id`` (Spark's ``StreamingQuery.id``); without ``query_id``, that of the query
     that committed through ``sink`` last. None: never."""
-    layout = StoreLayout.of(root, store)
-    latest = read_latest_number(layout)
+    latest = latest_published(root, store)
     if latest is None:
         return None
-    metadata = read_version(layout, latest).metadata
+    metadata = latest.metadata
     if query_id is not None:
         return last_batch(metadata, sink, str(query_id))
     entry = latest_batch(metadata, sink)
@@ -99,7 +97,7 @@ def store_sink(
     streaming query, the function remembers the caller's batch ids under the sink name.
     """
     name = sink_name or store
-    root = driver_root(root)  # the folder meant when the sink was made, whatever cwd later
+    root = driver_root(root)  # the root meant when the sink was made, whatever cwd later
     active = SparkSession.getActiveSession()
     if active is not None:  # fail before the stream starts, not at its first batch
         require_workers_can_import_iqkit(active)
@@ -147,7 +145,7 @@ def _record_empty_batch(
 ) -> None:
     """An empty micro-batch changes no data; record its id (and the source's end offsets,
     for lag) once the store exists, so a replay is still recognised."""
-    if not StoreLayout.of(root, store).manifest.exists():
+    if not store_exists(root, store):
         return
     with StoreWriter(root, store, who=f"sink:{sink}") as writer:
         writer.set_metadata(**progress)

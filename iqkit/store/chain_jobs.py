@@ -166,6 +166,11 @@ class ChainJobSpec:
             position=chain.commit_record()["position"].to_map(),
         )
 
+    @staticmethod
+    def staged_from_text(text: str) -> StagedChain:
+        """A staged chain back from ``StagedChain.to_text`` (what a task sent)."""
+        return StagedChain.from_text(text)
+
     def upload_run(self, partition: int, sst: str | os.PathLike[str]) -> ChainFile:
         """Upload one sorted run of a task (an SST of puts and tombstones, written with
         ``rocks.write_changes_sst``) for ``partition``; the driver chains it

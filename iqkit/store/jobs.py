@@ -27,6 +27,7 @@ key-unique from ``store.sorted_rows`` (the external sort), which knows nothing o
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import uuid
@@ -38,15 +39,18 @@ from typing import Any
 from ..errors import StoreConflictError, StoreNotFoundError, UnknownStoreError
 from ..query.position import Position
 from . import rocks
+from .chain import latest_version
 from .chain_jobs import MODES, ChainJobCommit
+from .chain_store import read_chain_manifest
 from .commit import build_partition, publish_partitions, warn_cleanup_failed
 from .layout import StoreLayout, list_store_names, remove_if_exists, remove_tree_or_file
 from .locking import CommitLock
 from .manifest import StoreManifest
 from .names import JOB_STAGING_PREFIX
+from .objects import open_objects
 from .roots import parse_root
 from .sorted_rows import ArrowRows
-from .versions import Lease, read_latest, read_latest_number
+from .versions import Lease, PublishedVersion, read_latest, read_latest_number
 from .writer import create_store
 
 
@@ -85,6 +89,11 @@ class JobSpec:
             self, partition, rows, attempt=attempt, position=position, sorted_unique=sorted_unique
         )
 
+    @staticmethod
+    def staged_from_text(text: str) -> StagedPartition:
+        """A staged partition back from ``StagedPartition.to_text`` (what a task sent)."""
+        return StagedPartition.from_text(text)
+
 
 @dataclass(frozen=True)
 class StagedPartition:
@@ -96,6 +105,30 @@ class StagedPartition:
     puts: int = 0
     deletes: int = 0
     position: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def to_text(self) -> str:
+        """The staged partition as one JSON text (how a Spark task returns it)."""
+        return json.dumps(
+            {
+                "partition": self.partition,
+                "path": self.path,
+                "attempt": self.attempt,
+                "puts": self.puts,
+                "deletes": self.deletes,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_text(cls, text: str) -> StagedPartition:
+        data = json.loads(text)
+        return cls(
+            partition=int(data["partition"]),
+            path=str(data["path"]),
+            attempt=str(data["attempt"]),
+            puts=int(data["puts"]),
+            deletes=int(data["deletes"]),
+        )
 
 
 def stage_partition(
@@ -321,6 +354,31 @@ def open_job_commit(
     return JobCommit(
         parsed.local, store, mode=mode, who=who, lock_timeout=lock_timeout, create=create
     )
+
+
+def store_exists(root: str | os.PathLike[str], store: str) -> bool:
+    """Whether ``store`` has a manifest under ``root``, in the root's format."""
+    parsed = parse_root(root)
+    if parsed.local is None:
+        try:
+            read_chain_manifest(open_objects(parsed), store)
+        except UnknownStoreError:
+            return False
+        return True
+    return StoreLayout.of(parsed.local, store).manifest.exists()
+
+
+def latest_published(root: str | os.PathLike[str], store: str) -> PublishedVersion[Any] | None:
+    """``store``'s latest version record in the root's format (its ``metadata``,
+    ``source_end``, ``version``: what every format's record carries), or None when
+    nothing was published (or there is no such store)."""
+    parsed = parse_root(root)
+    if parsed.local is None:
+        return latest_version(open_objects(parsed), store)
+    layout = StoreLayout.of(parsed.local, store)
+    if not layout.manifest.exists():
+        return None
+    return read_latest(layout)
 
 
 def _create_store(root: str, manifest: StoreManifest) -> None:
