@@ -4,19 +4,36 @@ Why: object storage is slow and billed per request, and the immutable format nam
 file uniquely, so a file fetched once is good forever. Each file lands once in
 ``IQKIT_CACHE`` (default ``$XDG_CACHE_HOME/iqkit``, else ``~/.cache/iqkit``), under
 ``objects/<hash of the root URL>/<key>``; versions that share files share them here.
+Beside them, ``dbs/`` holds the RocksDB databases readers build from those files
+(chain_read.py), one folder per partition chain.
 
 - **Bounded.** ``IQKIT_CACHE_SIZE`` (or ``limit=``; ``10GiB`` by default) caps the bytes of
-  cached files; past it the least recently used files go first (recency is the file's
-  mtime, touched on every hit, so every process sees the same order).
-- **Pins.** A reader pins the files it uses (a shared ``flock`` on the file, released by
-  the kernel if the process dies); eviction takes an exclusive ``flock`` without waiting
-  and skips a file it cannot get, so a file a live reader pinned is never removed, in
-  this process or another.
+  cached files *and* databases together; past it the least recently used entries go
+  first, an entry being one cached file or one whole database folder. Recency is the
+  file's or the database folder's mtime, touched on every hit or open, so every process
+  sees the same order. Eviction runs after each fetch and each database build, so the
+  cache is over the limit only by what was pinned then, until the next one.
+- **Bytes are counted once per inode.** A database's SSTs are hard links of the cached
+  files (same inode, no copy), so the cache counts each ``(st_dev, st_ino)`` once
+  whatever its number of names in ``objects/`` and ``dbs/`` (``st_nlink`` > 1), and a
+  removal frees an inode's bytes only when it took the inode's last name in the cache
+  (a name elsewhere, ``st_nlink`` above the names found, is outside what the cache
+  manages: the bytes count as freed when the cache lets go of them).
+  Eviction therefore skips, for now, a file whose bytes a database still holds (removing
+  it would free nothing) and comes back to it once that database is gone. Builds in
+  progress (``.building-*``) are not counted; their files are mostly links anyway.
+- **Pins.** A reader pins the files and the database it uses: a shared ``flock`` on the
+  file, or on the database's folder, released by the kernel if the process dies;
+  eviction takes an exclusive ``flock`` without waiting and skips what it cannot get, so
+  nothing a live reader pinned is ever removed, in this process or another. A database
+  is evicted by renaming its folder away (``.evicting-*``) while holding the exclusive
+  lock, then deleting it; a later open simply builds it again.
 - **Safe with several processes.** Files arrive by download to a temporary name and a
-  rename; a pin checks, once locked, that the name still holds the file it opened (an
-  eviction may have won the race), else fetches again.
-- **Counted.** ``stats`` says what was fetched (files, bytes, seconds) and what came from
-  the cache, for execution traces.
+  rename, databases by a build in a temporary folder and a rename; a pin checks, once
+  locked, that the name still holds what it opened (an eviction may have won the race),
+  else fetches (or builds) again.
+- **Counted.** ``stats`` says what was fetched (files, bytes, seconds), what came from
+  the cache, and what eviction removed (files, databases, bytes freed), for traces.
 """
 
 from __future__ import annotations
@@ -26,11 +43,18 @@ import fcntl
 import hashlib
 import os
 import re
+import shutil
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .names import (
+    CACHE_DBS_DIR,
+    CACHE_EVICTING_PREFIX,
+    ROCKSDB_CURRENT_FILE,
+)
 from .objects import TMP_PREFIX, ObjectStore, check_key
 
 __all__ = [
@@ -77,7 +101,8 @@ def default_cache_dir() -> Path:
 
 @dataclass
 class CacheStats:
-    """What a cache did: fetched files (count, bytes, seconds) and hits."""
+    """What a cache did: fetched files (count, bytes, seconds), hits, and evictions
+    (cached files and whole databases removed, and the bytes that freed on disk)."""
 
     files_fetched: int = 0
     bytes_fetched: int = 0
@@ -85,6 +110,8 @@ class CacheStats:
     hits: int = 0
     hit_bytes: int = 0
     files_evicted: int = 0
+    databases_evicted: int = 0
+    bytes_evicted: int = 0
 
     def since(self, before: CacheStats) -> CacheStats:
         """The counts added after ``before`` (a copy taken earlier): one query's share."""
@@ -96,11 +123,18 @@ class CacheStats:
         return CacheStats(**{f: getattr(self, f) for f in self.__dataclass_fields__})
 
     def line(self) -> str:
-        """One trace line, e.g. ``cache: fetched 3 files (1.2 MB) in 0.412 s; 5 from cache``."""
-        return (
+        """One trace line, e.g. ``cache: fetched 3 files (1.2 MB) in 0.412 s; 5 from cache``
+        (``...; evicted 2 files, 1 databases (8.1 MB freed)`` when eviction removed any)."""
+        text = (
             f"cache: fetched {self.files_fetched} files ({_mb(self.bytes_fetched)}) in "
             f"{self.fetch_seconds:.3f} s; {self.hits} from cache ({_mb(self.hit_bytes)})"
         )
+        if self.files_evicted or self.databases_evicted:
+            text += (
+                f"; evicted {self.files_evicted} files, {self.databases_evicted} databases "
+                f"({_mb(self.bytes_evicted)} freed)"
+            )
+        return text
 
 
 def _mb(n: int) -> str:
@@ -109,8 +143,8 @@ def _mb(n: int) -> str:
 
 @dataclass
 class PinnedFile:
-    """A cached file a reader uses: it stays on disk until ``release()`` (or the end of
-    the ``with`` block, or the process)."""
+    """A cached file (or database folder) a reader uses: it stays on disk until
+    ``release()`` (or the end of the ``with`` block, or the process)."""
 
     path: Path
     size: int
@@ -128,8 +162,57 @@ class PinnedFile:
         self.release()
 
 
+#: A file's identity: the same bytes under every hard link.
+_Inode = tuple[int, int]
+
+
+@dataclass
+class _Entry:
+    """One thing eviction may remove: a cached file, or a database folder."""
+
+    mtime: float
+    path: Path
+    inodes: list[_Inode]
+    database: bool
+
+
+@dataclass
+class _Census:
+    """The cache now: its entries, each inode's size, and its names in the cache."""
+
+    entries: list[_Entry] = field(default_factory=list)
+    sizes: dict[_Inode, int] = field(default_factory=dict)
+    names: dict[_Inode, int] = field(default_factory=dict)
+
+    def add(self, st: os.stat_result) -> _Inode:
+        inode = (st.st_dev, st.st_ino)
+        self.sizes[inode] = st.st_size
+        self.names[inode] = self.names.get(inode, 0) + 1
+        return inode
+
+    def total(self) -> int:
+        return sum(self.sizes.values())
+
+    def would_free(self, entry: _Entry) -> int:
+        """Bytes removing ``entry`` frees: its inodes with no other name in the cache."""
+        own: dict[_Inode, int] = {}
+        for inode in entry.inodes:
+            own[inode] = own.get(inode, 0) + 1
+        return sum(self.sizes[i] for i, n in own.items() if self.names[i] == n)
+
+    def remove(self, entry: _Entry) -> int:
+        """Forget ``entry``'s names; the bytes that freed."""
+        freed = 0
+        for inode in entry.inodes:
+            self.names[inode] -= 1
+            if self.names[inode] == 0:
+                freed += self.sizes.pop(inode)
+        return freed
+
+
 class FileCache:
-    """Immutable files of store roots, fetched once into a local folder (module doc)."""
+    """Immutable files of store roots, fetched once into a local folder, and the
+    databases built from them (module doc)."""
 
     def __init__(
         self, folder: str | os.PathLike[str] | None = None, *, limit: int | str | None = None
@@ -140,6 +223,7 @@ class FileCache:
         else:
             self.limit = parse_size(os.environ.get(ENV_LIMIT) or DEFAULT_LIMIT)
         self.objects_dir = self.folder / "objects"
+        self.dbs_dir = self.folder / CACHE_DBS_DIR
         self.stats = CacheStats()
 
     def path_of(self, objects: ObjectStore, key: str) -> Path:
@@ -189,12 +273,43 @@ class FileCache:
             for p in pins:
                 p.release()
 
-    def usage(self) -> int:
-        """Bytes of cached files now."""
-        return sum(size for _, size, _ in self._entries())
+    # -- databases (built by chain_read.py under dbs/) ------------------------------------
+    def pin_database(self, folder: Path) -> PinnedFile | None:
+        """The database ``folder`` (under ``dbs_dir``) pinned until released and marked
+        most recently used; ``None`` when there is none (never built, or evicted)."""
+        while True:
+            try:
+                fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while an eviction renames it away
+            if _same_file(fd, folder) and (folder / ROCKSDB_CURRENT_FILE).is_file():
+                break
+            os.close(fd)  # evicted (and perhaps rebuilt) between open and lock: look again
+        with contextlib.suppress(OSError):
+            os.utime(folder)  # most recently used
+        return PinnedFile(folder, _folder_bytes(folder), fd)
 
-    def _entries(self) -> list[tuple[float, int, Path]]:
-        out = []
+    def hold_new_database(self, building: Path) -> PinnedFile:
+        """Pin the database being built in ``building`` before it is renamed into place:
+        the lock is on the folder itself, so the rename carries it, and no eviction can
+        take the database between its rename and its first use."""
+        fd = os.open(building, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return PinnedFile(building, _folder_bytes(building), fd)
+
+    # -- size and eviction -------------------------------------------------------------
+    def usage(self) -> int:
+        """Bytes of cached files and databases now, each inode counted once."""
+        return self._census().total()
+
+    def _census(self) -> _Census:
+        census = _Census()
+        self._scan_objects(census)
+        self._scan_databases(census)
+        return census
+
+    def _scan_objects(self, census: _Census) -> None:
         for dirpath, _, files in os.walk(self.objects_dir):
             for name in files:
                 path = Path(dirpath) / name
@@ -207,22 +322,77 @@ class FileCache:
                         with contextlib.suppress(FileNotFoundError):
                             path.unlink()
                     continue
-                out.append((st.st_mtime, st.st_size, path))
-        return out
+                census.entries.append(_Entry(st.st_mtime, path, [census.add(st)], False))
+
+    def _scan_databases(self, census: _Census) -> None:
+        """Every database folder (one holding RocksDB's ``CURRENT``) under ``dbs/``;
+        folders an eviction left half-deleted are deleted, builds are left alone."""
+        for dirpath, dirs, files in os.walk(self.dbs_dir):
+            here = Path(dirpath)
+            if ROCKSDB_CURRENT_FILE in files:
+                dirs[:] = []
+                try:
+                    mtime = here.stat().st_mtime
+                    inodes = [census.add(st) for st in _file_stats(here)]
+                except FileNotFoundError:
+                    continue  # evicted by another process meanwhile
+                census.entries.append(_Entry(mtime, here, inodes, True))
+                continue
+            for name in [d for d in dirs if d.startswith(".")]:
+                dirs.remove(name)  # builds in progress and evictions: never databases
+                if name.startswith(CACHE_EVICTING_PREFIX):
+                    shutil.rmtree(here / name, ignore_errors=True)
 
     def evict(self) -> int:
-        """Remove least recently used, unpinned files until the cache fits its limit;
-        returns the bytes removed. Pinned files stay even if the cache is then over."""
-        entries = self._entries()
-        total = sum(size for _, size, _ in entries)
+        """Remove least recently used, unpinned files and databases until the cache
+        fits its limit; returns the bytes that freed. Pinned ones stay even if the cache
+        is then over. A removal that would free nothing now (a file whose bytes a
+        database holds) waits until the entries holding the same bytes are gone."""
+        census = self._census()
+        total = census.total()
         freed = 0
-        for _, size, path in sorted(entries, key=lambda e: e[0]):
-            if total - freed <= self.limit:
-                break
-            if _remove_unpinned(path):
-                freed += size
+        waiting: list[_Entry] = []  # in recency order, like the entries
+
+        def take(entry: _Entry) -> bool:
+            nonlocal total, freed
+            removed = (_remove_unpinned_folder if entry.database else _remove_unpinned)(entry.path)
+            if not removed:
+                return False
+            gone = census.remove(entry)
+            total -= gone
+            freed += gone
+            self.stats.bytes_evicted += gone
+            if entry.database:
+                self.stats.databases_evicted += 1
+            else:
                 self.stats.files_evicted += 1
+            return True
+
+        for entry in sorted(census.entries, key=lambda e: e.mtime):
+            if total <= self.limit:
+                break
+            if census.would_free(entry) == 0 and not entry.database:
+                waiting.append(entry)
+                continue
+            if take(entry) and entry.database:
+                # Files whose bytes only this database shared may free them now.
+                for older in [w for w in waiting if census.would_free(w) > 0]:
+                    if total <= self.limit:
+                        break
+                    waiting.remove(older)
+                    take(older)
         return freed
+
+
+def _file_stats(folder: Path) -> list[os.stat_result]:
+    with os.scandir(folder) as entries:
+        return [e.stat(follow_symlinks=False) for e in entries if e.is_file(follow_symlinks=False)]
+
+
+def _folder_bytes(folder: Path) -> int:
+    with contextlib.suppress(OSError):
+        return sum(st.st_size for st in _file_stats(folder))
+    return 0
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -251,3 +421,31 @@ def _remove_unpinned(path: Path) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def _remove_unpinned_folder(path: Path) -> bool:
+    """Delete the database folder ``path`` unless some process holds a pin on it.
+
+    Under the exclusive lock the folder is renamed away (atomic: a reader opening it
+    after this finds nothing and builds again; one that opened it just before waits for
+    the lock, then sees the name no longer holds its folder), and deleted after."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        if not _same_file(fd, path):
+            return False  # another evictor took it and a build put a new one there
+        doomed = path.with_name(f"{CACHE_EVICTING_PREFIX}{uuid.uuid4().hex}-{path.name}")
+        try:
+            os.rename(path, doomed)
+        except FileNotFoundError:
+            return False
+    finally:
+        os.close(fd)
+    shutil.rmtree(doomed, ignore_errors=True)
+    return True

@@ -9,6 +9,12 @@ atomic and fails when the folder exists, so two processes building the same vers
 once both succeed and one keeps the other's folder; a second open of the version
 (in any process) reuses it, touching neither the root nor the network.
 
+The database counts against the cache's limit like its files (``FileCache.evict``), so
+an open partition pins its database folder (a shared ``flock`` on it, taken on the
+temporary folder before the rename so no eviction can slip in between) as well as its
+files, and eviction never removes a database a live reader has open. A database evicted
+while nobody had it open is simply built again by the next open.
+
 Ingestion hands RocksDB a fresh hard link of each cached file with ``move_files``:
 RocksDB links it into the database and removes the link it was given, so the cached file
 stays, the database shares its bytes (no copy) and the file is never changed. The
@@ -30,14 +36,11 @@ from pathlib import Path
 from . import rocks
 from .cache import STALE_TMP_SECONDS, CacheStats, FileCache, PinnedFile
 from .chain import PartitionChain
-from .names import CACHE_DBS_DIR
+from .names import CACHE_BUILDING_PREFIX, CACHE_DBS_DIR
 from .objects import ObjectStore, check_key
 from .partition import RocksDBPartition
 
 __all__ = ["ChainPartition", "build_database", "database_folder", "open_partition"]
-
-#: Prefix of a database being built in the cache (removed if the build fails).
-_BUILDING_PREFIX = ".building-"
 
 
 def build_database(folder: Path, files: Sequence[str | os.PathLike[str]]) -> None:
@@ -78,8 +81,9 @@ def database_folder(
 class ChainPartition(RocksDBPartition):
     """A partition of an SST-chain version, opened read-only from the cache.
 
-    It keeps the chain's cached files pinned while open (eviction skips them, so the
-    cache's size accounting sees what is in use), and says what opening it cost."""
+    It keeps its database folder and the chain's cached files pinned while open
+    (eviction skips them, so the cache's size accounting sees what is in use), and says
+    what opening it cost."""
 
     def __init__(
         self,
@@ -96,7 +100,7 @@ class ChainPartition(RocksDBPartition):
             self._release()
             raise
         self.chain = chain
-        #: What opening fetched and what came from the cache.
+        #: What opening fetched and what came from the cache (and what it evicted).
         self.fetch = fetch
         #: True when this open built the database; False when it was already in the cache.
         self.built = built
@@ -124,13 +128,20 @@ def open_partition(
     before = cache.stats.copy()
     pins: list[PinnedFile] = []
     folder = database_folder(cache, objects, store, partition, chain)
-    reuse = rocks.database_exists(folder)
     try:
+        database = cache.pin_database(folder)
+        if database is not None:
+            pins.append(database)
         for f in chain.files:
-            if reuse and not cache.path_of(objects, f.name).exists():
+            if database is not None and not cache.path_of(objects, f.name).exists():
                 continue  # evicted, but the database holds its own link: no fetch needed
             pins.append(cache.pin(objects, f.name))
-        built = not reuse and _build_in_place(folder, [p.path for p in pins])
+        built = False
+        if database is None:
+            database, built = _build_in_place(cache, folder, [p.path for p in pins])
+            pins.append(database)
+            if built:
+                cache.evict()  # the new database counts against the limit (it is pinned)
         return ChainPartition(folder, chain, pins, cache.stats.since(before), built)
     except BaseException:
         for pin in pins:
@@ -144,27 +155,35 @@ def _remove_stale_builds(parent: Path) -> None:
     cutoff = time.time() - STALE_TMP_SECONDS
     with contextlib.suppress(OSError), os.scandir(parent) as entries:
         for entry in entries:
-            if entry.name.startswith(_BUILDING_PREFIX):
+            if entry.name.startswith(CACHE_BUILDING_PREFIX):
                 with contextlib.suppress(OSError):
                     if entry.stat(follow_symlinks=False).st_mtime < cutoff:
                         shutil.rmtree(entry.path)
 
 
-def _build_in_place(folder: Path, files: list[Path]) -> bool:
-    """Build ``folder`` through a temporary folder and a rename; False when another
-    process's build got there first (then its folder, the same chain, is used)."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_builds(folder.parent)
-    tmp = folder.with_name(f"{_BUILDING_PREFIX}{uuid.uuid4().hex}-{folder.name}")
-    try:
-        build_database(tmp, files)
+def _build_in_place(cache: FileCache, folder: Path, files: list[Path]) -> tuple[PinnedFile, bool]:
+    """Build ``folder`` through a temporary folder and a rename; the database pinned,
+    and False when another process's build got there first (its folder, the same chain,
+    is used). ``files`` must be pinned by the caller."""
+    while True:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_builds(folder.parent)
+        tmp = folder.with_name(f"{CACHE_BUILDING_PREFIX}{uuid.uuid4().hex}-{folder.name}")
         try:
-            os.rename(tmp, folder)
-        except OSError:
-            if not rocks.database_exists(folder):
-                raise
-            return False
-        return True
-    finally:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(tmp)
+            build_database(tmp, files)
+            pin = cache.hold_new_database(tmp)  # the lock moves with the folder
+            try:
+                os.rename(tmp, folder)
+            except OSError:
+                pin.release()
+                if not rocks.database_exists(folder):
+                    raise
+                theirs = cache.pin_database(folder)
+                if theirs is None:
+                    continue  # evicted as soon as it appeared: build again
+                return theirs, False
+            pin.path = folder
+            return pin, True
+        finally:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(tmp)

@@ -71,6 +71,10 @@ CHAIN_SST_DIR = "sst"
 #: In the local cache: ``dbs/<root id>/<store>/<p>/<version>-<chain hash>/`` is a
 #: partition chain ingested into a RocksDB folder (built once, reused by later opens).
 CACHE_DBS_DIR = "dbs"
+#: Prefix of a database being built in the cache (renamed into place when complete).
+CACHE_BUILDING_PREFIX = ".building-"
+#: Prefix a database evicted from the cache is renamed to before it is deleted.
+CACHE_EVICTING_PREFIX = ".evicting-"
 
 #: Bumped when the on-disk layout changes incompatibly.
 FORMAT_VERSION = 1
