@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import time
 import uuid
@@ -133,10 +134,16 @@ def _explain(exc: BaseException, root: StoreRoot) -> str:
         return "access denied"
     if names & {"EndpointConnectionError", "ConnectionClosedError", "ClientConnectorError",
                 "ClientOSError", "ServerDisconnectedError", "ConnectionError"}:  # fmt: skip
-        return f"the endpoint cannot be reached or dropped the connection ({_first_line(exc)})"
+        # The SDK's text repeats the whole object URL; the endpoint is what to check.
+        said = _URL_PATH.sub(r"\1", _first_line(exc))
+        return f"the endpoint cannot be reached or dropped the connection ({said})"
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return _first_line(exc) or type(exc).__name__
+
+
+#: A URL with a path, maybe quoted: group 1 is its scheme, host and port.
+_URL_PATH = re.compile(r'"?(https?://[^/\s"]+)/[^\s"]*"?')
 
 
 def _first_line(exc: BaseException) -> str:
