@@ -54,7 +54,9 @@ class ClusterError(RuntimeError):
 class ClusterDriver:
     """The driver process of a running ``local-cluster`` session (see the module)."""
 
-    def __init__(self, scratch: Path) -> None:
+    def __init__(self, scratch: Path, env: dict[str, str] | None = None) -> None:
+        """``env``: variables the driver process, its executors and their Python workers
+        get on top of this process's (executors inherit the driver's environment)."""
         self.scratch = Path(scratch)
         self.spark_home = _spark_home(self.scratch / "spark-home")
         self.driver_cwd = self.scratch / "driver"
@@ -65,7 +67,7 @@ class ClusterDriver:
         self._proc = subprocess.Popen(
             [sys.executable, __file__, str(to_driver_r), str(from_driver_w)],
             cwd=self.driver_cwd,
-            env=_driver_env(self.scratch, self.spark_home),
+            env={**_driver_env(self.scratch, self.spark_home), **(env or {})},
             pass_fds=(to_driver_r, from_driver_w),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
