@@ -229,16 +229,22 @@ def test_a_commit_uploads_only_its_delta_and_a_reader_fetches_only_that(objects,
         again.close()
 
 
-def test_a_built_database_needs_no_fetch_after_its_files_are_evicted(objects, tmp_path):
-    cache = FileCache(tmp_path / "cache", limit=0)  # evicts every file nobody pins
+def test_a_cached_database_needs_no_fetch_and_an_evicted_one_is_rebuilt(objects, tmp_path):
+    cache = FileCache(tmp_path / "cache")
     v1 = commit_version(objects, STORE, None, {0: [(key(i), b"x") for i in range(50)]}, cache=cache)
-    part = open_partition(cache, objects, STORE, 0, v1.partitions[0])
-    part.close()
-    cache.evict()
-    assert cache.usage() == 0
-    again = open_partition(cache, objects, STORE, 0, v1.partitions[0])
+    open_partition(cache, objects, STORE, 0, v1.partitions[0]).close()
+    kept = open_partition(cache, objects, STORE, 0, v1.partitions[0])
     try:
-        assert (again.fetch.files_fetched, again.built) == (0, False)
+        assert (kept.fetch.files_fetched, kept.built) == (0, False)
+    finally:
+        kept.close()
+    # Databases count against the cache's limit: with none, nothing unpinned stays.
+    tight = FileCache(tmp_path / "cache", limit=0)
+    tight.evict()
+    assert tight.usage() == 0
+    again = open_partition(tight, objects, STORE, 0, v1.partitions[0])
+    try:
+        assert again.built and again.fetch.files_fetched == 1
         assert again.get(key(7)) == b"x"
     finally:
         again.close()
