@@ -44,6 +44,7 @@ from .store.cache import FileCache
 from .store.chain import ChainVersion
 from .store.chain_snapshot import ChainSnapshot
 from .store.chain_store import chain_store_names
+from .store.formats import StoreFormat, store_format
 from .store.inputs import is_up_to, offset_lag
 from .store.layers import Trace, TypedKeyValueLayer
 from .store.layout import StoreLayout, list_store_names, validate_store_name
@@ -220,6 +221,13 @@ class StateEngine:
         if self._objects is not None:
             assert self._cache is not None
             view = _StoreView(ChainSnapshot(self._objects, store, pinned, self._cache))
+        elif store_format(self.root, store) is StoreFormat.CHAIN:
+            # A chain store under a local folder (one copied down from object storage):
+            # read as on its object root, through the cache.
+            if self._cache is None:
+                self._cache = FileCache()
+            objects = open_objects(self.root)
+            view = _StoreView(ChainSnapshot(objects, store, pinned, self._cache))
         else:
             layout = StoreLayout.of(self.root, store)
             if not layout.manifest.is_file():

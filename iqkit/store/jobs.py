@@ -43,6 +43,7 @@ from .chain import latest_version
 from .chain_jobs import MODES, ChainJobCommit
 from .chain_store import read_chain_manifest
 from .commit import build_partition, publish_partitions, warn_cleanup_failed
+from .formats import StoreFormat, store_format
 from .layout import StoreLayout, list_store_names, remove_if_exists, remove_tree_or_file
 from .locking import CommitLock
 from .manifest import StoreManifest
@@ -349,7 +350,7 @@ def open_job_commit(
     ``chain_jobs.ChainJobCommit`` on an object-storage URL. Both have ``spec`` (whose
     ``stage`` a task calls), ``publish``, ``abort`` and ``version``."""
     parsed = parse_root(root)
-    if parsed.local is None:
+    if store_format(parsed, store) is StoreFormat.CHAIN:
         return ChainJobCommit(parsed.url, store, mode=mode, who=who, create=create)
     return JobCommit(
         parsed.local, store, mode=mode, who=who, lock_timeout=lock_timeout, create=create
@@ -359,7 +360,7 @@ def open_job_commit(
 def store_exists(root: str | os.PathLike[str], store: str) -> bool:
     """Whether ``store`` has a manifest under ``root``, in the root's format."""
     parsed = parse_root(root)
-    if parsed.local is None:
+    if store_format(parsed, store) is StoreFormat.CHAIN:
         try:
             read_chain_manifest(open_objects(parsed), store)
         except UnknownStoreError:
@@ -373,7 +374,7 @@ def latest_published(root: str | os.PathLike[str], store: str) -> PublishedVersi
     ``source_end``, ``version``: what every format's record carries), or None when
     nothing was published (or there is no such store)."""
     parsed = parse_root(root)
-    if parsed.local is None:
+    if store_format(parsed, store) is StoreFormat.CHAIN:
         return latest_version(open_objects(parsed), store)
     layout = StoreLayout.of(parsed.local, store)
     if not layout.manifest.exists():

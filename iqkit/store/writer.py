@@ -28,6 +28,7 @@ from ..query.window import to_epoch_millis
 from . import keyspace, rocks
 from .chain_store import ChainPublisher, ensure_chain_store, read_chain_manifest
 from .commit import build_partition, publish_partitions, remove_if_exists
+from .formats import StoreFormat, store_format
 from .inputs import store_partitions_fed_by
 from .layout import StoreLayout, list_store_names
 from .locking import CommitLock
@@ -70,8 +71,9 @@ def create_store(
         retention=retention,
         properties=dict(properties or {}),
     )
-    if parsed.local is None:
+    if store_format(parsed, name) is StoreFormat.CHAIN:
         return ensure_chain_store(open_objects(parsed), manifest)
+    assert parsed.local is not None
     layout = StoreLayout.of(parsed.local, name)
     layout.store_dir.mkdir(parents=True, exist_ok=True)
     with CommitLock(layout, who="create_store", timeout=30.0):
@@ -94,7 +96,7 @@ def ensure_store(
     store. The one home of this check: ``create_store`` and every Spark writer call it.
     """
     parsed = parse_root(root)
-    if parsed.local is None:
+    if store_format(parsed, manifest.name) is StoreFormat.CHAIN:
         objects = open_objects(parsed)
         if create:
             return ensure_chain_store(objects, manifest, settings=settings, asked=asked)
@@ -103,6 +105,7 @@ def ensure_store(
         except UnknownStoreError:
             return manifest
         return check_same_settings(existing, manifest, settings=settings, asked=asked)
+    assert parsed.local is not None
     layout = StoreLayout.of(parsed.local, manifest.name)
     if not layout.manifest.exists():
         if create:
@@ -225,10 +228,11 @@ class StoreWriter:
         who: str | None = None,
     ) -> None:
         parsed = parse_root(root)
+        name = validate_store_name(name)
         self._publisher: _FolderPublisher | ChainPublisher = (
-            _FolderPublisher(parsed.local, name)
-            if parsed.local is not None
-            else ChainPublisher(open_objects(parsed), validate_store_name(name))
+            ChainPublisher(open_objects(parsed), name)
+            if store_format(parsed, name) is StoreFormat.CHAIN
+            else _FolderPublisher(parsed.local, name)
         )
         self.manifest = self._publisher.manifest
         self._key_serde: Serde = get_serde(self.manifest.key_serde)

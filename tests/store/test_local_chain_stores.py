@@ -1,0 +1,95 @@
+"""Chain-format stores under a local root (``store/formats.py``): a store copied down
+from object storage, object for object (what ``aws s3 sync`` does), opens, answers and
+takes commits locally in its own format, beside folder-format stores of the same root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import kv_rows, tree_digest, write_notebook_stores
+
+import iqkit
+from iqkit.store.formats import StoreFormat, store_format
+from iqkit.store.jobs import latest_published, open_job_commit, store_exists
+from iqkit.store.keyspace import kv_key
+from iqkit.store.objects import open_objects
+
+
+def sync_down(url: str, folder: Path) -> None:
+    """Every object under ``url`` copied to the same relative path under ``folder``."""
+    objects = open_objects(url)
+    for key in objects.list():
+        target = folder / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        objects.download(key, target)
+
+
+def everything(root, store: str) -> dict:
+    with iqkit.open(root) as engine:
+        return {
+            "rows": kv_rows(engine, store) if engine.manifest(store).kind == "kv" else None,
+            "versions": engine.versions(store),
+            "manifest": engine.manifest(store),
+        }
+
+
+@pytest.fixture
+def synced(s3_root, tmp_path) -> Path:
+    """The notebook stores written to S3 twice over (two versions of ``totals``), then
+    copied to a local folder."""
+    write_notebook_stores(s3_root)
+    with iqkit.StoreWriter(s3_root, "totals") as w:
+        w.put("bob", {"customer": "bob", "total": 14, "orders": 3})
+    local = tmp_path / "synced"
+    sync_down(s3_root, local)
+    return local
+
+
+def test_a_synced_store_is_read_in_its_own_format_with_the_same_answers(synced, s3_root):
+    assert store_format(synced, "totals") is StoreFormat.CHAIN
+    before = tree_digest(synced)
+    for store in ("totals", "counts", "clicks"):
+        assert everything(synced, store) == everything(s3_root, store)
+    with iqkit.open(synced, as_of={"totals": 1}) as engine:
+        r = engine.query(iqkit.StateQueryRequest.in_store("totals").with_query(
+            iqkit.KeyQuery.with_key("bob")))  # fmt: skip
+        assert r.only_partition_result().result["total"] == 13
+    assert tree_digest(synced) == before  # readers never write to the root
+
+
+def test_commits_to_a_synced_store_stay_in_the_chain_format(synced, s3_root):
+    with iqkit.StoreWriter(synced, "totals") as w:
+        w.put("zoe", {"customer": "zoe", "total": 1, "orders": 1})
+    assert w.version == 3
+    assert not (synced / "totals" / "LATEST").exists()  # no folder-format file appears
+    assert (synced / "totals" / "chain" / "000000000003.json").is_file()
+    assert store_exists(synced, "totals") and latest_published(synced, "totals").version == 3
+    # A job commit (what Spark's writers use) publishes the next version the same way.
+    with open_job_commit(synced, "totals") as job:
+        staged = job.spec.stage(0, [(kv_key(b"yan"), b'{"total": 2}')], attempt="t")
+        assert job.publish([staged]) == 4
+    with iqkit.open(synced) as engine:
+        assert engine.versions("totals")[-2:] == [3, 4]
+        got = dict((k, v) for _, k, v in kv_rows(engine, "totals"))
+    assert got["zoe"]["total"] == 1 and got["yan"] == {"total": 2}
+    assert got["bob"]["total"] == 14
+
+
+def test_folder_and_chain_stores_share_a_local_root(synced, tmp_path):
+    iqkit.create_store(synced, "local", partitions=2)
+    with iqkit.StoreWriter(synced, "local") as w:
+        w.put("a", 1)
+    assert store_format(synced, "local") is StoreFormat.FOLDER
+    assert (synced / "local" / "LATEST").is_file()
+    with iqkit.open(synced) as engine:
+        assert engine.store_names() == ["clicks", "counts", "local", "totals"]
+        assert [v for _, _, v in kv_rows(engine, "local")] == [1]
+    out = iqkit.sql("SELECT t.key, l.value FROM totals t, local l WHERE t.key = 'bob'", root=synced)
+    assert out.values.tolist() == [["bob", 1]]
+
+
+def test_a_new_local_store_keeps_the_folder_format_and_object_roots_use_chains(s3_root, root):
+    assert store_format(root, "new") is StoreFormat.FOLDER
+    assert store_format(s3_root, "new") is StoreFormat.CHAIN
+    assert not root.exists()  # telling the format creates nothing
