@@ -5,7 +5,8 @@ A store on an object root is ``<root>/<store>/manifest.json`` (written once, by 
 ``create_exclusive``: two creators racing cannot both write it, and the loser gets the
 same ``StoreExistsError`` / "same settings: fine" rules as a local root) plus the
 chain's records and SSTs (chain.py). The stores of a root are the prefixes holding a
-manifest. Local roots keep the folder format (layout.py) for now; docs/DECISIONS.md.
+manifest, whose ``format_version`` says the chain format (formats.py): a local root may
+hold chain stores too.
 
 ``ChainPublisher`` is what ``StoreWriter`` hands its buffered partitions to on such a
 root: each partition's changes, sorted, become one delta SST (chain_write.py), and the
@@ -31,6 +32,7 @@ from .cache import FileCache
 from .chain import latest_version, list_versions
 from .chain_retention import collect_chain_garbage
 from .chain_write import commit_version
+from .formats import as_chain_manifest
 from .manifest import STORE_SETTINGS, StoreManifest, check_same_settings
 from .names import MANIFEST_FILE
 from .objects import ObjectStore
@@ -82,6 +84,7 @@ def ensure_chain_store(
 ) -> StoreManifest:
     """Create ``manifest``'s store on ``objects`` (one exclusive create), or return the
     existing one when its settings match (``manifest.check_same_settings``)."""
+    manifest = as_chain_manifest(manifest)
     try:
         objects.create_exclusive(manifest_key(manifest.name), manifest.to_json().encode())
         return manifest

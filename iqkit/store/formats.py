@@ -4,28 +4,31 @@ Two formats exist:
 
 - ``FOLDER`` (layout.py, versions.py, commit.py): a RocksDB folder per partition version,
   a ``LATEST`` file, hard links, renames and ``flock``. It needs a POSIX filesystem, so it
-  serves local roots only, and every store made on a local root so far uses it.
+  serves local roots only. Its manifests say ``format_version`` 1.
 - ``CHAIN`` (chain*.py): immutable SSTs under unique names plus one small record per
   version, published with one exclusive create; nothing is renamed or rewritten. It
-  serves every root: object storage (``s3://``, ``gs://``, ``abfs://``) and local folders.
+  serves every root: object storage (``s3://``, ``gs://``, ``abfs://``) and local
+  folders. Its manifests say ``format_version`` 2 (``names.CHAIN_FORMAT_VERSION``).
 
 A store's format is told by what is in it, never by a setting a reader must know: on an
-object root every store is a chain store; under a local root a store whose folder holds
-the chain's record folder (``chain/``) or SST folder (``sst/``) is a chain store (one
-copied down from object storage, say with ``aws s3 sync``), any other a folder store. A
-new store takes ``new_store_format(root)``: the chain format on object roots, the folder
-format on local roots for now (docs/DECISIONS.md: why local roots have not moved yet).
+object root every store is a chain store; under a local root the manifest says which
+(a manifest of format 1 whose folder holds the chain's ``chain/`` or ``sst/`` folder is
+a chain store an earlier iqkit made on object storage and someone copied down). A new
+store takes ``new_store_format(root)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import json
 import os
 
-from .names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR, MANIFEST_FILE
+from .manifest import StoreManifest
+from .names import CHAIN_FORMAT_VERSION, CHAIN_RECORDS_DIR, CHAIN_SST_DIR, MANIFEST_FILE
 from .roots import StoreRoot, parse_root
 
-__all__ = ["StoreFormat", "new_store_format", "store_format"]
+__all__ = ["StoreFormat", "as_chain_manifest", "new_store_format", "store_format"]
 
 
 class StoreFormat(enum.Enum):
@@ -38,16 +41,29 @@ def new_store_format(root: StoreRoot) -> StoreFormat:
     return StoreFormat.FOLDER if root.local is not None else StoreFormat.CHAIN
 
 
+def as_chain_manifest(manifest: StoreManifest) -> StoreManifest:
+    """``manifest`` as a chain store records it (its format version says so)."""
+    return dataclasses.replace(manifest, format_version=CHAIN_FORMAT_VERSION)
+
+
 def store_format(root: str | os.PathLike[str] | StoreRoot, store: str) -> StoreFormat:
     """The format of ``store`` under ``root``: the existing store's (see the module), or
     the one it would get when created (``new_store_format``). Reads a local root's
-    folder only; never creates anything."""
+    manifest only; never creates anything. An unreadable manifest counts as the folder
+    format, whose reader reports it."""
     parsed = parse_root(root)
     if parsed.local is None:
         return StoreFormat.CHAIN
     folder = os.path.join(os.path.abspath(parsed.local), store)
-    if any(os.path.isdir(os.path.join(folder, d)) for d in (CHAIN_RECORDS_DIR, CHAIN_SST_DIR)):
-        return StoreFormat.CHAIN
-    if os.path.isfile(os.path.join(folder, MANIFEST_FILE)):
+    try:
+        with open(os.path.join(folder, MANIFEST_FILE), "rb") as fh:
+            version = json.loads(fh.read()).get("format_version")
+    except FileNotFoundError:
+        return new_store_format(parsed)
+    except (OSError, ValueError, AttributeError):
         return StoreFormat.FOLDER
-    return new_store_format(parsed)
+    if version == CHAIN_FORMAT_VERSION or any(
+        os.path.isdir(os.path.join(folder, d)) for d in (CHAIN_RECORDS_DIR, CHAIN_SST_DIR)
+    ):
+        return StoreFormat.CHAIN
+    return StoreFormat.FOLDER

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import StoreCorruptedError, StoreExistsError, StoreNotFoundError
 from .kinds import StoreKind
 from .layout import StoreLayout, atomic_write_text, read_store_text
-from .names import FORMAT_VERSION
+from .names import FORMAT_VERSION, FORMAT_VERSIONS
 from .partitioners import get_partitioner
 from .serdes import get_serde
 
@@ -80,10 +80,11 @@ class StoreManifest:
     @classmethod
     def from_json(cls, text: str) -> StoreManifest:
         data = json.loads(text)
-        if data.get("format_version") != FORMAT_VERSION:
+        if data.get("format_version") not in FORMAT_VERSIONS:
+            known = " and ".join(map(str, FORMAT_VERSIONS))
             raise StoreCorruptedError(
                 f"store {data.get('name')!r}: manifest format {data.get('format_version')} "
-                f"is not supported (this iqkit reads format {FORMAT_VERSION})"
+                f"is not supported (this iqkit reads formats {known})"
             )
         return cls(**data)
 

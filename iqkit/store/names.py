@@ -76,5 +76,9 @@ CACHE_BUILDING_PREFIX = ".building-"
 #: Prefix a database evicted from the cache is renamed to before it is deleted.
 CACHE_EVICTING_PREFIX = ".evicting-"
 
-#: Bumped when the on-disk layout changes incompatibly.
+#: A manifest's ``format_version``: bumped when the on-disk layout changes incompatibly.
+#: 1 is the folder format (layout.py); 2 the SST-chain format (chain*.py), which an
+#: iqkit that knows only folders must refuse rather than misread (formats.py).
 FORMAT_VERSION = 1
+CHAIN_FORMAT_VERSION = 2
+FORMAT_VERSIONS = (FORMAT_VERSION, CHAIN_FORMAT_VERSION)

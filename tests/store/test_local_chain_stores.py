@@ -39,6 +39,7 @@ def synced(s3_root, tmp_path) -> Path:
     """The notebook stores written to S3 twice over (two versions of ``totals``), then
     copied to a local folder."""
     write_notebook_stores(s3_root)
+    iqkit.create_store(s3_root, "fresh", partitions=2)  # a manifest, never written
     with iqkit.StoreWriter(s3_root, "totals") as w:
         w.put("bob", {"customer": "bob", "total": 14, "orders": 3})
     local = tmp_path / "synced"
@@ -83,13 +84,38 @@ def test_folder_and_chain_stores_share_a_local_root(synced, tmp_path):
     assert store_format(synced, "local") is StoreFormat.FOLDER
     assert (synced / "local" / "LATEST").is_file()
     with iqkit.open(synced) as engine:
-        assert engine.store_names() == ["clicks", "counts", "local", "totals"]
+        assert engine.store_names() == ["clicks", "counts", "fresh", "local", "totals"]
         assert [v for _, _, v in kv_rows(engine, "local")] == [1]
     out = iqkit.sql("SELECT t.key, l.value FROM totals t, local l WHERE t.key = 'bob'", root=synced)
     assert out.values.tolist() == [["bob", 1]]
+
+
+def test_a_synced_store_never_written_is_still_a_chain_store(synced):
+    # Its manifest says so: there is nothing else in its folder to tell.
+    assert sorted(p.name for p in (synced / "fresh").iterdir()) == ["manifest.json"]
+    assert store_format(synced, "fresh") is StoreFormat.CHAIN
+    with iqkit.open(synced) as engine:
+        assert engine.version("fresh") is None
+    with iqkit.StoreWriter(synced, "fresh") as w:
+        w.put("a", 1)
+    assert (synced / "fresh" / "chain" / "000000000001.json").is_file()
+    with iqkit.open(synced) as engine:
+        assert [v for _, _, v in kv_rows(engine, "fresh")] == [1]
 
 
 def test_a_new_local_store_keeps_the_folder_format_and_object_roots_use_chains(s3_root, root):
     assert store_format(root, "new") is StoreFormat.FOLDER
     assert store_format(s3_root, "new") is StoreFormat.CHAIN
     assert not root.exists()  # telling the format creates nothing
+
+
+def test_a_manifest_of_an_unknown_format_is_refused_in_one_line(root):
+    iqkit.create_store(root, "s", partitions=1)
+    manifest = root / "s" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"format_version": 1', '"format_version": 3'))
+    with iqkit.open(root) as engine, pytest.raises(iqkit.IqkitError) as info:
+        engine.manifest("s")
+    assert "manifest format 3 is not supported (this iqkit reads formats 1 and 2)" in str(
+        info.value
+    )
+    assert "\n" not in str(info.value)
