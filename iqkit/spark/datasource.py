@@ -15,9 +15,11 @@ Options
 -------
 ``store``          the store name (required; an unknown name fails at ``load()`` with
                    ``unknown store 'totls'; did you mean 'totals'?``).
-``root`` / path    the root folder holding the stores: ``.option("root", ...)`` or
-                   ``.load(root)`` (both given and different is an error). Relative paths
-                   are made absolute on the driver; ``file:`` URIs are accepted.
+``root`` / path    the root holding the stores: ``.option("root", ...)`` or
+                   ``.load(root)`` (both given and different is an error): a folder
+                   (relative paths are made absolute on the driver; ``file:`` URIs are
+                   accepted) or an object-storage URL (``s3://bucket/prefix``, ``gs://``,
+                   ``abfs://``), whose stores are SST chains.
 ``as_of``          a version number to read instead of the latest published one (a version
                    that is not retained fails at planning, naming the retained ones).
 ``value_schema``   a DDL string (``"customer string, total bigint"``) for ``json`` values:
@@ -41,9 +43,12 @@ right; the read options narrow what is read, and belong to the ``load()`` alone.
 
 Layout requirement for distributed reads
 ----------------------------------------
-Each Spark task opens ``iqkit.open(root)`` itself, on its executor, so ``root`` must be a
-file-system path that the driver and every executor see with the same contents (one
-machine, or a shared POSIX file system such as NFS, EFS or a FUSE mount). The executors'
+Each Spark task opens ``iqkit.open(root)`` itself, on its executor, so ``root`` must be
+either a file-system path that the driver and every executor see with the same contents
+(one machine, or a shared POSIX file system such as NFS, EFS or a FUSE mount), or an
+object-storage URL: then each executor fetches the SSTs of the partitions it reads into
+its own ``FileCache`` (``IQKIT_CACHE``), with the credentials of its own environment, and
+nothing is shared between the driver and the executors but the URL. The executors'
 Python must also be able to import ``iqkit`` (installed, or on ``PYTHONPATH``).
 
 Consistency: one version per query
@@ -110,6 +115,7 @@ Other decisions
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -125,7 +131,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 import iqkit
-from iqkit.errors import IqkitError
+from iqkit.errors import IqkitError, StoreNotFoundError
 from iqkit.query import (
     KeyQuery,
     MultiKeyQuery,
@@ -177,9 +183,9 @@ def _store_from_options(options: Any, root: str) -> str:
     store = options.get("store")
     if not store:
         known: list[str] = []
-        if os.path.isdir(root):
-            with iqkit.open(root) as engine:
-                known = engine.store_names()
+        # A local root folder not made yet holds none (the engine refuses to open it).
+        with contextlib.suppress(StoreNotFoundError), iqkit.open(root) as engine:
+            known = engine.store_names()
         listing = ", ".join(known) if known else "none"
         raise ValueError(f"iqkit: option 'store' is required (stores under {root}: {listing})")
     return str(store)

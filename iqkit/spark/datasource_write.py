@@ -7,10 +7,11 @@
        .option("store", "totals")
        .option("key", "customer")           # "region,user" for a composite key
        .option("partitions", 8)
-       .save("/shared/stores"))             # or .option("root", ...)
+       .save("/shared/stores"))             # or "s3://bucket/stores", .option("root", ...)
 
 It writes what ``write_store(df, root, store, key=..., ...)`` writes (same serdes, key
-bytes, partitions, JSON records, positions), as one new store version.
+bytes, partitions, JSON records, positions), as one new store version, on a local root
+(folder stores) or an object-storage root (SST-chain stores) alike.
 
 Options (they mirror ``write_store``'s keyword arguments)
 ---------------------------------------------------------
@@ -35,28 +36,55 @@ How a write runs, and why
 -------------------------
 Spark's Python ``DataSourceWriter`` writes each Spark partition of the DataFrame as it
 comes (no shuffle by store partition is possible), then calls ``commit`` on the driver.
+The store's format (``store.formats.store_format``: SST chains for every store on an
+object root, folders for a local root's) is asked once, in step 1; steps 2 and 3 follow
+the plan (``WriteJob.uploads``).
 
 1. Driver, ``writer()``: options, columns and types (``schema.plan_columns``, the same
    checks as ``write_store``), the existing store's settings. The base version is pinned
-   and a job id chosen. Nothing is written, so every error here leaves the store as it was.
+   and a job id chosen (for a chain store by opening, and never publishing, a
+   ``ChainJobCommit``, whose spec the tasks get). Nothing is written, so every error here
+   leaves the store as it was.
 2. Tasks, ``write()``: each Arrow batch is encoded (serdes, murmur2 or the named
    partition column, RocksDB key bytes), buffered, then sorted by (store partition, key,
-   input order) in Arrow; the last row of each key is kept and written as one sorted SST
-   file of puts (plus, if any, a small file of deletes) per store partition:
-   ``partitions/<p>/.job-<job>-<task>-<attempt>-<token>-r<run>.sst``. Readers never look at
-   such names; a null key fails the task (so the job) naming the column and the store.
-3. Driver, ``commit()``: opens a ``JobCommit`` (if any commit landed since step 1 the
-   job publishes nothing: ``StoreConflictError``, as for ``write_store``; here also
-   because ``writer()``, the tasks and ``commit()`` run in different Python workers, so
-   no job lease spans the job, and another commit's retention may have removed its
-   fragments), builds each store partition by ingesting its fragments, in task order,
-   into a checkpoint of the base partition (an empty one for a new partition or an
-   overwrite) — RocksDB's bulk-load path, no Python per row on the driver — and
-   publishes exactly one version, creating the store if it is new. ``abort()`` (and a
-   failed commit) removes every fragment of the job, and the empty folders of a store
-   that was never created. A task attempt that dies leaves fragments under hidden names
-   that the commit (or, if the driver died too, the next commit's retention) removes;
-   nothing is ever visible.
+   input order) in Arrow; the last row of each key is kept, and each store partition's
+   rows become one *fragment* per sorted run. A null key fails the task (so the job)
+   naming the column and the store.
+
+   * Folder store: one sorted SST file of puts (plus, if any, a small file of deletes)
+     beside the partition folders:
+     ``partitions/<p>/.job-<job>-<task>-<attempt>-<token>-r<run>.sst``. Readers never
+     look at such names.
+   * Chain store: one sorted SST of puts and tombstones, written in the executor's
+     scratch folder (Spark's local dir: ``workers.spill_dir``), uploaded under a fresh
+     key (``ChainJobSpec.upload_run``'s) and removed locally; the task's commit message
+     names the uploaded keys. No version lists them yet, so no reader sees them, and
+     the driver never needs a file of the executor's: nothing but the URL is shared,
+     and nothing is ever written to a local folder named after it.
+3. Driver, ``commit()``: opens the store's job commit (``store.jobs.open_job_commit``;
+   if any commit landed since step 1 the job publishes nothing: ``StoreConflictError``,
+   as for ``write_store``; here also because ``writer()``, the tasks and ``commit()`` run
+   in different Python workers, so no job lease spans the job, and another commit's
+   retention may have removed its fragments), builds each store partition from its
+   fragments in task order, and publishes exactly one version, creating the store if it
+   is new (a chain store's manifest, too, only then).
+
+   * Folder store: the fragments are ingested into a checkpoint of the base partition
+     (an empty one for a new partition or an overwrite) — RocksDB's bulk-load path, no
+     Python per row on the driver.
+   * Chain store: the uploaded runs are chained on top of the base chain (none for an
+     overwrite) with one small SST holding the commit record
+     (``ChainJobCommit.stage_runs``), compacted into one base SST when the chain grows
+     too long; the driver reads no row (except to compact) and uploads only that small
+     SST per partition.
+
+   ``abort()`` (and a failed commit) removes what the tasks wrote: every fragment of the
+   job and the empty folders of a store that was never created (folders), every run the
+   tasks' messages name that no published version lists (chains; so are runs a commit
+   compacted away). A task attempt that dies leaves fragments: under hidden names that
+   the commit (or, if the driver died too, the next commit's retention) removes
+   (folders), or uploaded runs no version lists, which chain retention removes after its
+   grace period (chains); nothing is ever visible.
 
 Duplicate keys: the later row wins. Within a task, by input order (by ``offset`` when the
 input has Kafka's ``topic``/``partition``/``offset`` columns); across tasks, the task of
@@ -90,7 +118,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from .write_commit import commit_job, remove_fragments
+from .write_commit import commit_job, remove_job_fragments
 from .write_options import WriteJob, plan_job
 from .write_tasks import IqkitCommitMessage, write_task
 
@@ -118,13 +146,15 @@ class IqkitWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """The driver, once every task succeeded (``write_commit``)."""
-        if self.job.skip:
-            return
-        try:
-            commit_job(self.job, [m for m in messages if isinstance(m, IqkitCommitMessage)])
-        finally:
-            remove_fragments(self.job)
+        if not self.job.skip:
+            commit_job(self.job, _ours(messages))  # removes the fragments, whatever happens
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """The driver, when the job failed: what the tasks wrote is removed."""
         if not self.job.skip:
-            remove_fragments(self.job)
+            remove_job_fragments(self.job, _ours(messages))
+
+
+def _ours(messages: list[WriterCommitMessage | None]) -> list[IqkitCommitMessage]:
+    """The tasks' messages (Spark passes ``None`` for a task that sent none)."""
+    return [m for m in messages if isinstance(m, IqkitCommitMessage)]

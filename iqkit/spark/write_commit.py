@@ -1,29 +1,43 @@
 """The driver's side of ``df.write.format("iqkit")``: once every task succeeded,
-``commit()`` opens a ``JobCommit`` (if any commit landed since planning the job publishes
-nothing: ``StoreConflictError``, as for ``write_store``; here also because planning, the
-tasks and the commit run in different Python workers, so no job lease spans the job, and
-another commit's retention may have removed its fragments), builds each store partition
-by ingesting its fragments, in task order, into a checkpoint of the base partition (an
-empty one for a new partition or an overwrite) — RocksDB's bulk-load path, no Python per
-row on the driver — and publishes exactly one version, creating the store if it is new.
-Whatever the outcome, and on ``abort()``, every fragment of the job is removed, with the
-empty folders of a store that was never created."""
+``commit()`` opens the store's job commit (``store.jobs.open_job_commit``: a
+``JobCommit`` for a folder store, a ``ChainJobCommit`` for a chain store, which every
+store on an object root is). If any commit landed
+since planning the job publishes nothing: ``StoreConflictError``, as for ``write_store``;
+here also because planning, the tasks and the commit run in different Python workers, so
+no job lease spans the job, and another commit's retention may have removed its
+fragments. Each store partition is then built from its fragments, in task order:
+
+* folders: ingested into a checkpoint of the base partition (an empty one for a new
+  partition or an overwrite) — RocksDB's bulk-load path, no Python per row on the driver;
+* SST chains: the uploaded runs chained on top of the base chain (none for an overwrite)
+  with one small SST holding the commit record (``ChainJobCommit.stage_runs``; compacted
+  into one base when the chain gets long) — no row is read on the driver;
+
+and exactly one version is published, creating the store if it is new.
+
+Whatever the outcome, and on ``abort()``, what the job's tasks wrote is removed: every
+fragment of the job and the empty folders of a store that was never created (folders);
+the uploaded runs the tasks' messages name that no published version lists (chains:
+runs of a task attempt that died sent no message, and chain retention removes them)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ..query.position import Position
 from ..store import rocks
+from ..store.chain import latest_version
+from ..store.chain_jobs import ChainJobCommit, StagedChain
 from ..store.commit import build_partition, remove_tree_or_file
 from ..store.jobs import (
-    JobCommit,
     JobSpec,
     StagedPartition,
     StoreConflictError,
+    open_job_commit,
     remove_job_staging,
     remove_uncreated_store,
     stage_partition,
@@ -32,12 +46,26 @@ from ..store.layout import StoreLayout
 from ..store.manifest import StoreManifest
 from ..store.writer import STORE_SETTINGS
 from .schema import ensure_spark_store, one_window_size
-from .write_options import WriteJob
-from .write_tasks import Fragment, IqkitCommitMessage, read_deletes
+from .write_options import WriteJob, format_of
+from .write_tasks import Fragment, IqkitCommitMessage, read_deletes, remove_fragments
+
+#: Builds one store partition from its fragments (in order; none: an empty partition).
+_Stage = Callable[[int, list[Fragment]], StagedPartition | StagedChain]
 
 
 def commit_job(job: WriteJob, messages: list[IqkitCommitMessage]) -> int:
-    """Publish what the tasks wrote as the store's next version; its number."""
+    """Publish what the tasks wrote as the store's next version; its number. What the
+    tasks wrote is removed afterwards, whatever the outcome (module docstring)."""
+    published: frozenset[str] = frozenset()
+    try:
+        version, published = _publish(job, messages)
+    finally:
+        remove_job_fragments(job, messages, keep=published)
+    return version
+
+
+def _publish(job: WriteJob, messages: list[IqkitCommitMessage]) -> tuple[int, frozenset[str]]:
+    """Publish; the version and the SST keys its staged chains list (chain stores)."""
     assert job.plan is not None
     plan = job.plan
     window_size = _window_size(job, messages) if plan.window_column else None
@@ -47,7 +75,7 @@ def commit_job(job: WriteJob, messages: list[IqkitCommitMessage]) -> int:
     for m in messages:
         for f in m.fragments:
             by_partition.setdefault(f.partition, []).append(f)
-    with JobCommit(
+    with open_job_commit(
         job.root, job.store, mode=job.mode, who="spark:iqkit-datasource", create=manifest
     ) as commit:
         spec = commit.spec
@@ -57,40 +85,91 @@ def commit_job(job: WriteJob, messages: list[IqkitCommitMessage]) -> int:
                 f"{job.base_version} -> {spec.base_version}); nothing was published, "
                 "run the job again"
             )
-        # Partitions build independently, mostly inside RocksDB (ingest, flush,
-        # compaction), which releases the GIL: one thread per core.
-        with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-            staged = list(
-                pool.map(
-                    lambda item: _stage_fragments(
-                        spec, item[0], sorted(item[1], key=lambda f: f.order), position
-                    ),
-                    sorted(by_partition.items()),
-                )
+        if isinstance(commit, ChainJobCommit) != (job.uploads is not None):
+            raise StoreConflictError(  # never seen: the tasks wrote the other format
+                f"store {job.store!r} changed format while the job ran; nothing was "
+                "published, run the job again"
             )
+        stage: _Stage
+        if isinstance(commit, ChainJobCommit):
+            stage = _chain_stage(commit, position)
+        else:
+            stage = _folder_stage(commit.spec, position)
         # As write_store: an overwrite empties the partitions no row reached, and with
         # Kafka input every partition of a murmur2 store applied the input (its position
         # advances even when no row landed in it).
         advance = position is not None and plan.partition_column is None
-        if job.mode == "overwrite" or advance:
-            for p in sorted(set(range(job.partitions)) - set(by_partition)):
-                staged.append(stage_partition(spec, p, [], attempt="driver", position=position))
-        return commit.publish(
-            staged,
+        empty = set(range(job.partitions)) - set(by_partition)
+        todo = sorted(by_partition) + sorted(empty if job.mode == "overwrite" or advance else ())
+        # Partitions build independently, mostly inside RocksDB (ingest, flush,
+        # compaction, which release the GIL) or in uploads: one thread per core.
+        with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+            staged = list(
+                pool.map(
+                    lambda p: stage(p, sorted(by_partition.get(p, []), key=lambda f: f.order)),
+                    todo,
+                )
+            )
+        version = commit.publish(
+            staged,  # type: ignore[arg-type]  # the staged kind of this commit's format
             metadata={
                 "rows_written": sum(s.puts for s in staged),
                 "rows_in": sum(m.rows for m in messages),
                 "spark_write": "datasource",
             },
         )
+    listed = frozenset(f.name for s in staged if isinstance(s, StagedChain) for f in s.chain.files)
+    return version, listed
 
 
-def remove_fragments(job: WriteJob) -> None:
-    """Every file or folder this job's tasks left (any attempt, any partition), and
-    the folders they were made in when the store was never created."""
-    layout = StoreLayout.of(job.root, job.store)
-    remove_job_staging(layout, job.job_id)
-    remove_uncreated_store(layout)
+def _folder_stage(spec: JobSpec, position: Position | None) -> _Stage:
+    def stage(p: int, fragments: list[Fragment]) -> StagedPartition:
+        if not fragments:
+            return stage_partition(spec, p, [], attempt="driver", position=position)
+        return _stage_fragments(spec, p, fragments, position)
+
+    return stage
+
+
+def _chain_stage(commit: ChainJobCommit, position: Position | None) -> _Stage:
+    # Records, not RocksDB keys (a window is two keys), as every writer counts them.
+    kind = commit.spec.manifest.kind
+
+    def stage(p: int, fragments: list[Fragment]) -> StagedChain:
+        return commit.stage_runs(
+            p,
+            [f.run for f in fragments if f.run is not None],
+            position=position,
+            puts=kind.records_in(sum(f.puts for f in fragments)),
+            deletes=kind.records_in(sum(f.deletes for f in fragments)),
+        )
+
+    return stage
+
+
+def remove_job_fragments(
+    job: WriteJob, messages: list[IqkitCommitMessage], *, keep: frozenset[str] = frozenset()
+) -> None:
+    """What this job's tasks wrote and no published version lists.
+
+    Folders: every file or folder of the job (any attempt, any partition: the job's
+    hidden names), and the folders they were made in when the store was never created.
+    Chains: the runs ``messages`` name, except ``keep`` (the commit's) and whatever the
+    store's latest version lists — so an ``abort()`` that Spark might call after a
+    publish could never remove published data."""
+    if job.uploads is None:
+        layout = StoreLayout.of(job.root, job.store)
+        remove_job_staging(layout, job.job_id)
+        remove_uncreated_store(layout)
+        return
+    fragments = [f for m in messages for f in m.fragments]
+    if not any(f.run is not None and f.run.name not in keep for f in fragments):
+        return
+    objects = job.uploads.objects()
+    if not keep:
+        latest = latest_version(objects, job.store)
+        keep = frozenset(latest.files()) if latest is not None else frozenset()
+    remove_fragments(job, fragments, keep=keep, objects=objects)
 
 
 def _window_size(job: WriteJob, messages: list[IqkitCommitMessage]) -> int | None:
@@ -98,9 +177,9 @@ def _window_size(job: WriteJob, messages: list[IqkitCommitMessage]) -> int | Non
     once they read the rows."""
     sizes = [m.window_sizes for m in messages if m.window_sizes is not None]
     if not sizes:  # no rows: an existing window store keeps its size
-        layout = StoreLayout.of(job.root, job.store)
-        if layout.manifest.exists():
-            return StoreManifest.read(layout).window_size_ms
+        existing = format_of(job.root, job.store).manifest()
+        if existing is not None:
+            return existing.window_size_ms
         return one_window_size(job.store, None, None, None)
     lo, hi = min(s[0] for s in sizes), max(s[1] for s in sizes)
     return one_window_size(job.store, job.plan.window_column if job.plan else None, lo, hi)

@@ -1,14 +1,28 @@
 """The tasks' side of ``df.write.format("iqkit")``: each task encodes and sorts its rows
-(``write_encode``) and writes them as *fragments* — one sorted SST file of puts (plus, if
-any, a small Arrow file of deletes) per store partition and run, under hidden names
-(``partitions/<p>/.job-<job>-<task>-<attempt>-<token>-r<run>.sst``) that readers never
-look at — and sends the driver an :class:`IqkitCommitMessage` saying what it wrote.
+(``write_encode``) and writes them as *fragments*, one per store partition and sorted run,
+and sends the driver an :class:`IqkitCommitMessage` saying what it wrote. Where a
+fragment goes depends on the store's format (``WriteJob.uploads``, asked in
+``write_options``):
 
-Nothing here publishes: the driver's commit (``write_commit``) ingests the fragments."""
+* a folder store (a local root's): one sorted SST file of puts (plus, if any, a small Arrow file
+  of deletes) beside the partition folders, under hidden names
+  (``partitions/<p>/.job-<job>-<task>-<attempt>-<token>-r<run>.sst``) that readers never
+  look at;
+* a chain store (every store on an object root): one sorted SST of puts and tombstones
+  (``rocks.write_changes_sst``) written in the executor's scratch folder
+  (``workers.spill_dir``), uploaded as the chain job spec's ``upload_run`` does
+  (``chain_jobs.upload_runs``: a run's SSTs through one connection) under a fresh key
+  no version lists, and removed locally; the message names the uploaded keys, so the
+  driver never needs the executor's files.
+
+Nothing here publishes: the driver's commit (``write_commit``) ingests (folders) or
+chains (chain stores) the fragments. A task that fails removes what it wrote."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,10 +31,14 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql.datasource import WriterCommitMessage
 
+from ..errors import IqkitError
 from ..store import rocks
+from ..store.chain import ChainFile
+from ..store.chain_jobs import ChainJobSpec, upload_runs
 from ..store.commit import remove_tree_or_file
 from ..store.layout import StoreLayout
-from .workers import consume_marker, keep_spark_archive_indexes
+from ..store.objects import ObjectStore
+from .workers import consume_marker, keep_spark_archive_indexes, spill_dir
 from .write_encode import RowEncoder
 from .write_options import WriteJob
 
@@ -34,10 +52,12 @@ class Fragment:
     partition: int
     #: (Spark partition index, run): the order fragments are applied in (later wins).
     order: tuple[int, int]
-    sst: str | None  # puts, sorted by key; None when the run only deletes
-    deletes_file: str | None  # keys to delete (Arrow IPC), None when there are none
+    sst: str | None  # folders: puts, sorted by key; None when the run only deletes
+    deletes_file: str | None  # folders: keys to delete (Arrow IPC), None when none
     puts: int
     deletes: int
+    #: Chain stores: the uploaded SST (puts and tombstones, sorted by key) on the root.
+    run: ChainFile | None = None
 
 
 @dataclass
@@ -70,20 +90,21 @@ def write_task(job: WriteJob, iterator: Iterator[pa.RecordBatch]) -> IqkitCommit
     encoder = RowEncoder(job)
     written: list[Fragment] = []
     run = 0
+    # Chain stores: one connection for every run the task uploads (made at first use).
+    objects = job.uploads.objects() if job.uploads is not None else None
     try:
         for batch in iterator:
             # Pieces of at most run_rows rows, so a run never holds much more than that.
             for start in range(0, batch.num_rows, job.run_rows):
                 encoder.add(batch.slice(start, job.run_rows))
                 if encoder.buffered >= job.run_rows:
-                    written += _write_run(job, encoder, spark_partition, attempt, run)
+                    written += _write_run(job, encoder, spark_partition, attempt, run, objects)
                     run += 1
                     _maybe_crash(job)
-        written += _write_run(job, encoder, spark_partition, attempt, run)
+        written += _write_run(job, encoder, spark_partition, attempt, run, objects)
         _maybe_crash(job)
     except BaseException:
-        for f in written:
-            remove_fragment(f)
+        remove_fragments(job, written, objects=objects)
         raise
     return IqkitCommitMessage(
         spark_partition=spark_partition,
@@ -95,9 +116,16 @@ def write_task(job: WriteJob, iterator: Iterator[pa.RecordBatch]) -> IqkitCommit
 
 
 def _write_run(
-    job: WriteJob, encoder: RowEncoder, spark_partition: int, attempt: str, run: int
+    job: WriteJob,
+    encoder: RowEncoder,
+    spark_partition: int,
+    attempt: str,
+    run: int,
+    objects: ObjectStore | None,
 ) -> list[Fragment]:
     """Sort what the encoder holds; one fragment per store partition it touches."""
+    if job.uploads is not None:
+        return _upload_run(job.uploads, encoder, (spark_partition, run), objects)
     layout = StoreLayout.of(job.root, job.store)
     fragments = []
     for p, keys, values in encoder.drain():
@@ -124,6 +152,37 @@ def _write_run(
             )
         )
     return fragments
+
+
+def _upload_run(
+    spec: ChainJobSpec, encoder: RowEncoder, order: tuple[int, int], objects: ObjectStore | None
+) -> list[Fragment]:
+    """Chain stores: what the encoder holds, one SST of puts and tombstones per store
+    partition (keys ascending, each once; ``None`` values are deletes), written in the
+    scratch folder and uploaded through ``objects`` (``chain_jobs.upload_runs``); the
+    local files are gone when this returns."""
+    with tempfile.TemporaryDirectory(prefix="iqkit-run-", dir=spill_dir()) as scratch:
+        written: list[tuple[int, str]] = []
+        counts: list[tuple[int, int]] = []
+        for p, keys, values in encoder.drain():
+            sst = os.path.join(scratch, f"{p}.sst")
+            rocks.write_changes_sst(sst, zip(keys, values, strict=True))
+            deletes = values.count(None)
+            written.append((p, sst))
+            counts.append((len(keys) - deletes, deletes))
+        uploaded = upload_runs(spec, written, objects=objects)
+    return [
+        Fragment(
+            partition=p,
+            order=order,
+            sst=None,
+            deletes_file=None,
+            puts=puts,
+            deletes=deletes,
+            run=run,
+        )
+        for (p, _), (puts, deletes), run in zip(written, counts, uploaded, strict=True)
+    ]
 
 
 def _maybe_crash(job: WriteJob) -> None:
@@ -160,7 +219,23 @@ def read_deletes(path: str) -> list[bytes]:
         return pa.ipc.open_file(source).read_all().column("k").to_pylist()
 
 
-def remove_fragment(f: Fragment) -> None:
-    for path in (f.sst, f.deletes_file):
-        if path is not None:
-            remove_tree_or_file(Path(path))
+def remove_fragments(
+    job: WriteJob,
+    fragments: list[Fragment],
+    *,
+    keep: frozenset[str] = frozenset(),
+    objects: ObjectStore | None = None,
+) -> None:
+    """Remove what ``fragments`` name: their local files (folders), their uploaded runs
+    (chains, through ``objects`` or a new connection; except the keys in ``keep``: a
+    published version lists them). Best effort for uploads: what cannot be removed now
+    is an orphan that chain retention removes."""
+    if objects is None and job.uploads is not None:
+        objects = job.uploads.objects()
+    for f in fragments:
+        for path in (f.sst, f.deletes_file):
+            if path is not None:
+                remove_tree_or_file(Path(path))
+        if f.run is not None and objects is not None and f.run.name not in keep:
+            with contextlib.suppress(IqkitError, OSError):
+                objects.delete(f.run.name)

@@ -359,3 +359,21 @@ def _conflict(spec: ChainJobSpec, latest: int | None) -> StoreConflictError:
         f"store {spec.store!r} changed while the job ran (version {spec.base_version} -> "
         f"{latest}); nothing was published, run the job again"
     )
+
+
+def upload_runs(
+    spec: ChainJobSpec,
+    runs: Iterable[tuple[int, str | os.PathLike[str]]],
+    *,
+    objects: ObjectStore | None = None,
+) -> list[ChainFile]:
+    """``spec.upload_run`` for several ``(partition, sst)`` runs, through one connection
+    to the root: ``objects`` (``spec.objects()``, kept by a task for all its runs), or a
+    new one. Connecting costs about as much as uploading a small SST."""
+    objects = objects if objects is not None else spec.objects()
+    uploaded = []
+    for partition, sst in runs:
+        key = sst_key(spec.store, partition, spec.planned_version)
+        objects.put_immutable(key, sst)
+        uploaded.append(ChainFile(key, os.path.getsize(sst)))
+    return uploaded
