@@ -53,7 +53,7 @@ from .manifest import StoreManifest
 from .objects import ObjectStore, open_objects
 from .roots import parse_root
 
-__all__ = ["ChainJobCommit", "ChainJobSpec", "StagedChain"]
+__all__ = ["ChainJobCommit", "ChainJobSpec", "StagedChain", "upload_runs"]
 
 log = logging.getLogger(__name__)
 
@@ -174,11 +174,9 @@ class ChainJobSpec:
     def upload_run(self, partition: int, sst: str | os.PathLike[str]) -> ChainFile:
         """Upload one sorted run of a task (an SST of puts and tombstones, written with
         ``rocks.write_changes_sst``) for ``partition``; the driver chains it
-        (``ChainJobCommit.stage_runs``)."""
-        objects = self.objects()
-        key = sst_key(self.store, partition, self.planned_version)
-        objects.put_immutable(key, sst)
-        return ChainFile(key, os.path.getsize(sst))
+        (``ChainJobCommit.stage_runs``). ``upload_runs`` does several through one
+        connection."""
+        return upload_runs(self, [(partition, sst)])[0]
 
 
 class _Counter:
