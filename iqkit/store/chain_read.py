@@ -92,6 +92,8 @@ class ChainPartition(RocksDBPartition):
         pins: list[PinnedFile],
         fetch: CacheStats,
         built: bool,
+        *,
+        in_place: int = 0,
     ) -> None:
         self._pins = pins
         try:
@@ -104,11 +106,17 @@ class ChainPartition(RocksDBPartition):
         self.fetch = fetch
         #: True when this open built the database; False when it was already in the cache.
         self.built = built
+        #: How many of the chain's files were read in place on a local root (no fetch).
+        self.in_place = in_place
 
     def trace_line(self) -> str:
-        """One line for an execution trace: fetched files, cache hits, database reuse."""
+        """One line for an execution trace: fetched files, cache hits, database reuse
+        (on a local root: the files read in place, never fetched)."""
         made = "built" if self.built else "reused"
-        return f"{self.fetch.line()}; database {made} ({len(self.chain.files)} SST files)"
+        files = f"database {made} ({len(self.chain.files)} SST files)"
+        if self.in_place:
+            return f"local root: {self.in_place} files read in place; {files}"
+        return f"{self.fetch.line()}; {files}"
 
     def _release(self) -> None:
         pins, self._pins = self._pins, []
@@ -127,22 +135,36 @@ def open_partition(
     partition; fetches only the files the cache lacks (module docstring)."""
     before = cache.stats.copy()
     pins: list[PinnedFile] = []
+    sources: list[Path] = []  # the chain's files, oldest first, where the build reads them
     folder = database_folder(cache, objects, store, partition, chain)
     try:
         database = cache.pin_database(folder)
         if database is not None:
             pins.append(database)
-        for f in chain.files:
-            if database is not None and not cache.path_of(objects, f.name).exists():
-                continue  # evicted, but the database holds its own link: no fetch needed
-            pins.append(cache.pin(objects, f.name))
+        local = [objects.local_file(f.name) for f in chain.files]
+        in_place = all(p is not None for p in local)
+        if in_place:
+            # A local root: its immutable files are read where they are (a copy in the
+            # cache would only double the disk used). The database built from them holds
+            # its own hard links, so it outlives retention removing one; nothing here
+            # writes to them.
+            sources = [p for p in local if p is not None]
+        else:
+            for f in chain.files:
+                if database is not None and not cache.path_of(objects, f.name).exists():
+                    continue  # evicted, but the database holds its own link: no fetch
+                pin = cache.pin(objects, f.name)
+                pins.append(pin)
+                sources.append(pin.path)
         built = False
         if database is None:
-            database, built = _build_in_place(cache, folder, [p.path for p in pins])
+            database, built = _build_in_place(cache, folder, sources)
             pins.append(database)
             if built:
                 cache.evict()  # the new database counts against the limit (it is pinned)
-        return ChainPartition(folder, chain, pins, cache.stats.since(before), built)
+        fetch = cache.stats.since(before)
+        read_in_place = len(sources) if in_place else 0
+        return ChainPartition(folder, chain, pins, fetch, built, in_place=read_in_place)
     except BaseException:
         for pin in pins:
             pin.release()

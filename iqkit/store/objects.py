@@ -103,6 +103,12 @@ class ObjectStore(ABC):
     @abstractmethod
     def size(self, path: str) -> int: ...
 
+    def local_file(self, path: str) -> Path | None:
+        """The file behind ``path`` when the root is a local folder (readers can use it
+        where it is, with no copy), else None."""
+        del path
+        return None
+
     @contextlib.contextmanager
     def _classified(self, action: str, path: str = "") -> Iterator[None]:
         """The one place errors of either backend become iqkit's."""
@@ -271,6 +277,9 @@ class LocalObjects(ObjectStore):
     def size(self, path: str) -> int:
         with self._classified("stat", path):
             return self._path(path).stat().st_size
+
+    def local_file(self, path: str) -> Path | None:
+        return self._path(path)
 
 
 class RemoteObjects(ObjectStore):

@@ -36,8 +36,10 @@ def value(p: int, i: int) -> bytes:
 
 
 @pytest.fixture
-def objects(tmp_path) -> ObjectStore:
-    return open_objects(tmp_path / "root")
+def objects(s3_root) -> ObjectStore:
+    """A root on the S3 server: its readers fetch into the cache (a local root's are read
+    in place, chain_read.open_partition, and never reach the cache's files)."""
+    return open_objects(s3_root)
 
 
 @pytest.fixture
@@ -188,7 +190,7 @@ def test_a_database_open_in_another_process_survives_eviction(objects, v1, tmp_p
     for p in range(PARTITIONS):
         read_partition(FileCache(cache.folder), objects, v1, p)  # every database built
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, os.fspath(objects.root.local), os.fspath(cache.folder)],
+        [sys.executable, "-c", HOLDER, objects.root.url, os.fspath(cache.folder)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -242,7 +244,7 @@ def test_several_processes_build_read_and_evict_databases_safely(objects, v1, tm
     read_partition(probe, objects, v1, 0)
     limit = probe.usage() + probe.usage() // 2
     cache_dir = tmp_path / "shared"
-    command = [sys.executable, "-c", READER, os.fspath(objects.root.local), os.fspath(cache_dir)]
+    command = [sys.executable, "-c", READER, objects.root.url, os.fspath(cache_dir)]
     procs = [
         subprocess.Popen(
             [*command, str(limit)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -119,3 +119,21 @@ def test_a_manifest_of_an_unknown_format_is_refused_in_one_line(root):
         info.value
     )
     assert "\n" not in str(info.value)
+
+
+def test_a_local_chain_store_is_read_in_place_never_copied(synced, tmp_path, monkeypatch):
+    cache = tmp_path / "fresh-cache"
+    monkeypatch.setenv("IQKIT_CACHE", str(cache))
+    with iqkit.open(synced) as engine:
+        req = (
+            iqkit.StateQueryRequest.in_store("totals")
+            .with_query(iqkit.KeyQuery.with_key("bob"))
+            .enable_execution_info()
+        )
+        r = engine.query(req)
+        qr = r.only_partition_result()
+        assert qr.result["total"] == 14
+        line = next(x for x in qr.execution_info if x.startswith("Handled in FileCache"))
+    assert "local root: 2 files read in place; database built (2 SST files)" in line
+    assert not list(cache.rglob("objects/**/*.sst"))  # only the database is in the cache
+    assert list(cache.rglob("dbs/**/CURRENT"))
