@@ -14,7 +14,8 @@ A store's format is told by what is in it, never by a setting a reader must know
 object root every store is a chain store; under a local root the manifest says which
 (a manifest of format 1 whose folder holds the chain's ``chain/`` or ``sst/`` folder is
 a chain store an earlier iqkit made on object storage and someone copied down). A new
-store takes ``new_store_format(root)``.
+store takes ``new_store_format(root)``: on a local root ``IQKIT_LOCAL_FORMAT`` may
+choose either format while local roots move to the chain format (docs/DECISIONS.md).
 """
 
 from __future__ import annotations
@@ -36,9 +37,29 @@ class StoreFormat(enum.Enum):
     CHAIN = "chain"
 
 
+#: The variable that picks the format of stores created under a local root from now on:
+#: ``chain`` or ``folder`` (existing stores keep theirs whatever it says).
+ENV_LOCAL_FORMAT = "IQKIT_LOCAL_FORMAT"
+#: What a local root's new stores get when the variable is unset.
+DEFAULT_LOCAL_FORMAT = StoreFormat.FOLDER
+
+
 def new_store_format(root: StoreRoot) -> StoreFormat:
-    """The format a store created under ``root`` gets."""
-    return StoreFormat.FOLDER if root.local is not None else StoreFormat.CHAIN
+    """The format a store created under ``root`` gets: the chain format on object roots
+    (the only one they can hold); on a local root ``IQKIT_LOCAL_FORMAT`` (``chain`` or
+    ``folder``), else ``DEFAULT_LOCAL_FORMAT``. Anything else is one-line ``ValueError``."""
+    if root.local is None:
+        return StoreFormat.CHAIN
+    text = os.environ.get(ENV_LOCAL_FORMAT, "").strip().lower()
+    if not text:
+        return DEFAULT_LOCAL_FORMAT
+    try:
+        return StoreFormat(text)
+    except ValueError:
+        raise ValueError(
+            f"{ENV_LOCAL_FORMAT}={text!r}: use 'chain' or 'folder' (the format of stores "
+            "created under a local root)"
+        ) from None
 
 
 def as_chain_manifest(manifest: StoreManifest) -> StoreManifest:

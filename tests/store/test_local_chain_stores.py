@@ -137,3 +137,29 @@ def test_a_local_chain_store_is_read_in_place_never_copied(synced, tmp_path, mon
     assert "local root: 2 files read in place; database built (2 SST files)" in line
     assert not list(cache.rglob("objects/**/*.sst"))  # only the database is in the cache
     assert list(cache.rglob("dbs/**/CURRENT"))
+
+
+def test_iqkit_local_format_picks_the_format_of_new_local_stores(root, monkeypatch):
+    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "chain")
+    iqkit.create_store(root, "c", partitions=2)
+    with iqkit.StoreWriter(root, "c") as w:
+        w.put("a", 1)
+    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "folder")
+    iqkit.create_store(root, "f", partitions=2)
+    with iqkit.StoreWriter(root, "f") as w:
+        w.put("a", 1)
+    with iqkit.StoreWriter(root, "c") as w:  # an existing store keeps its format
+        w.put("b", 2)
+    assert (store_format(root, "c"), store_format(root, "f")) == (
+        StoreFormat.CHAIN,
+        StoreFormat.FOLDER,
+    )
+    assert (root / "c" / "chain" / "000000000002.json").is_file()
+    assert (root / "f" / "LATEST").is_file() and not (root / "c" / "LATEST").exists()
+    with iqkit.open(root) as engine:
+        assert sorted(v for _, _, v in kv_rows(engine, "c")) == [1, 2]
+        assert [v for _, _, v in kv_rows(engine, "f")] == [1]
+    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "sst")
+    with pytest.raises(ValueError, match="IQKIT_LOCAL_FORMAT='sst': use 'chain' or 'folder'"):
+        iqkit.create_store(root, "bad", partitions=1)
+    assert not (root / "bad").exists()
