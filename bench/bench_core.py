@@ -26,17 +26,31 @@ from rocksdict import ReadOptions
 import iqkit
 from iqkit import KeyQuery, MultiKeyQuery, PrefixScanQuery, RangeQuery, StateQueryRequest
 from iqkit.store import rocks
+from iqkit.store.cache import FileCache
+from iqkit.store.chain import latest_version
+from iqkit.store.chain_read import database_folder
+from iqkit.store.formats import StoreFormat, store_format
 from iqkit.store.keyspace import kv_key, kv_prefix_range
+from iqkit.store.objects import open_objects
 
 GROUP = 1000  # keys are f"{group:04d}-{i:04d}": a 5-char prefix selects 1,000 keys
 
 
 def build(root: str, name: str, n: int) -> str:
+    """Write the store; the RocksDB folder its one partition is read from (the published
+    folder of a folder store; a chain store's database, built in the cache by a first
+    read), so raw rocksdict reads the very same database as iqkit."""
     iqkit.create_store(root, name, partitions=1, key_serde="string", value_serde="int64")
     with iqkit.StoreWriter(root, name) as w:
         for i in range(n):
             w.put(f"{i // GROUP:04d}-{i % GROUP:04d}", i)
-    return os.path.join(root, name, "partitions", "0", "1")
+    if store_format(root, name) is StoreFormat.FOLDER:
+        return os.path.join(root, name, "partitions", "0", "1")
+    with iqkit.open(root) as engine:  # builds the database in the cache
+        engine.query(StateQueryRequest.in_store(name).with_query(KeyQuery.with_key("0000-0000")))
+    objects = open_objects(root)
+    chain = latest_version(objects, name).partitions[0]
+    return os.fspath(database_folder(FileCache(), objects, name, 0, chain))
 
 
 def best(fn: Callable[[], object], repeat: int) -> float:
@@ -58,7 +72,10 @@ def main() -> None:
     random.seed(7)
     rows: list[tuple[str, str, str, str, str]] = []
 
-    with tempfile.TemporaryDirectory() as root:
+    with tempfile.TemporaryDirectory() as root, tempfile.TemporaryDirectory() as cache:
+        # A chain store's databases are built in the reader's cache: a folder of the
+        # bench's own, never the user's cache.
+        os.environ["IQKIT_CACHE"] = cache
         t0 = time.perf_counter()
         big_path = build(root, "big", args.keys)
         small_path = build(root, "small", args.small)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..errors import IqkitError
 from .cache import FileCache
-from .chain import ChainVersion, latest_version, list_versions, read_version
+from .chain import ChainVersion, latest_version, list_versions, read_version, record_key
 from .chain_read import open_partition
 from .chain_store import read_chain_manifest
 from .layers import ReadCache, build_layers
@@ -60,6 +60,13 @@ class ChainSnapshot:
         published); raises ``IqkitError`` when the root cannot be read."""
         self._close_retired()
         if self.pinned is not None:
+            return self.record
+        if self.record is not None and not self.objects.exists(
+            record_key(self.name, self.record.version + 1)
+        ):
+            # Versions are consecutive and the newest record is never removed: when the
+            # next one is not there, the one served is still the latest. One stat (a
+            # HEAD on object storage) instead of listing every record per query.
             return self.record
         numbers = list_versions(self.objects, self.name)
         if numbers and (self.record is None or self.record.version != numbers[-1]):

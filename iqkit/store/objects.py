@@ -103,6 +103,14 @@ class ObjectStore(ABC):
     @abstractmethod
     def size(self, path: str) -> int: ...
 
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` is there: one stat (a HEAD request remotely), no listing."""
+        try:
+            self.size(path)
+        except ObjectMissingError:
+            return False
+        return True
+
     def local_file(self, path: str) -> Path | None:
         """The file behind ``path`` when the root is a local folder (readers can use it
         where it is, with no copy), else None."""
@@ -225,6 +233,7 @@ class LocalObjects(ObjectStore):
         super().__init__(root)
         assert root.local is not None
         self.folder = Path(os.path.abspath(root.local))
+        self._base = os.fspath(self.folder)
 
     def _path(self, path: str) -> Path:
         return self.folder / check_key(path)
@@ -280,6 +289,10 @@ class LocalObjects(ObjectStore):
 
     def local_file(self, path: str) -> Path | None:
         return self._path(path)
+
+    def exists(self, path: str) -> bool:
+        # One stat, on the query path of every read (chain_snapshot): no Path objects.
+        return os.path.isfile(f"{self._base}/{check_key(path)}")
 
 
 class RemoteObjects(ObjectStore):
