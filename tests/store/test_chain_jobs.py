@@ -167,5 +167,14 @@ def test_runs_uploaded_by_tasks_apply_in_order_with_deletes(s3_root, tmp_path):
         assert {k: v for _p, k, v in kv_rows(engine, STORE)} == {"bob": 2, "zed": 2}
 
 
-def test_a_local_root_keeps_the_folder_job_commit(root):
-    assert isinstance(open_job_commit(root, STORE, create=manifest()), JobCommit)
+def test_a_local_roots_job_commit_follows_each_stores_format(root, monkeypatch):
+    """New local stores get IQKIT_LOCAL_FORMAT's format; an existing store keeps its own."""
+    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "folder")
+    iqkit.create_store(root, "old", partitions=PARTITIONS)
+    with open_job_commit(root, STORE, create=manifest()) as job:
+        assert isinstance(job, JobCommit)
+    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "chain")
+    with open_job_commit(root, STORE, create=manifest()) as job:
+        assert isinstance(job, ChainJobCommit)
+    with open_job_commit(root, "old") as job:
+        assert isinstance(job, JobCommit)

@@ -4,13 +4,14 @@ takes commits locally in its own format, beside folder-format stores of the same
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from helpers import kv_rows, tree_digest, write_notebook_stores
 
 import iqkit
-from iqkit.store.formats import StoreFormat, store_format
+from iqkit.store.formats import DEFAULT_LOCAL_FORMAT, StoreFormat, store_format
 from iqkit.store.jobs import latest_published, open_job_commit, store_exists
 from iqkit.store.keyspace import kv_key
 from iqkit.store.objects import open_objects
@@ -77,6 +78,7 @@ def test_commits_to_a_synced_store_stay_in_the_chain_format(synced, s3_root):
     assert got["bob"]["total"] == 14
 
 
+@pytest.mark.folder_format
 def test_folder_and_chain_stores_share_a_local_root(synced, tmp_path):
     iqkit.create_store(synced, "local", partitions=2)
     with iqkit.StoreWriter(synced, "local") as w:
@@ -103,16 +105,25 @@ def test_a_synced_store_never_written_is_still_a_chain_store(synced):
         assert [v for _, _, v in kv_rows(engine, "fresh")] == [1]
 
 
-def test_a_new_local_store_keeps_the_folder_format_and_object_roots_use_chains(s3_root, root):
-    assert store_format(root, "new") is StoreFormat.FOLDER
+def test_a_new_local_store_takes_the_local_format_and_object_roots_use_chains(
+    s3_root, root, monkeypatch
+):
+    monkeypatch.delenv("IQKIT_LOCAL_FORMAT", raising=False)
+    assert store_format(root, "new") is DEFAULT_LOCAL_FORMAT
     assert store_format(s3_root, "new") is StoreFormat.CHAIN
+    for fmt in StoreFormat:
+        monkeypatch.setenv("IQKIT_LOCAL_FORMAT", fmt.value)
+        assert store_format(root, "new") is fmt
+        assert store_format(s3_root, "new") is StoreFormat.CHAIN
     assert not root.exists()  # telling the format creates nothing
 
 
 def test_a_manifest_of_an_unknown_format_is_refused_in_one_line(root):
     iqkit.create_store(root, "s", partitions=1)
     manifest = root / "s" / "manifest.json"
-    manifest.write_text(manifest.read_text().replace('"format_version": 1', '"format_version": 3'))
+    manifest.write_text(
+        re.sub(r'"format_version": [0-9]+', '"format_version": 3', manifest.read_text())
+    )
     with iqkit.open(root) as engine, pytest.raises(iqkit.IqkitError) as info:
         engine.manifest("s")
     assert "manifest format 3 is not supported (this iqkit reads formats 1 and 2)" in str(
