@@ -6,6 +6,8 @@ test_versions.py); these pin the interface the engine relies on: a partition a n
 version still names stays open (its read cache with it) and moves to the newer lease,
 the others close and release theirs, the cache's cap closes the least recently used,
 and a partition no commit touched is one shared empty partition holding no lease.
+StoreSnapshot serves folder-format stores (chain stores have chain_snapshot.py, tested in
+test_chain.py), so every test here makes its stores in the folder format.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import iqkit
 from iqkit.store.layout import StoreLayout
 from iqkit.store.snapshot import PartitionCache, StoreSnapshot
 from iqkit.store.versions import list_versions, live_leased_versions
+
+pytestmark = pytest.mark.folder_format
 
 
 def commit(root, store: str, **puts_by_partition: int) -> int:

@@ -1,5 +1,5 @@
 """``SortedRows``: a partition's rows in any order become sorted, one per key (the highest
-sequence wins), in memory or through spilled runs, and feed ``stage_partition``."""
+sequence wins), in memory or through spilled runs, and feed a job commit's ``stage``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import iqkit
 from iqkit.store import keyspace
-from iqkit.store.jobs import JobCommit, stage_partition
+from iqkit.store.jobs import open_job_commit
 from iqkit.store.sorted_rows import SortedRows, last_per_key
 
 relaxed = settings(deadline=None, max_examples=60)  # spills write files; shared machine
@@ -170,8 +170,8 @@ def test_sorted_rows_build_a_partition_through_the_sst_path(tmp_path):
     rows += [(keyspace.kv_key(b"k001"), None)]  # the last row of k001 is a delete
     buffer = SortedRows(spill_bytes=500)
     add_shuffled(buffer, rows, seed=3, pieces=7)
-    with JobCommit(tmp_path, "s", mode="overwrite") as job:
-        staged = stage_partition(job.spec, 0, buffer.rows(), attempt="a", sorted_unique=True)
+    with open_job_commit(tmp_path, "s", mode="overwrite") as job:  # the store's format
+        staged = job.spec.stage(0, buffer.rows(), attempt="a", sorted_unique=True)
         assert staged.puts == 39
         job.publish([staged])
     with iqkit.open(tmp_path) as engine:
