@@ -11,7 +11,11 @@ hold chain stores too.
 ``ChainPublisher`` is what ``StoreWriter`` hands its buffered partitions to on such a
 root: each partition's changes, sorted, become one delta SST (chain_write.py), and the
 next version is published with one exclusive create — a writer that lost the race gets
-``VersionConflictError`` naming the version and nothing of its commit is visible.
+``VersionConflictError`` naming the version and nothing of its commit is visible. On a
+local root it first takes the store's commit lock (``locking.CommitLock``, the folder
+format's ``writer.lock``), so local writers wait for each other as they always have
+(``lock_timeout``; a writer that gives up gets ``StoreLockedError`` naming the holder)
+instead of one losing the race: only writers that cannot share a lock race.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from .chain import latest_version, list_versions
 from .chain_retention import collect_chain_garbage
 from .chain_write import commit_version
 from .formats import as_chain_manifest
+from .layout import StoreLayout
+from .locking import CommitLock
 from .manifest import STORE_SETTINGS, StoreManifest, check_same_settings
 from .names import MANIFEST_FILE
 from .objects import ObjectStore
@@ -123,10 +129,24 @@ class ChainPublisher:
         who: str,
         lock_timeout: float,
     ) -> int:
-        """Commit ``buffers`` as the next version; returns its number. No lock: the
-        exclusive create of the version record decides a race (``lock_timeout`` is
-        the local publisher's, unused here)."""
-        del lock_timeout
+        """Commit ``buffers`` as the next version; returns its number. On an object
+        root the exclusive create of the version record decides a race; on a local root
+        the store's commit lock (waited for up to ``lock_timeout`` seconds) serializes
+        writers first (module docstring)."""
+        local = self.objects.root.local
+        if local is None:
+            return self._publish(buffers, source_end=source_end, metadata=metadata, who=who)
+        with CommitLock(StoreLayout.of(local, self.store), who=who, timeout=lock_timeout):
+            return self._publish(buffers, source_end=source_end, metadata=metadata, who=who)
+
+    def _publish(
+        self,
+        buffers: Mapping[int, Buffered],
+        *,
+        source_end: Position | None,
+        metadata: Mapping[str, Any],
+        who: str,
+    ) -> int:
         previous = latest_version(self.objects, self.store)
         record = commit_version(
             self.objects,
