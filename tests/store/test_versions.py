@@ -1,4 +1,10 @@
-"""Versions, retention, readers' leases and concurrent writers (real processes)."""
+"""Versions, retention, readers' leases and concurrent writers (real processes).
+
+Retention by reader leases (flocks on version records) is the folder format's: those
+tests are marked ``folder_format``. The chain format protects readers with a grace period
+instead (chain_retention.py; its rules are tested in test_chain.py);
+``test_chain_retention_keeps_the_newest_versions_once_the_grace_is_over`` is its
+user-level counterpart here."""
 
 from __future__ import annotations
 
@@ -11,8 +17,13 @@ import pytest
 from helpers import request
 
 import iqkit
+from iqkit.store.chain import latest_version
+from iqkit.store.chain import list_versions as chain_versions
+from iqkit.store.chain_retention import DEFAULT_GRACE_SECONDS, collect_chain_garbage
 from iqkit.store.layout import StoreLayout
 from iqkit.store.locking import CommitLock
+from iqkit.store.objects import open_objects
+from iqkit.store.roots import parse_root
 from iqkit.store.versions import list_versions, live_leased_versions
 
 
@@ -28,6 +39,7 @@ def commit(root, store, **puts):
     return w.version
 
 
+@pytest.mark.folder_format
 def test_retention_keeps_the_newest_versions_and_removes_unreferenced_folders(root):
     iqkit.create_store(root, "s", partitions=1, retention=3)
     for i in range(8):
@@ -41,6 +53,7 @@ def test_retention_keeps_the_newest_versions_and_removes_unreferenced_folders(ro
         iqkit.open(root, as_of=2)
 
 
+@pytest.mark.folder_format
 def test_a_pinned_reader_keeps_its_version_until_it_closes(root):
     iqkit.create_store(root, "s", partitions=1, retention=2)
     commit(root, "s", a="v1")
@@ -58,6 +71,7 @@ def test_a_pinned_reader_keeps_its_version_until_it_closes(root):
     assert list_versions(layout) == [6, 7]
 
 
+@pytest.mark.folder_format
 def test_leases_of_dead_readers_expire(root):
     """A lease is a shared flock on the version's record (readers write nothing), which
     the kernel drops when its holder dies: a dead reader's lease is simply gone, and a
@@ -76,6 +90,22 @@ def test_leases_of_dead_readers_expire(root):
     commit(root, "s", a=2)
     assert list_versions(layout) == [2]
     assert not layout.partition_version_dir(0, 1).exists()
+
+
+def test_chain_retention_keeps_the_newest_versions_once_the_grace_is_over(root, monkeypatch):
+    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "chain")
+    iqkit.create_store(root, "s", partitions=1, retention=3)
+    for i in range(8):
+        commit(root, "s", a=i)
+    objects = open_objects(parse_root(root))
+    assert chain_versions(objects, "s") == list(range(1, 9))  # all within the grace
+    created = latest_version(objects, "s").created_at
+    collect_chain_garbage(objects, "s", retain=3, now=created + DEFAULT_GRACE_SECONDS + 1)
+    assert chain_versions(objects, "s") == [6, 7, 8]
+    with iqkit.open(root, as_of=6) as engine:
+        assert get(engine, "s", "a") == 5
+    with pytest.raises(ValueError, match=r"no version 2 \(versions on the root: 6..8\)"):
+        iqkit.open(root, as_of=2)
 
 
 def test_a_long_lived_engine_sees_new_commits(root):
