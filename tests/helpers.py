@@ -122,12 +122,57 @@ def write_store(root: Path, name: str, rows, *, partitions: int = 2, **settings)
             w.put(key, value, **(extra[0] if extra else {}))
 
 
+def is_chain_store(root: Path, name: str) -> bool:
+    """Whether store ``name`` under the local ``root`` is in the SST-chain format (a new
+    one: whether stores created now get it, ``IQKIT_LOCAL_FORMAT``)."""
+    from iqkit.store.formats import StoreFormat, store_format
+
+    return store_format(root, name) is StoreFormat.CHAIN
+
+
+def partition_files(root: Path, name: str, partition: int, version: int = 1) -> list[Path]:
+    """The SST files of a published partition version on a local root: the folder
+    format's ``*.sst`` in the partition folder, or the chain format's files the version
+    record lists for the partition (oldest first; read in place by every reader)."""
+    if not is_chain_store(root, name):
+        from iqkit.store.layout import StoreLayout
+
+        folder = StoreLayout.of(root, name).partition_version_dir(partition, version)
+        return sorted(folder.glob("*.sst"))
+    from iqkit.store.chain import read_version
+    from iqkit.store.objects import open_objects
+
+    record = read_version(open_objects(root), name, version)
+    return [Path(root) / f.name for f in record.partitions[partition].files]
+
+
 def break_partition(root: Path, name: str, partition: int, version: int = 1) -> None:
-    """Make a published partition unreadable (RocksDB's CURRENT file gone), so queries
-    report STORE_EXCEPTION for it."""
+    """Make a published partition unreadable, so queries report STORE_EXCEPTION for it:
+    a folder store's RocksDB CURRENT file goes; a chain store's SSTs are emptied in
+    place (so a reader building the partition's database in its cache fails)."""
+    if is_chain_store(root, name):
+        for sst in partition_files(root, name, partition, version):
+            sst.write_bytes(b"")
+        return
     from iqkit.store.layout import StoreLayout
 
     (StoreLayout.of(root, name).partition_version_dir(partition, version) / "CURRENT").unlink()
+
+
+def damage_latest(root: Path, name: str) -> str:
+    """Garble what names a store's latest version (a folder store's ``LATEST``, a chain
+    store's newest version record), so reading the store fails; return that file's name
+    (what the error names)."""
+    if is_chain_store(root, name):
+        from iqkit.store.names import CHAIN_RECORDS_DIR
+
+        path = max((Path(root) / name / CHAIN_RECORDS_DIR).glob("*.json"))
+    else:
+        from iqkit.store.layout import StoreLayout
+
+        path = StoreLayout.of(root, name).latest
+    path.write_text("garbage")
+    return path.name
 
 
 def iq_result(engine, req, *, limit=None, lags=None, **kwargs):

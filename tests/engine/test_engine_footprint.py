@@ -9,6 +9,10 @@ serves.
 * A query session changes no byte and no mtime under the root, while the engine is open
   and after it is closed; a read-only store is fully readable; a reader that is killed
   while holding a version does not keep it.
+
+The tests of versions kept and released (leases, partition folders, open files) are
+about the folder format and make folder stores (``folder_format``); the others run on
+whatever format new local stores get.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 from faults import (
     child_env,
     describe_changes,
@@ -48,6 +53,7 @@ def commit(root, store, **puts) -> int | None:
 
 
 # -- item 4: an engine releases what it no longer serves -----------------------------------
+@pytest.mark.folder_format  # leases and open partition folders
 def test_a_long_lived_engine_keeps_only_the_version_it_serves(root):
     iqkit.create_store(root, "s", partitions=PARTITIONS, retention=RETENTION)
     layout = StoreLayout.of(root, "s")
@@ -74,6 +80,7 @@ def test_a_long_lived_engine_keeps_only_the_version_it_serves(root):
                 assert os.path.dirname(path) in allowed, f"commit {i}: {path} is still open"
 
 
+@pytest.mark.folder_format  # leases and open partition folders
 def test_a_result_still_being_read_keeps_its_version_until_it_is_closed(root):
     iqkit.create_store(root, "s", partitions=1, retention=1)
     commit(root, "s", **{f"k{i:03}": 1 for i in range(300)})
@@ -191,6 +198,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.folder_format  # leases and open partition folders
 def test_a_reader_killed_while_holding_a_version_does_not_keep_it(root):
     iqkit.create_store(root, "s", partitions=1, retention=1)
     commit(root, "s", a=1)

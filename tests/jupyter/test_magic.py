@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import NOTEBOOK_TOTALS, request
+from helpers import NOTEBOOK_TOTALS, damage_latest, request
 from IPython.core.error import UsageError
 
 import iqkit
@@ -322,11 +322,11 @@ def test_a_lone_surrogate_in_sql_is_one_line(shell):
 
 def test_one_broken_store_does_not_hide_the_others(shell, nb_root):
     (nb_root / "counts" / "manifest.json").write_text("{not json")
-    (nb_root / "clicks" / "LATEST").write_text("garbage")
+    damaged = damage_latest(nb_root, "clicks")  # LATEST, or a chain store's newest record
     stores = run(shell, "%iq stores").set_index("name")
     assert list(stores.index) == ["clicks", "counts", "totals"]
     assert stores.loc["totals", "kind"] == "kv" and pd.isna(stores.loc["totals", "error"])
-    assert "manifest" in stores.loc["counts", "error"] and "LATEST" in stores.loc["clicks", "error"]
+    assert "manifest" in stores.loc["counts", "error"] and damaged in stores.loc["clicks", "error"]
     assert stores.loc[["clicks", "counts"], ["kind", "version", "lag"]].isna().all().all()
     lag = run(shell, "%iq lag")
     healthy = lag[lag["error"].isna()]
@@ -337,7 +337,7 @@ def test_one_broken_store_does_not_hide_the_others(shell, nb_root):
     assert broken[["partition", "lag"]].isna().all().all()
     # One store asked for by name: its own problem, on its row.
     one = run(shell, "%iq lag clicks")
-    assert len(one) == 1 and "LATEST" in one["error"].iloc[0]
+    assert len(one) == 1 and damaged in one["error"].iloc[0]
 
 
 def test_reversed_window_times_say_why_nothing_came_back(shell):

@@ -194,7 +194,8 @@ def test_summary_line(totals):
         r = result_of(engine, scan("totals"))
     summary = Page(render._summary(r)).visible
     assert summary.startswith("totals · RangeQuery · 21 rows · partitions 3 ok / 1 failed · ")
-    assert " ms" in summary and summary.endswith("version 2")
+    # the elapsed time (a chain store's first reader builds its databases: maybe seconds)
+    assert re.search(r"\d m?s · version 2$", summary)
 
 
 def test_never_written_partitions_read_ok_in_the_summary(root):
@@ -379,6 +380,8 @@ def _timings_shown(r: IQResult) -> tuple[str, str, str, str]:
 
 def test_stable_timings_show_a_placeholder_and_runs_display_the_same(totals, monkeypatch):
     monkeypatch.setenv(render.STABLE_TIMINGS_ENV, "1")
+    with iqkit.open(totals) as engine:  # a chain store's first reader builds its databases
+        result_of(engine, scan("totals"))
     shown = []
     for _ in range(2):  # two engines, so nothing but the wall clock differs
         with iqkit.open(totals) as engine:
@@ -412,6 +415,6 @@ def test_timings_are_shown_unless_asked(totals, monkeypatch, setting):
     with iqkit.open(totals) as engine:
         r = result_of(engine, scan("totals"), show_trace=True)
     assert not any(render.TIME_PLACEHOLDER in text for text in _timings_shown(r))
-    assert re.search(r"\d ms\b", Page(render._summary(r)).visible)
+    assert re.search(r"\d m?s\b", Page(render._summary(r)).visible)
     trace = Page(r._repr_html_()).tables[2]
     assert all(row["cells"][-1].isdigit() for row in trace[1:])
