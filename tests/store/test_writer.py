@@ -1,4 +1,5 @@
-"""StoreWriter and create_store against real RocksDB folders."""
+"""StoreWriter and create_store, in the format new local stores get (the tests marked
+``folder_format`` inject faults into the folder format's commit steps)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from helpers import request, tree_digest
 
 import iqkit
-from iqkit.store import versions as versions_module
+from iqkit.store.jobs import latest_published
 from iqkit.store.layout import StoreLayout
 from iqkit.store.names import STAGING_PREFIX
 from iqkit.store.partitioners import murmur2_partition
@@ -152,6 +153,7 @@ def test_an_exception_inside_the_block_commits_nothing(root):
         assert get(engine, "s", "b") is None
 
 
+@pytest.mark.folder_format  # the folder format's staging and publish steps
 def test_a_failure_while_publishing_leaves_the_previous_version_and_no_debris(root, monkeypatch):
     iqkit.create_store(root, "s", partitions=2)
     with iqkit.StoreWriter(root, "s") as w:
@@ -179,6 +181,7 @@ def test_a_failure_while_publishing_leaves_the_previous_version_and_no_debris(ro
     assert w.version == 2
 
 
+@pytest.mark.folder_format  # the folder format's staging and publish steps
 def test_debris_of_a_crashed_commit_is_cleaned_by_the_next_one(root):
     iqkit.create_store(root, "s", partitions=1)
     with iqkit.StoreWriter(root, "s") as w:
@@ -204,11 +207,13 @@ def test_untouched_partitions_keep_their_data_and_folders(root):
         for k in keys:
             w.put(k, k.upper())
     target = murmur2_partition(b"user-0", 4)
+    before = latest_published(root, "s")
     with iqkit.StoreWriter(root, "s") as w:
         w.put("user-0", "changed")
-    record = versions_module.read_version(StoreLayout.of(root, "s"), 2)
-    assert record.partitions[target] == 2
-    assert all(v == 1 for p, v in record.partitions.items() if p != target)
+    record = latest_published(root, "s")  # folder: partition -> folder version; chain: files
+    assert record.version == 2 and set(record.partitions) == set(before.partitions)
+    assert record.partitions[target] != before.partitions[target]
+    assert all(v == before.partitions[p] for p, v in record.partitions.items() if p != target)
     with iqkit.open(root) as engine:
         assert get(engine, "s", "user-0") == "changed"
         assert all(get(engine, "s", k) == k.upper() for k in keys[1:])
@@ -263,8 +268,7 @@ def test_murmur2_store_routes_keys_like_kafka(root):
             w.put(f"key-{i}", i)
     for i in range(100):
         expected = murmur2_partition(f"key-{i}".encode(), 8)
-        folder = root / "s" / "partitions" / str(expected)
-        assert folder.exists()
+        assert expected in latest_published(root, "s").partitions
     with iqkit.open(root) as engine:
         for i in range(0, 100, 7):
             result = engine.query(request("s", iqkit.KeyQuery.with_key(f"key-{i}")))
@@ -288,7 +292,7 @@ def test_explicit_store_needs_a_partition_in_range(root):
         with pytest.raises(ValueError, match=r"partition must be an int in \[0, 3\), got 3"):
             w.put("a", 1, partition=3)
         w.put("a", 1, partition=2)
-    assert (root / "s" / "partitions" / "2").exists()
+    assert set(latest_published(root, "s").partitions) == {2}
 
 
 def test_wrong_types_name_the_store_the_serde_and_the_value(root):
