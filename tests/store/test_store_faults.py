@@ -9,6 +9,10 @@
 * After a version is published the commit has succeeded: problems while cleaning up
   old versions are warnings (``StoreCleanupWarning``), ``writer.version`` is the
   published version, so a caller never retries (and applies) a write twice.
+
+The files damaged here (``LATEST``, ``versions/*.json``, ``leases/``, retention of folder
+versions) are the folder format's: those tests are marked ``folder_format``. A damaged
+manifest and a never-committed store are the same in both formats.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ def break_latest(layout: StoreLayout, how: str) -> str:
 
 
 # -- item 1: a published state that cannot be established ----------------------------------
+@pytest.mark.folder_format
 @pytest.mark.parametrize(
     "how", ["LATEST missing", "LATEST past the records", "latest record missing"]
 )
@@ -100,6 +105,7 @@ def test_a_store_whose_latest_version_is_unknown_refuses_commits_and_reports_cor
         ]
 
 
+@pytest.mark.folder_format
 def test_a_missing_latest_record_is_named_instead_of_a_bare_lookup_error(root):
     layout = store_with_versions(root)
     layout.version_record(4).unlink()
@@ -117,6 +123,7 @@ def test_a_store_never_committed_to_still_commits(root):
     assert commit(root, "s", a=1) == 1
 
 
+@pytest.mark.folder_format
 def test_a_first_commit_killed_before_latest_leaves_debris_not_corruption(root):
     """The first commit writes ``LATEST`` = 0 before its record: a crash between the record
     and ``LATEST`` is then recognisable debris (a record above LATEST), not a lost LATEST."""
@@ -130,7 +137,14 @@ def test_a_first_commit_killed_before_latest_leaves_debris_not_corruption(root):
 
 
 # -- item 7 (store files): bytes that are not UTF-8 ----------------------------------------
-@pytest.mark.parametrize("which", ["manifest", "LATEST", "record"])
+@pytest.mark.parametrize(
+    "which",
+    [
+        "manifest",
+        pytest.param("LATEST", marks=pytest.mark.folder_format),
+        pytest.param("record", marks=pytest.mark.folder_format),
+    ],
+)
 def test_non_utf8_bytes_in_a_store_file_are_named(root, which):
     layout = store_with_versions(root, versions=2)
     path = {
@@ -155,6 +169,7 @@ def test_non_utf8_bytes_in_a_store_file_are_named(root, which):
     assert tree_digest(layout.store_dir) == before
 
 
+@pytest.mark.folder_format
 def test_a_file_in_place_of_the_leases_folder_breaks_nothing(root):
     """Readers no longer write leases into the store: whatever is at ``leases/`` (a file,
     a stray folder, stale lease files of an older iqkit) is left alone."""
@@ -169,6 +184,7 @@ def test_a_file_in_place_of_the_leases_folder_breaks_nothing(root):
 
 
 # -- item 3: after publish, a commit is a success --------------------------------------------
+@pytest.mark.folder_format
 def test_a_stray_folder_in_leases_does_not_fail_a_published_commit(root):
     layout = store_with_versions(root, versions=2, retention=1)
     (layout.leases_dir / "stray").mkdir(parents=True, exist_ok=True)
@@ -179,6 +195,7 @@ def test_a_stray_folder_in_leases_does_not_fail_a_published_commit(root):
         assert engine.version("s") == 3
 
 
+@pytest.mark.folder_format
 def test_a_cleanup_failure_after_publish_is_a_warning_and_the_version_is_reported(root):
     layout = store_with_versions(root, versions=2, retention=2)
     # Version 1 expires at the next commit, but its record cannot be removed: a folder
