@@ -383,10 +383,7 @@ class StateEngine:
             store_end = _end_for_store(end, name, record)
             out[name] = {}
             for p in range(view.manifest.partitions):
-                try:
-                    current = view.snapshot.partition(record, p).position
-                except IqkitError:
-                    current = Position.empty()
+                current = _current_position(view, record, p)
                 lag = (
                     None
                     if store_end is None
@@ -426,6 +423,22 @@ def served_version(result: StateQueryResult) -> int | None:
                 if m:
                     return int(m.group(1))
     return None
+
+
+def _current_position(view: _StoreView, record: Any, p: int) -> Position:
+    """Partition ``p``'s position as the store's version ``record`` has it (empty when
+    unreadable). A chain version carries each partition's commit record, so lag never
+    opens a chain partition (no database built, nothing fetched); a folder partition's
+    commit record is in its RocksDB."""
+    try:
+        if isinstance(record, ChainVersion):
+            chain = record.partitions.get(p)
+            if chain is None:
+                return Position.empty()
+            return chain.commit_record().get("position") or Position.empty()
+        return view.snapshot.partition(record, p).position
+    except IqkitError:
+        return Position.empty()
 
 
 def _serialize_key(view: _StoreView, key: Any) -> bytes:

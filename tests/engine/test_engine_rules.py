@@ -392,6 +392,34 @@ def test_lags_use_recorded_end_offsets(root, open_engine):
     assert lags[0].end_position.to_map() == {"in": {0: 10, 1: 10}}
 
 
+def test_lags_of_a_chain_store_come_from_its_record_and_build_no_database(
+    root, tmp_path, monkeypatch
+):
+    # The chain record carries each partition's commit record: lag needs no partition
+    # opened (on an object root, nothing fetched), and says what a query's position says.
+    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "chain")
+    monkeypatch.setenv("IQKIT_CACHE", str(tmp_path / "cache"))
+    iqkit.create_store(root, "s", partitions=3, partitioner="explicit")
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 1, partition=0, source=("in", 0, 9))
+        w.put("b", 1, partition=1, source=("in", 1, 3))
+        w.record_source_end({"in": {0: 10, 1: 10, 2: 4}})
+    with iqkit.open(root) as engine:
+        lags = engine.lags()["s"]
+        assert not (tmp_path / "cache" / "dbs").exists() or not any(
+            (tmp_path / "cache" / "dbs").rglob("CURRENT")
+        )
+        positions = {
+            p: qr.position
+            for p, qr in engine.query(
+                request("s", iqkit.RangeQuery.with_no_bounds())
+            ).partition_results.items()
+        }
+    assert {p: li.offset_lag for p, li in lags.items()} == {0: 0, 1: 6, 2: 4}
+    assert {p: li.current_position for p, li in lags.items()} == positions
+    assert positions[0].to_map() == {"in": {0: 9}} and positions[2].is_empty
+
+
 def test_lags_with_given_end_and_unknown_end(root, totals, open_engine):
     with open_engine(totals) as engine:
         unknown = engine.lags()["totals"]
