@@ -12,8 +12,14 @@ from registry import iterations, load_probes, seed
 PROBES = load_probes()
 
 
+def marks(p) -> list[pytest.MarkDecorator]:
+    """A folder-format probe's stores get that format (tests/conftest.py's marker)."""
+    assert p.store_format in (None, "folder"), p.store_format
+    return [pytest.mark.folder_format] if p.store_format == "folder" else []
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("probe", PROBES, ids=[p.name for p in PROBES])
+@pytest.mark.parametrize("probe", [pytest.param(p, id=p.name, marks=marks(p)) for p in PROBES])
 def test_probe_loses_nothing(probe, tmp_path):
     run_seed = seed()
     where = f"{probe.name} (IQKIT_FAULT_SEED={run_seed})"

@@ -64,6 +64,7 @@ from iqkit.store.versions import list_versions, read_latest_number, read_version
 # -- writers killed ------------------------------------------------------------------------
 @probe(
     "SIGKILLed writer, random moment",
+    store_format="folder",
     fault="a process committing generations in a loop is SIGKILLed 0-300 ms after it starts; "
     "the store must be whole at every retained version and take the next commit at once",
     unit="kill",
@@ -118,6 +119,7 @@ def sigkill_writer_at_random(workdir: Path, iterations: int, rng: random.Random)
 
 @probe(
     "SIGKILLed writer, each commit step",
+    store_format="folder",
     fault="the writer SIGKILLs itself inside the real code path at each of 7 steps: "
     "mid-checkpoint, before the flush, mid-rename, between record and LATEST, before "
     "retention, between unpublishing records and removing folders, mid-folder-removal",
@@ -152,6 +154,7 @@ def sigkill_writer_at_each_step(workdir: Path, iterations: int, rng: random.Rand
 
 @probe(
     "Readers during commits and retention (soak)",
+    store_format="folder",
     fault="a long-lived engine queries (key, multi-key, range of all and of each partition) "
     "while another process commits with retention 2, then the writer is SIGKILLed",
     unit="reader round",
@@ -300,6 +303,7 @@ def _without_lock(state: dict[str, object]) -> dict[str, object]:
 
 @probe(
     "Damaged LATEST, version record or manifest",
+    store_format="folder",
     fault="one of: LATEST missing, past the records or garbage; the latest record missing, "
     "truncated, naming another version; bytes that are not UTF-8 in LATEST, a record or "
     "the manifest; then commits and queries, then the file is restored",
@@ -401,6 +405,7 @@ def _inject_cleanup_fault(layout: StoreLayout, kind: str) -> None:
 
 @probe(
     "Cleanup failing after publish",
+    store_format="folder",
     fault="retention meets something it cannot remove or read: " + "; ".join(CLEANUP_FAULTS),
     unit="commit",
     fast=2 * len(CLEANUP_FAULTS),
@@ -464,6 +469,7 @@ time.sleep(600)
 
 @probe(
     "SIGKILLed reader holding a version (stale lease)",
+    store_format="folder",
     fault="a reader process pinned to the latest version (as_of) is SIGKILLed; commits with "
     "retention 1 go on",
     unit="killed reader",
@@ -568,6 +574,7 @@ def readers_write_nothing(workdir: Path, iterations: int, rng: random.Random) ->
 
 @probe(
     "Long-lived engine, retention 2",
+    store_format="folder",
     fault="one engine queries after every commit of a one-key write, never closed",
     unit="commit",
     fast=40,
