@@ -30,7 +30,6 @@ publish them.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -46,8 +45,12 @@ from ..errors import (
 from ..query.position import Position
 from .cache import FileCache
 from .chain import ChainFile, ChainVersion, PartitionChain, latest_version, list_versions
-from .chain_retention import collect_chain_garbage
-from .chain_store import chain_store_names, ensure_chain_store, read_chain_manifest
+from .chain_store import (
+    chain_store_names,
+    clean_after_publish,
+    ensure_chain_store,
+    read_chain_manifest,
+)
 from .chain_write import Change, commit_partition, publish_next, sst_key
 from .manifest import StoreManifest
 from .objects import ObjectStore, open_objects
@@ -55,7 +58,6 @@ from .roots import parse_root
 
 __all__ = ["ChainJobCommit", "ChainJobSpec", "StagedChain", "upload_runs"]
 
-log = logging.getLogger(__name__)
 
 #: A job's write modes, every format's (jobs.py imports them from here).
 MODES = ("upsert", "overwrite")
@@ -328,11 +330,11 @@ class ChainJobCommit:
         self._finished = True
         self._uploaded.clear()
         try:
-            manifest = read_chain_manifest(self._objects, spec.store)
-            collect_chain_garbage(self._objects, spec.store, retain=manifest.retention)
-        except IqkitError as exc:  # published; retention runs again after the next commit
-            log.warning("store %r: retention after version %s failed: %s", spec.store,
-                        record.version, exc)  # fmt: skip
+            retain = read_chain_manifest(self._objects, spec.store).retention
+        except IqkitError:  # published; retention runs again after the next commit
+            retain = None
+        if retain is not None:
+            clean_after_publish(self._objects, spec.store, record.version, retain)
         return record.version
 
     def abort(self) -> None:

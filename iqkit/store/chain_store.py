@@ -20,7 +20,7 @@ instead of one losing the race: only writers that cannot share a lock race.
 
 from __future__ import annotations
 
-import logging
+import warnings
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -28,6 +28,7 @@ from ..errors import (
     IqkitError,
     ObjectExistsError,
     ObjectMissingError,
+    StoreCleanupWarning,
     UnknownStoreError,
 )
 from ..query.position import Position
@@ -46,12 +47,11 @@ from .objects import ObjectStore
 __all__ = [
     "ChainPublisher",
     "chain_store_names",
+    "clean_after_publish",
     "ensure_chain_store",
     "manifest_key",
     "read_chain_manifest",
 ]
-
-log = logging.getLogger(__name__)
 
 
 def manifest_key(store: str) -> str:
@@ -160,9 +160,24 @@ class ChainPublisher:
             metadata=metadata,
             who=who,
         )
-        try:
-            collect_chain_garbage(self.objects, self.store, retain=self.manifest.retention)
-        except IqkitError as exc:  # the version is published; retention runs again next time
-            log.warning("store %r: retention after version %s failed: %s", self.store,
-                        record.version, exc)  # fmt: skip
+        clean_after_publish(self.objects, self.store, record.version, self.manifest.retention)
         return record.version
+
+
+def clean_after_publish(objects: ObjectStore, store: str, version: int, retain: int) -> None:
+    """Retention after ``version`` was published: what it cannot remove (or an error while
+    it lists) is one ``StoreCleanupWarning``, worded as the folder format's
+    (``commit.warn_cleanup_failed``), never an error — the commit has succeeded, and the
+    next commit's retention tries again."""
+    try:
+        problems = collect_chain_garbage(objects, store, retain=retain).problems
+    except IqkitError as exc:
+        problems = [str(exc)]
+    if problems:
+        warnings.warn(
+            StoreCleanupWarning(
+                f"store {store!r}: version {version} was published, but cleaning up "
+                f"failed (the next commit retries): {'; '.join(problems)}"
+            ),
+            stacklevel=3,
+        )

@@ -17,6 +17,7 @@ manifest and a never-committed store are the same in both formats.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import warnings
 
@@ -26,7 +27,10 @@ from helpers import kv_rows, request, tree_digest
 import iqkit
 from iqkit import FailureReason
 from iqkit.errors import StoreCleanupWarning
+from iqkit.store import chain_retention, chain_store
+from iqkit.store.jobs import latest_published
 from iqkit.store.layout import StoreLayout
+from iqkit.store.objects import LocalObjects
 
 
 def commit(root, store, **puts) -> int | None:
@@ -221,3 +225,37 @@ def test_a_cleanup_failure_after_publish_is_a_warning_and_the_version_is_reporte
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         assert commit(root, "s", k4=4) == 4
+
+
+def test_a_chain_stores_cleanup_failure_after_publish_is_a_warning_too(root, monkeypatch):
+    """The chain format's retention (a grace period, then deletes): what it cannot delete
+    after a commit published is the same ``StoreCleanupWarning``; the version stands."""
+    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "chain")
+    store_with_versions(root, versions=2, retention=1)
+    no_grace = functools.partial(chain_retention.collect_chain_garbage, grace_seconds=0)
+    monkeypatch.setattr(chain_store, "collect_chain_garbage", no_grace)
+
+    def refuse(self, path):
+        raise iqkit.StoreIOError(f"cannot delete {path} (injected)")
+
+    monkeypatch.setattr(LocalObjects, "delete", refuse)
+    with (
+        pytest.warns(StoreCleanupWarning, match=r"version 3 was published") as caught,
+        iqkit.StoreWriter(root, "s") as w,
+    ):
+        w.put("k3", 3)
+    assert "injected" in str(caught[0].message)
+    assert w.version == 3
+    with iqkit.open(root) as engine:
+        assert engine.version("s") == 3
+        assert sorted((k, v) for _, k, v in kv_rows(engine, "s")) == [
+            ("k1", 1),
+            ("k2", 2),
+            ("k3", 3),
+        ]
+    monkeypatch.undo()
+    monkeypatch.setattr(chain_store, "collect_chain_garbage", no_grace)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StoreCleanupWarning)  # the next commit cleans up
+        assert commit(root, "s", k4=4) == 4
+    assert latest_published(root, "s").version == 4
