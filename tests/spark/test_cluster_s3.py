@@ -29,7 +29,9 @@ def written(spark_cluster, s3_endpoint) -> tuple[str, dict]:
     with pytest.MonkeyPatch.context() as mp:
         aws_env(mp, s3_endpoint)
         root = f"s3://{new_bucket(s3_endpoint)}/stores"
-    return root, spark_cluster.run(_write_and_read_on_s3, root)
+    scratch = spark_cluster.scratch / "s3-stream"  # the Kafka stand-in and checkpoint
+    scratch.mkdir()
+    return root, spark_cluster.run(_write_and_read_on_s3, root, str(scratch))
 
 
 def _cached_files(folder: Path) -> list[Path]:
@@ -37,7 +39,7 @@ def _cached_files(folder: Path) -> list[Path]:
     return [p for p in (folder / CLUSTER_CACHE / "objects").rglob("*.sst") if p.is_file()]
 
 
-def _write_and_read_on_s3(spark, root: str) -> dict:
+def _write_and_read_on_s3(spark, root: str, scratch: str) -> dict:
     """``write_store``, ``df.write.format("iqkit")`` and ``store_sink`` into ``root``, then
     every store read back through ``spark.read.format("iqkit")`` (tasks on executors),
     with the executor that ran each read task."""
@@ -57,7 +59,6 @@ def _write_and_read_on_s3(spark, root: str) -> dict:
         .option("key", "id").option("partitions", "3").save(root))  # fmt: skip
     # The Kafka stand-in's files are on this machine's disk (a real broker cannot run
     # here); the store they stream into is on S3.
-    scratch = os.getcwd()
     topic = LocalKafkaTopic(os.path.join(scratch, "topics"), "orders", 2)
     for start in (0, 10, 20):
         topic.produce(orders(start, 10))
@@ -75,7 +76,6 @@ def _write_and_read_on_s3(spark, root: str) -> dict:
         "counts": read("counts"),
         "people": read("people"),
         "latest": read("latest"),
-        "driver_cwd": os.getcwd(),
     }
 
 
@@ -94,7 +94,9 @@ def test_cluster_writes_to_s3_and_reads_through_each_executors_cache(spark_clust
     fetched = {p: _cached_files(p) for p in executor_folders}
     assert sum(1 for files in fetched.values() if files) == 2, fetched
     # Nothing of the store is on the driver's or the executors' disks but those caches.
-    assert not list(work.rglob("stores")) and not list(Path(out["driver_cwd"]).rglob("*.sst"))
+    driver_cwd = Path(spark_cluster.facts["driver_cwd"])
+    assert not list(work.rglob("stores")) and not list(driver_cwd.rglob("*.sst"))
+    assert not list((spark_cluster.scratch / "s3-stream").rglob("*.sst"))
 
 
 def _explore_script() -> str:
