@@ -19,6 +19,8 @@ from pyspark.sql import functions as F
 import iqkit
 from iqkit import KeyQuery, PrefixScanQuery, RangeQuery, WindowKeyQuery
 from iqkit.spark.datasource import IqkitReader, register
+from iqkit.store.formats import StoreFormat, store_format
+from iqkit.store.jobs import latest_published
 from iqkit.store.layout import StoreLayout
 
 N_PARTITIONS = 4
@@ -475,7 +477,9 @@ def test_as_of_a_version_that_does_not_exist_fails_naming_the_retained_ones(spar
     iqkit.create_store(root, "v", partitions=1)
     with iqkit.StoreWriter(root, "v") as w:
         w.put("a", 1)
-    with pytest.raises(Exception, match=r"no version 9 \(retained: 1\)"):
+    # Each format words the retained versions its own way (folder: "retained: 1"; chain:
+    # "versions on the root: 1"); both name them.
+    with pytest.raises(Exception, match=r"no version 9 \((retained|versions on the root): 1\)"):
         reader(spark, root, "v", as_of=9).collect()
 
 
@@ -535,12 +539,32 @@ def test_root_option_is_accepted(spark, orders_root):
     assert df.load().count() == len(expected_orders())
 
 
+def break_partition(root: Path, store: str, partition: int) -> None:
+    """Make ``partition`` of ``store``'s latest version unreadable, in its own format: a
+    folder store loses the partition folder's CURRENT, a chain store's SSTs are replaced
+    by garbage (new files: a cached database's hard links keep the old bytes)."""
+    if store_format(root, store) is StoreFormat.FOLDER:
+        version = latest_published(root, store)
+        assert version is not None
+        folder = StoreLayout.of(root, store).partition_version_dir(
+            partition, version.partitions[partition]
+        )
+        (folder / "CURRENT").unlink()
+        return
+    version = latest_published(root, store)
+    assert version is not None
+    for f in version.partitions[partition].files:
+        path = root / f.name
+        path.unlink()
+        path.write_bytes(b"not an sst")
+
+
 def test_an_unreadable_partition_fails_the_read_with_the_reason(spark, root):
     iqkit.create_store(root, "broken", partitions=2)
     with iqkit.StoreWriter(root, "broken") as w:
         for k in ("a", "b", "c", "d"):
             w.put(k, 1)
-    (StoreLayout.of(root, "broken").partition_version_dir(1, 1) / "CURRENT").unlink()
+    break_partition(root, "broken", 1)
     with pytest.raises(Exception, match=r"store 'broken' partition 1 .*STORE_EXCEPTION"):
         reader(spark, root, "broken").collect()
     # the healthy partition alone still reads

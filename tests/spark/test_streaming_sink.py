@@ -6,6 +6,7 @@ import json
 
 import pytest
 from helpers import kv_rows, non_finite_frames, orders, run_available_now
+from store_facts import version_record, version_record_path
 
 import iqkit
 from iqkit.spark import last_committed_batch, store_sink
@@ -54,11 +55,7 @@ def test_stream_commits_micro_batches_with_positions_and_lag(spark, tmp_path):
 
 
 def read_batch_ids(root, store, versions):
-    from iqkit.store.layout import StoreLayout
-    from iqkit.store.versions import read_version
-
-    layout = StoreLayout.of(root, store)
-    return [read_version(layout, v).metadata.get("spark_batch_id", -1) for v in versions]
+    return [version_record(root, store, v).metadata.get("spark_batch_id", -1) for v in versions]
 
 
 def test_a_replayed_batch_id_changes_nothing(spark, tmp_path):
@@ -129,23 +126,19 @@ def test_a_new_query_is_never_taken_for_a_replay_and_a_restart_replays_nothing(s
     assert (tmp_path / "cp-a" / "commits" / "2").exists()  # Spark did run batch 2 again
     assert store_values(root, "latest") == (version, values)
     # Both queries' progress is kept, each under its own query id.
-    from iqkit.store.layout import StoreLayout
     from iqkit.store.sinks import sink_progress
-    from iqkit.store.versions import read_version
 
-    record = read_version(StoreLayout.of(root, "latest"), version)
+    record = version_record(root, "latest", version)
     assert sorted(e.batch for e in sink_progress(record.metadata, "latest").values()) == [1, 2]
     assert record.metadata["spark_query_id"] in sink_progress(record.metadata, "latest")
 
 
 def test_sink_progress_in_old_version_records_still_reads(spark, tmp_path):
     """Records written before query ids were kept hold ``sinks: {name: batch id}``."""
-    from iqkit.store.layout import StoreLayout
-
     root = tmp_path / "stores"
     sink = store_sink(root, "s", key="k", value="v", partitions=2)
     sink(spark.createDataFrame([("a", 1)], "k string, v long"), 0)
-    record = StoreLayout.of(root, "s").version_record(1)
+    record = version_record_path(root, "s", 1)  # the same JSON layout in either format
     data = json.loads(record.read_text())
     data["metadata"]["sinks"] = {"s": 5}  # the old shape
     record.write_text(json.dumps(data))
