@@ -15,10 +15,11 @@ DEMO_ROOT ?= demo-stores
 # passing run, never /tmp: Python's tempfile and pytest's tmp_path (TMPDIR), the Spark
 # driver JVM's java.io.tmpdir, which is also Spark's default local dir (SPARK_SUBMIT_OPTS
 # reaches the JVM spark-submit starts), and no JVM perf data (/tmp/hsperfdata_<user>) from
-# that JVM or spark-submit's launcher JVM (SPARK_LAUNCHER_OPTS).
+# that JVM or spark-submit's launcher JVM (SPARK_LAUNCHER_OPTS), and no reader's cache in
+# the user's home (IQKIT_CACHE: where readers of chain stores build their databases).
 TEST_TMP := $(CURDIR)/.test-tmp
 TEST_ENV := TMPDIR=$(TEST_TMP) SPARK_SUBMIT_OPTS="-Djava.io.tmpdir=$(TEST_TMP) -XX:-UsePerfData" \
-            SPARK_LAUNCHER_OPTS=-XX:-UsePerfData
+            SPARK_LAUNCHER_OPTS=-XX:-UsePerfData IQKIT_CACHE=$(TEST_TMP)/iqkit-cache
 # The browser test drives Debian's chromium (Playwright's own browser download cannot
 # work on a machine without network).
 CHROMIUM ?= /usr/bin/chromium

@@ -11,6 +11,14 @@ from helpers import write_notebook_stores
 from iqkit.jupyter.testing import IQTestShell, new_shell
 
 
+@pytest.fixture(autouse=True)
+def _own_reader_cache(tmp_path: Path, monkeypatch) -> None:
+    """Each test's readers build chain stores' databases in a cache of its own
+    (``IQKIT_CACHE``): never the user's home, and no cache shared by the whole run (its
+    eviction scans every database it holds, slower as the run goes)."""
+    monkeypatch.setenv("IQKIT_CACHE", str(tmp_path / "iqkit-cache"))
+
+
 @pytest.fixture
 def nb_root(tmp_path: Path) -> Path:
     """'totals' (kv, string → json, 4 partitions, fed by topic 'orders'), 'counts'
