@@ -6,8 +6,17 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import iqkit
 from iqkit.__main__ import main
+
+
+@pytest.fixture(autouse=True)
+def _own_reader_cache(tmp_path_factory, monkeypatch) -> None:
+    """This process's readers of chain stores build their databases in a cache of the
+    test's own (``IQKIT_CACHE``), never the user's home."""
+    monkeypatch.setenv("IQKIT_CACHE", str(tmp_path_factory.mktemp("iqkit-cache")))
 
 
 def write_small_stores(root) -> None:
@@ -109,7 +118,7 @@ def test_a_closed_pipe_is_not_a_traceback(tmp_path):
         [sys.executable, "-m", "iqkit", "scan", str(tmp_path), "big", "--limit", "100000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},  # IQKIT_CACHE: _own_reader_cache
     )
     assert cli.stdout is not None and cli.stderr is not None
     assert cli.stdout.readline()

@@ -13,20 +13,40 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import kv_rows, tree_digest, user_environment, with_private_tmp
+from helpers import (
+    is_chain_store,
+    kv_rows,
+    tree_digest,
+    user_environment,
+    with_private_tmp,
+)
 
 import iqkit
 from iqkit import demo
 from iqkit.__main__ import main
 
 
+@pytest.fixture(autouse=True)
+def _own_reader_cache(tmp_path_factory, monkeypatch) -> None:
+    """This process's readers of chain stores build their databases in a cache of the
+    test's own (``IQKIT_CACHE``), never the user's home."""
+    monkeypatch.setenv("IQKIT_CACHE", str(tmp_path_factory.mktemp("iqkit-cache")))
+
+
 def demo_command(root: Path) -> list[str]:
     return [sys.executable, "-m", "iqkit", "demo", "--root", str(root), "--no-progress"]
 
 
-def run_demo(root: Path, *, check_tmp: bool = False) -> str:
-    """Run the demo as ``make demo`` does; with ``check_tmp`` (where this process may
-    make a private /tmp), also assert it leaves nothing in /tmp."""
+def demo_environment(cache: Path) -> dict[str, str]:
+    """The environment the demo runs in, as a user's, but with its reader's cache
+    (``IQKIT_CACHE``: the databases built for chain stores) in ``cache``, never the
+    user's home."""
+    return {**user_environment(), "IQKIT_CACHE": str(cache)}
+
+
+def run_demo(root: Path, cache: Path, *, check_tmp: bool = False) -> str:
+    """Run the demo as ``make demo`` does (its cache in ``cache``); with ``check_tmp``
+    (where this process may make a private /tmp), also assert it leaves nothing in /tmp."""
     listing = root.parent / "tmp-after-demo.txt"
     command = demo_command(root)
     private = with_private_tmp(command, listing) if check_tmp else None
@@ -36,7 +56,7 @@ def run_demo(root: Path, *, check_tmp: bool = False) -> str:
         text=True,
         timeout=900,
         cwd=root.parent,
-        env=user_environment(),  # as a user runs it: the system's /tmp, not make test's
+        env=demo_environment(cache),  # as a user runs it: the system's /tmp, not make test's
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "Traceback" not in done.stderr
@@ -61,9 +81,14 @@ def stores_snapshot(root: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_demo_writes_three_stores_prints_the_tour_and_a_second_run_replaces_them(tmp_path):
+def test_demo_writes_three_stores_prints_the_tour_and_a_second_run_replaces_them(
+    tmp_path, tmp_path_factory
+):
     root = tmp_path / "demo-stores"
-    out = run_demo(root, check_tmp=True)
+    cache = tmp_path_factory.mktemp("demo-cache")
+    out = run_demo(root, cache, check_tmp=True)
+    if is_chain_store(root, "totals"):  # the tour's reader built its databases there
+        assert any(cache.iterdir())
 
     orders = produced_orders(root)
     assert len(orders) == demo.ORDERS + demo.LATE_ORDERS
@@ -119,7 +144,7 @@ def test_demo_writes_three_stores_prints_the_tour_and_a_second_run_replaces_them
     # stores are the same stores again (fixed data), not a continuation.
     first = stores_snapshot(root)
     (root / "left-over.txt").write_text("from the first run")
-    run_demo(root)
+    run_demo(root, cache)
     assert not (root / "left-over.txt").exists()
     assert stores_snapshot(root) == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo-stores"]
@@ -149,7 +174,7 @@ def test_an_interrupted_demo_puts_the_previous_folder_back(tmp_path):
         stderr=subprocess.DEVNULL,
         text=True,
         cwd=tmp_path,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},  # IQKIT_CACHE: _own_reader_cache
     )
     assert cli.stdout is not None
     for line in cli.stdout:  # Spark is up and the old folder is aside: interrupt it
