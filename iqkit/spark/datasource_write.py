@@ -81,10 +81,11 @@ the plan (``WriteJob.uploads``).
    ``abort()`` (and a failed commit) removes what the tasks wrote: every fragment of the
    job and the empty folders of a store that was never created (folders), every run the
    tasks' messages name that no published version lists (chains; so are runs a commit
-   compacted away). A task attempt that dies leaves fragments: under hidden names that
-   the commit (or, if the driver died too, the next commit's retention) removes
-   (folders), or uploaded runs no version lists, which chain retention removes after its
-   grace period (chains); nothing is ever visible.
+   compacted away) and, under a local root, a never-created store's empty folders. A
+   task attempt that dies leaves fragments: under hidden names that the commit (or, if
+   the driver died too, the next commit's retention) removes (folders), or uploaded runs
+   no version lists, which chain retention removes after its grace period (chains);
+   nothing is ever visible.
 
 Duplicate keys: the later row wins. Within a task, by input order (by ``offset`` when the
 input has Kafka's ``topic``/``partition``/``offset`` columns); across tasks, the task of

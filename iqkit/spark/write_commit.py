@@ -45,6 +45,7 @@ from ..store.jobs import (
 from ..store.layout import StoreLayout
 from ..store.manifest import StoreManifest
 from ..store.writer import STORE_SETTINGS
+from .roots import remove_uncreated_chain_folders
 from .schema import ensure_spark_store, one_window_size
 from .write_options import WriteJob, format_of
 from .write_tasks import Fragment, IqkitCommitMessage, read_deletes, remove_fragments
@@ -156,20 +157,21 @@ def remove_job_fragments(
     hidden names), and the folders they were made in when the store was never created.
     Chains: the runs ``messages`` name, except ``keep`` (the commit's) and whatever the
     store's latest version lists — so an ``abort()`` that Spark might call after a
-    publish could never remove published data."""
+    publish could never remove published data — and, under a local root, the empty
+    folders of a store that was never created."""
     if job.uploads is None:
         layout = StoreLayout.of(job.root, job.store)
         remove_job_staging(layout, job.job_id)
         remove_uncreated_store(layout)
         return
     fragments = [f for m in messages for f in m.fragments]
-    if not any(f.run is not None and f.run.name not in keep for f in fragments):
-        return
-    objects = job.uploads.objects()
-    if not keep:
-        latest = latest_version(objects, job.store)
-        keep = frozenset(latest.files()) if latest is not None else frozenset()
-    remove_fragments(job, fragments, keep=keep, objects=objects)
+    if any(f.run is not None and f.run.name not in keep for f in fragments):
+        objects = job.uploads.objects()
+        if not keep:
+            latest = latest_version(objects, job.store)
+            keep = frozenset(latest.files()) if latest is not None else frozenset()
+        remove_fragments(job, fragments, keep=keep, objects=objects)
+    remove_uncreated_chain_folders(job.root, job.store)
 
 
 def _window_size(job: WriteJob, messages: list[IqkitCommitMessage]) -> int | None:
