@@ -13,8 +13,9 @@ import decimal
 from pathlib import Path
 
 import pytest
-from helpers import kv_rows, non_finite_frames, tree_digest, windowed_counts, written_counts
+from helpers import kv_rows, non_finite_frames, tree_digest, windowed_counts
 from pyspark.sql import functions as F
+from store_facts import written_counts
 
 import iqkit
 from iqkit import KeyQuery, PrefixScanQuery, RangeQuery, StateQueryRequest, WindowRangeQuery
