@@ -33,30 +33,39 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import StoreNotFoundError
 from . import rocks
 from .cache import STALE_TMP_SECONDS, CacheStats, FileCache, PinnedFile
 from .chain import PartitionChain
-from .names import CACHE_BUILDING_PREFIX, CACHE_DBS_DIR
+from .names import CACHE_BUILDING_PREFIX, CACHE_DBS_DIR, CHAIN_SST_DIR
 from .objects import ObjectStore, check_key
 from .partition import RocksDBPartition
 
 __all__ = ["ChainPartition", "build_database", "database_folder", "open_partition"]
 
 
-def build_database(folder: Path, files: Sequence[str | os.PathLike[str]]) -> None:
+def build_database(
+    folder: Path,
+    files: Sequence[str | os.PathLike[str]],
+    names: Sequence[str] | None = None,
+) -> None:
     """Create the RocksDB ``folder`` (must not exist) holding ``files`` (SSTs, oldest
     first: each ingestion is newer than the last, so later values and tombstones win).
-    The files themselves are left in place (ingested through hard links beside them)."""
+    The files themselves are left in place (ingested through hard links beside them).
+    ``names``: what errors call each file (its place on the root), else its path."""
     db = rocks.open_for_write(folder, create=True)
     try:
-        for file in files:
+        for i, file in enumerate(files):
+            name = names[i] if names is not None else os.fspath(file)
             # move_files removes the path it is given (quirk): hand it a second link.
             stage = Path(folder) / f".ingest-{uuid.uuid4().hex}.sst"
             try:
                 os.link(file, stage)
+            except FileNotFoundError:
+                raise StoreNotFoundError(f"{name}: a file of this version is missing") from None
             except OSError:
                 shutil.copyfile(file, stage)  # another file system: a copy is all we can do
-            rocks.ingest(db, [stage])
+            rocks.ingest(db, [stage], where=name)
     finally:
         rocks.close_quietly(db)
 
@@ -94,6 +103,7 @@ class ChainPartition(RocksDBPartition):
         built: bool,
         *,
         in_place: int = 0,
+        where: str = "",
     ) -> None:
         self._pins = pins
         try:
@@ -101,6 +111,11 @@ class ChainPartition(RocksDBPartition):
         except BaseException:
             self._release()
             raise
+        #: The database folder in the cache this partition reads.
+        self.database = path
+        #: Where the partition is on its root (messages and traces name it, never the
+        #: cache's folder: that differs per machine and per reader).
+        self.location = where or self.location
         self.chain = chain
         #: What opening fetched and what came from the cache (and what it evicted).
         self.fetch = fetch
@@ -158,13 +173,17 @@ def open_partition(
                 sources.append(pin.path)
         built = False
         if database is None:
-            database, built = _build_in_place(cache, folder, sources)
+            names = [_on_root(objects, f.name) for f in chain.files]
+            database, built = _build_in_place(cache, folder, sources, names)
             pins.append(database)
             if built:
                 cache.evict()  # the new database counts against the limit (it is pinned)
         fetch = cache.stats.since(before)
         read_in_place = len(sources) if in_place else 0
-        return ChainPartition(folder, chain, pins, fetch, built, in_place=read_in_place)
+        where = _on_root(objects, f"{store}/{CHAIN_SST_DIR}/{partition}")
+        return ChainPartition(
+            folder, chain, pins, fetch, built, in_place=read_in_place, where=where
+        )
     except BaseException:
         for pin in pins:
             pin.release()
@@ -183,7 +202,15 @@ def _remove_stale_builds(parent: Path) -> None:
                         shutil.rmtree(entry.path)
 
 
-def _build_in_place(cache: FileCache, folder: Path, files: list[Path]) -> tuple[PinnedFile, bool]:
+def _on_root(objects: ObjectStore, key: str) -> str:
+    """``key`` under the root as the user gave it (messages and traces: the same on every
+    machine for a relative root, unlike the cache's folders)."""
+    return f"{objects.root.text.rstrip('/')}/{key}"
+
+
+def _build_in_place(
+    cache: FileCache, folder: Path, files: list[Path], names: list[str]
+) -> tuple[PinnedFile, bool]:
     """Build ``folder`` through a temporary folder and a rename; the database pinned,
     and False when another process's build got there first (its folder, the same chain,
     is used). ``files`` must be pinned by the caller."""
@@ -192,7 +219,7 @@ def _build_in_place(cache: FileCache, folder: Path, files: list[Path]) -> tuple[
         _remove_stale_builds(folder.parent)
         tmp = folder.with_name(f"{CACHE_BUILDING_PREFIX}{uuid.uuid4().hex}-{folder.name}")
         try:
-            build_database(tmp, files)
+            build_database(tmp, files, names)
             pin = cache.hold_new_database(tmp)  # the lock moves with the folder
             try:
                 os.rename(tmp, folder)

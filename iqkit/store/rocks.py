@@ -274,17 +274,28 @@ def write_changes_sst(
     return count
 
 
-def ingest(db: Rdict, paths: list[str] | tuple[str, ...] | Iterator[str]) -> None:
+def ingest(
+    db: Rdict, paths: list[str] | tuple[str, ...] | Iterator[str], *, where: str | None = None
+) -> None:
     """Ingest SST files into ``db``, moving (hard-linking) rather than copying them;
-    ingested keys are newer than what ``db`` holds (global sequence numbers)."""
+    ingested keys are newer than what ``db`` holds (global sequence numbers). Errors name
+    ``where`` (what a user knows the files as), else the database's folder."""
     opts = IngestExternalFileOptions()
     opts.set_move_files(True)
     opts.set_allow_global_seqno(True)
     opts.set_allow_blocking_flush(True)
+    files = [os.fspath(p) for p in paths]
     try:
-        db.ingest_external_file([os.fspath(p) for p in paths], opts)
+        db.ingest_external_file(files, opts)
     except Exception as exc:
-        raise classify(exc, getattr(db, "path", lambda: "?")()) from exc
+        if where is None:
+            raise classify(exc, getattr(db, "path", lambda: "?")()) from exc
+        # RocksDB's text names the staged link (a temporary name, different every run):
+        # the message names ``where`` once instead.
+        text = str(exc)
+        for f in files:
+            text = text.replace(f": {f}", "").replace(f, where)
+        raise classify(Exception(text), where) from exc
 
 
 def checkpoint(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:

@@ -141,7 +141,7 @@ def test_a_database_open_in_this_process_is_never_evicted(objects, v1, tmp_path)
     try:
         read_partition(cache, objects, v1, 1)  # built, closed: evicted by the next eviction
         cache.evict()
-        assert databases(cache) == [Path(part.location)]
+        assert databases(cache) == [part.database]
         assert part.get(key(5)) == value(0, 5)
     finally:
         part.close()
@@ -177,7 +177,7 @@ HOLDER = textwrap.dedent(
     record = latest_version(objects, "totals")
     part = open_partition(FileCache(cache_dir, limit=0), objects, "totals", 0,
                           record.partitions[0])
-    print(part.location, flush=True)
+    print(part.database, flush=True)
     sys.stdin.readline()  # held open until the test says so
     print(part.get(b"\\x01" + (42).to_bytes(8, "big")).decode(), flush=True)
     part.close()

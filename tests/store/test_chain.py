@@ -202,7 +202,7 @@ def test_ingestion_links_cached_files_and_never_changes_them(objects, cache, tmp
         originals[f.name] = _sha(tmp_path / Path(f.name).name)
     part = open_partition(cache, objects, STORE, 0, chain)
     try:
-        db_dir = Path(part.location)
+        db_dir = part.database
         db_inodes = {f.stat().st_ino for f in db_dir.iterdir() if f.suffix == ".sst"}
         for f in chain.files:
             cached = source_of(objects, cache, f.name)
@@ -239,7 +239,7 @@ def test_a_commit_uploads_only_its_delta_and_a_reader_fetches_only_that(objects,
     again = open_partition(cache, objects, STORE, 0, v2.partitions[0])
     try:
         assert (again.fetch.files_fetched, again.built) == (0, False)
-        assert again.location == part.location and again.get(key(1)) == b"new"
+        assert again.database == part.database and again.get(key(1)) == b"new"
     finally:
         again.close()
 
@@ -278,7 +278,7 @@ def test_a_killed_build_is_removed_once_stale_and_a_live_one_is_left(objects, tm
     part = open_partition(cache, objects, STORE, 0, v2.partitions[0])
     part.close()
     assert not dead.exists() and live.exists()
-    assert {p.name for p in parent.iterdir()} == {live.name, Path(part.location).name}
+    assert {p.name for p in parent.iterdir()} == {live.name, part.database.name}
 
 
 def test_compaction_folds_a_long_chain_into_one_base(objects, cache):
@@ -409,7 +409,7 @@ objects = open_objects(root)
 chain = read_version(objects, "totals", 1).partitions[0]
 sys.stdin.readline()
 part = open_partition(FileCache(cache), objects, "totals", 0, chain)
-print(part.get(b"\\x01" + (7).to_bytes(8, "big")).decode(), part.location)
+print(part.get(b"\\x01" + (7).to_bytes(8, "big")).decode(), part.database)
 part.close()
 """
 

@@ -174,3 +174,28 @@ def test_iqkit_local_format_picks_the_format_of_new_local_stores(root, monkeypat
     with pytest.raises(ValueError, match="IQKIT_LOCAL_FORMAT='sst': use 'chain' or 'folder'"):
         iqkit.create_store(root, "bad", partitions=1)
     assert not (root / "bad").exists()
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_damaged_sst_of_a_local_chain_store_is_that_partitions_failure(root, damage, monkeypatch):
+    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "chain")
+    iqkit.create_store(root, "c", partitions=2, partitioner="explicit")
+    with iqkit.StoreWriter(root, "c") as w:
+        w.put("a", 1, partition=0)
+        w.put("b", 2, partition=1)
+    (sst,) = (root / "c" / "sst" / "1").glob("*.sst")
+    if damage == "missing":
+        sst.unlink()
+    else:
+        sst.write_bytes(b"")
+    messages = []
+    for _ in range(2):  # the same words every time: no temporary names
+        with iqkit.open(root) as engine:
+            r = engine.query(iqkit.StateQueryRequest.in_store("c").with_query(
+                iqkit.RangeQuery.with_no_bounds()))  # fmt: skip
+            assert r.partition_results[0].is_success
+            failed = r.partition_results[1]
+            assert failed.failure_reason == iqkit.FailureReason.STORE_EXCEPTION
+            messages.append(failed.failure_message)
+    assert messages[0] == messages[1] and f"c/sst/1/{sst.name}" in messages[0]
+    assert ".building-" not in messages[0] and ".ingest-" not in messages[0]
