@@ -404,23 +404,33 @@ def _same_file(fd: int, path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
-def _remove_unpinned(path: Path) -> bool:
-    """Unlink ``path`` unless some process holds a pin on it (a shared flock)."""
+@contextlib.contextmanager
+def _unpinned(path: Path, flags: int) -> Iterator[bool]:
+    """Whether ``path`` is free to remove: an exclusive ``flock`` taken without waiting
+    (no process pins it), and the name still holds what was opened (another evictor may
+    have removed it and a fetch or build put a new one there). Held for the block."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
+        fd = os.open(path, flags | os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        yield False
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return False
-        if not _same_file(fd, path):
-            return False  # another evictor removed it and a fetch put a new one there
-        os.unlink(path)
-        return True
+            yield False
+            return
+        yield _same_file(fd, path)
     finally:
         os.close(fd)
+
+
+def _remove_unpinned(path: Path) -> bool:
+    """Unlink ``path`` unless some process holds a pin on it (a shared flock)."""
+    with _unpinned(path, 0) as free:
+        if free:
+            os.unlink(path)
+        return free
 
 
 def _remove_unpinned_folder(path: Path) -> bool:
@@ -429,23 +439,13 @@ def _remove_unpinned_folder(path: Path) -> bool:
     Under the exclusive lock the folder is renamed away (atomic: a reader opening it
     after this finds nothing and builds again; one that opened it just before waits for
     the lock, then sees the name no longer holds its folder), and deleted after."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    doomed = path.with_name(f"{CACHE_EVICTING_PREFIX}{uuid.uuid4().hex}-{path.name}")
+    with _unpinned(path, os.O_DIRECTORY) as free:
+        if not free:
             return False
-        if not _same_file(fd, path):
-            return False  # another evictor took it and a build put a new one there
-        doomed = path.with_name(f"{CACHE_EVICTING_PREFIX}{uuid.uuid4().hex}-{path.name}")
         try:
             os.rename(path, doomed)
         except FileNotFoundError:
             return False
-    finally:
-        os.close(fd)
     shutil.rmtree(doomed, ignore_errors=True)
     return True
