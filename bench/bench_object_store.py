@@ -31,7 +31,7 @@ from bench_core import best, print_table
 
 import iqkit
 from iqkit.store.cache import FileCache
-from iqkit.store.chain import record_key
+from iqkit.store.chain import list_versions, record_key
 from iqkit.store.chain_read import open_partition
 from iqkit.store.chain_write import commit_version
 from iqkit.store.keyspace import kv_key
@@ -85,6 +85,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             t0 = time.perf_counter()
+            os.environ["IQKIT_LOCAL_FORMAT"] = "folder"  # "today's local store": the folder format
             iqkit.create_store(folder / "local", STORE, partitions=1, key_serde="string",
                                value_serde="string")  # fmt: skip
             with iqkit.StoreWriter(folder / "local", STORE) as w:
@@ -164,6 +165,18 @@ def main() -> None:
             table.append(("Second open + lookup of the same version (database reused)",
                           f"{again_s * 1e3:.1f} ms", f"first {first_s * 1e3:.0f} ms",
                           f"{part.fetch.files_fetched} files fetched", "(info)"))  # fmt: skip
+
+            # 3. what a reader does per query to see a new version: one check of the next
+            # record (chain_snapshot) instead of listing the store's records
+            for label, objects in (("S3", s3), ("local-root chain", local_chain)):
+                if objects is local_chain:
+                    commit_version(objects, STORE, v1_local, {0: change}, cache=w_cache)
+                nxt = record_key(STORE, 3)
+                t_check = best(lambda o=objects, k=nxt: o.exists(k), 20)
+                t_list = best(lambda o=objects: list_versions(o, STORE), 20)
+                table.append((f"New-version check per query, {label}: next record vs listing",
+                              f"{t_check * 1e6:.0f} µs", f"{t_list * 1e6:.0f} µs",
+                              f"{t_check / t_list:.2f}×", "(info)"))  # fmt: skip
     finally:
         server.stop()
 

@@ -61,12 +61,17 @@ class ChainSnapshot:
         self._close_retired()
         if self.pinned is not None:
             return self.record
-        if self.record is not None and not self.objects.exists(
-            record_key(self.name, self.record.version + 1)
+        if (
+            self.record is not None
+            and self.objects.root.is_local
+            and not self.objects.exists(record_key(self.name, self.record.version + 1))
         ):
             # Versions are consecutive and the newest record is never removed: when the
-            # next one is not there, the one served is still the latest. One stat (a
-            # HEAD on object storage) instead of listing every record per query.
+            # next one is not there, the one served is still the latest. Locally that is
+            # one stat instead of walking the records folder (measured: 5 µs against
+            # 54 µs). Not on object storage: there a missing key costs fsspec a HEAD and
+            # then a LIST (it looks for a "folder" of that name), more than the one LIST
+            # of the records (measured on the S3 bench: 7.6 ms against 4.1 ms).
             return self.record
         numbers = list_versions(self.objects, self.name)
         if numbers and (self.record is None or self.record.version != numbers[-1]):

@@ -104,7 +104,8 @@ class ObjectStore(ABC):
     def size(self, path: str) -> int: ...
 
     def exists(self, path: str) -> bool:
-        """Whether ``path`` is there: one stat (a HEAD request remotely), no listing."""
+        """Whether ``path`` is there: one stat locally; remotely fsspec's ``info`` (a HEAD,
+        and for a missing key a LIST too: it looks for a "folder" of that name)."""
         try:
             self.size(path)
         except ObjectMissingError:
