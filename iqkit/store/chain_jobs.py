@@ -52,6 +52,8 @@ from .chain_store import (
     read_chain_manifest,
 )
 from .chain_write import Change, commit_partition, publish_next, sst_key
+from .layout import StoreLayout
+from .locking import CommitLock
 from .manifest import StoreManifest
 from .objects import ObjectStore, open_objects
 from .roots import parse_root
@@ -215,10 +217,12 @@ class ChainJobCommit:
         mode: str = "upsert",
         who: str = "job",
         create: StoreManifest | None = None,
+        lock_timeout: float = 60.0,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self._objects = open_objects(parse_root(root))
+        self._lock_timeout = lock_timeout
         self._create: StoreManifest | None = None
         try:
             manifest = read_chain_manifest(self._objects, store)
@@ -305,24 +309,25 @@ class ChainJobCommit:
         try:
             if self._create is not None:
                 ensure_chain_store(self._objects, self._create)
-            numbers = list_versions(self._objects, spec.store)
-            latest = numbers[-1] if numbers else None
-            if latest != spec.base_version:
-                raise _conflict(spec, latest)
-            try:
-                record = publish_next(
-                    self._objects,
-                    spec.store,
-                    self._base,
-                    spec.planned_version,
-                    {p: s.chain for p, s in chosen.items()},
-                    source_end=source_end,
-                    metadata={**(metadata or {}), "job": self.job_id, "mode": spec.mode},
-                    who=self._who,
-                    replace_all=spec.mode == "overwrite",
-                )
-            except VersionConflictError:
-                raise _conflict(spec, spec.planned_version) from None
+            with self._commit_lock():
+                numbers = list_versions(self._objects, spec.store)
+                latest = numbers[-1] if numbers else None
+                if latest != spec.base_version:
+                    raise _conflict(spec, latest)
+                try:
+                    record = publish_next(
+                        self._objects,
+                        spec.store,
+                        self._base,
+                        spec.planned_version,
+                        {p: s.chain for p, s in chosen.items()},
+                        source_end=source_end,
+                        metadata={**(metadata or {}), "job": self.job_id, "mode": spec.mode},
+                        who=self._who,
+                        replace_all=spec.mode == "overwrite",
+                    )
+                except VersionConflictError:
+                    raise _conflict(spec, spec.planned_version) from None
         except BaseException:
             self.abort()
             raise
@@ -336,6 +341,16 @@ class ChainJobCommit:
         if retain is not None:
             clean_after_publish(self._objects, spec.store, record.version, retain)
         return record.version
+
+    def _commit_lock(self) -> contextlib.AbstractContextManager[object]:
+        """On a local root, the store's commit lock (as ``ChainPublisher`` takes it), so
+        a local ``StoreWriter`` committing meanwhile waits instead of losing the race of
+        the version record's create; on object storage that create alone decides."""
+        local = self._objects.root.local
+        if local is None:
+            return contextlib.nullcontext()
+        layout = StoreLayout.of(local, self.spec.store)
+        return CommitLock(layout, who=self._who, timeout=self._lock_timeout)
 
     def abort(self) -> None:
         """Remove the SSTs of the staged chains this driver was handed or built (never

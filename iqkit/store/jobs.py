@@ -351,7 +351,9 @@ def open_job_commit(
     ``stage`` a task calls), ``publish``, ``abort`` and ``version``."""
     parsed = parse_root(root)
     if store_format(parsed, store) is StoreFormat.CHAIN:
-        return ChainJobCommit(parsed.url, store, mode=mode, who=who, create=create)
+        return ChainJobCommit(
+            parsed.url, store, mode=mode, who=who, create=create, lock_timeout=lock_timeout
+        )
     return JobCommit(
         parsed.local, store, mode=mode, who=who, lock_timeout=lock_timeout, create=create
     )

@@ -178,3 +178,23 @@ def test_a_local_roots_job_commit_follows_each_stores_format(root, monkeypatch):
         assert isinstance(job, ChainJobCommit)
     with open_job_commit(root, "old") as job:
         assert isinstance(job, JobCommit)
+
+
+def test_a_job_on_a_local_chain_store_takes_the_commit_lock(root, monkeypatch):
+    from iqkit.errors import StoreLockedError
+    from iqkit.store.layout import StoreLayout
+    from iqkit.store.locking import CommitLock
+
+    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "chain")
+    iqkit.create_store(root, "s", partitions=1)
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 1)
+    job = open_job_commit(root, "s", lock_timeout=0.2)
+    assert isinstance(job, ChainJobCommit)
+    staged = [job.spec.stage(0, [(keyspace.kv_key(b"b"), b"2")], attempt="t")]
+    holder = CommitLock(StoreLayout.of(root, "s"), who="a notebook's StoreWriter", timeout=5)
+    with holder, pytest.raises(StoreLockedError, match="a notebook's StoreWriter"):
+        job.publish(staged)
+    assert list_versions(open_objects(root), "s") == [1]  # nothing published
+    with iqkit.open(root) as engine:
+        assert [(k, v) for _, k, v in kv_rows(engine, "s")] == [("a", 1)]
