@@ -1,9 +1,11 @@
 """What the notebooks in this folder share, so that each one shows only its story.
 
 * :func:`workspace`: a fresh folder next to the notebooks for everything a notebook
-  writes (stores, topics, checkpoints, Spark's scratch files); its last cell removes it
-  with :func:`clean_up`. The path is relative, so the outputs name the same paths on
-  every machine, and nothing is left in ``/tmp``.
+  writes (stores, topics, checkpoints, Spark's scratch files, and the readers' cache of
+  built databases: ``IQKIT_CACHE`` points into it, so a notebook leaves nothing in
+  ``~/.cache/iqkit``); its last cell removes it with :func:`clean_up`. The path is
+  relative, so the outputs name the same paths on every machine, and nothing is left in
+  ``/tmp``.
 * :func:`local_spark`: an ordinary local ``SparkSession`` for iqkit — ``import
   iqkit.spark`` first (Spark's Python workers then run this kernel's interpreter), UTC,
   four shuffle partitions for small data, Python workers' errors as one line — with
@@ -29,10 +31,12 @@ __all__ = ["clean_up", "local_spark", "workspace"]
 
 def workspace(name: str) -> Path:
     """An empty folder ``name`` in the current folder (one a failed earlier run left
-    behind is replaced)."""
+    behind is replaced), which also holds this kernel's iqkit cache from now on (an
+    absolute path: Spark's Python workers, started later, inherit it and run elsewhere)."""
     path = Path(name)
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir()
+    os.environ["IQKIT_CACHE"] = str((path / "iqkit-cache").resolve())
     return path
 
 

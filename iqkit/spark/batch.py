@@ -43,7 +43,6 @@ Kafka-shaped input, else ``monotonically_increasing_id``, i.e. input order).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -55,10 +54,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ..errors import IqkitError
 from ..query.position import Position
 from ..store import keyspace
-from ..store.chain import latest_version
 from ..store.chain_jobs import ChainJobSpec, StagedChain
 from ..store.jobs import JobSpec, StagedPartition, open_job_commit
 from ..store.manifest import StoreManifest
@@ -66,7 +63,7 @@ from ..store.partitioners import get_partitioner, murmur2
 from ..store.serdes import Serde, get_serde
 from ..store.sorted_rows import SortedRows
 from .progress import WriteProgress
-from .roots import driver_root, remove_uncreated_chain_folders
+from .roots import driver_root
 from .schema import (
     KAFKA_COLUMNS,
     ColumnPlan,
@@ -182,32 +179,34 @@ def write_store(
             if refused is not None:
                 raise refused from None
             raise
-        try:
-            if any(r["null_keys"] for r in rows):  # nothing is published: the job aborts
-                raise _null_keys_error(store, plan.key_columns[0])
-            staged = _one_per_partition(job.spec, rows, plan, store)
-            # Partitions no row reached: an overwrite empties them; and in a murmur2 store,
-            # whose every partition reads every input partition, they applied this input
-            # too, so their positions advance (else bounds and lag would count records
-            # that could never reach them).
-            advance = position is not None and plan.partition_column is None
-            if mode == "overwrite" or advance:
-                for p in sorted(set(range(partitions)) - {s.partition for s in staged}):
-                    staged.append(job.spec.stage(p, [], attempt="driver", position=position))
-            written = sum(s.puts for s in staged)
-            version = job.publish(
-                staged,
-                source_end=source_end,
-                metadata={
-                    **(metadata or {}),
-                    "spark_app_id": sc.applicationId,
-                    "rows_written": written,
-                },
-            )
-        except BaseException:
-            if isinstance(job.spec, ChainJobSpec):
-                _remove_unpublished_uploads(job.spec, rows)
-            raise
+        # What the tasks staged is the job's to remove if it publishes nothing (the
+        # context's abort on any error below).
+        job.adopt(
+            job.spec.staged_from_text(r["staged"])
+            for r in rows
+            if r["partition"] is not None and r["partition"] >= 0 and r["staged"]
+        )
+        if any(r["null_keys"] for r in rows):  # nothing is published: the job aborts
+            raise _null_keys_error(store, plan.key_columns[0])
+        staged = _one_per_partition(job.spec, rows, plan, store)
+        # Partitions no row reached: an overwrite empties them; and in a murmur2 store,
+        # whose every partition reads every input partition, they applied this input
+        # too, so their positions advance (else bounds and lag would count records
+        # that could never reach them).
+        advance = position is not None and plan.partition_column is None
+        if mode == "overwrite" or advance:
+            for p in sorted(set(range(partitions)) - {s.partition for s in staged}):
+                staged.append(job.spec.stage(p, [], attempt="driver", position=position))
+        written = sum(s.puts for s in staged)
+        version = job.publish(
+            staged,
+            source_end=source_end,
+            metadata={
+                **(metadata or {}),
+                "spark_app_id": sc.applicationId,
+                "rows_written": written,
+            },
+        )
         bar.finish(partitions=len(staged), rows=written, version=version)
         return version
 
@@ -280,29 +279,6 @@ def _kafka_position(df: DataFrame) -> Position | None:
 
 def _parallelism(df: DataFrame) -> int:
     return max(1, df.sparkSession.sparkContext.defaultParallelism)
-
-
-def _remove_unpublished_uploads(spec: ChainJobSpec, rows: list[Any]) -> None:
-    """A chain job that publishes nothing: remove the SSTs its tasks uploaded and sent
-    back (every staged chain's files but the base's and what the store's latest version
-    lists), and, under a local root, the empty folders of a store never created — as a
-    folder job's abort removes every staged folder of the job. Best effort: what cannot
-    be removed now, or what a failed task attempt uploaded without sending it back, is
-    an orphan that chain retention removes."""
-    objects = spec.objects()
-    with contextlib.suppress(IqkitError, OSError):
-        keep = {f.name for c in spec.base_partitions.values() for f in c.files}
-        latest = latest_version(objects, spec.store)
-        if latest is not None:
-            keep |= latest.files()
-        for r in rows:
-            if r["partition"] is None or r["partition"] < 0 or not r["staged"]:
-                continue
-            for f in spec.staged_from_text(r["staged"]).chain.files:
-                if f.name not in keep:
-                    with contextlib.suppress(IqkitError, OSError):
-                        objects.delete(f.name)
-    remove_uncreated_chain_folders(spec.root, spec.store)
 
 
 def _one_per_partition(

@@ -31,7 +31,7 @@ from typing import Any
 from ..query.position import Position
 from ..store import rocks
 from ..store.chain import latest_version
-from ..store.chain_jobs import ChainJobCommit, StagedChain
+from ..store.chain_jobs import ChainJobCommit, StagedChain, remove_uncreated_chain_store
 from ..store.commit import build_partition, remove_tree_or_file
 from ..store.jobs import (
     JobSpec,
@@ -45,7 +45,6 @@ from ..store.jobs import (
 from ..store.layout import StoreLayout
 from ..store.manifest import StoreManifest
 from ..store.writer import STORE_SETTINGS
-from .roots import remove_uncreated_chain_folders
 from .schema import ensure_spark_store, one_window_size
 from .write_options import WriteJob, format_of
 from .write_tasks import Fragment, IqkitCommitMessage, read_deletes, remove_fragments
@@ -165,13 +164,13 @@ def remove_job_fragments(
         remove_uncreated_store(layout)
         return
     fragments = [f for m in messages for f in m.fragments]
+    objects = job.uploads.objects()
     if any(f.run is not None and f.run.name not in keep for f in fragments):
-        objects = job.uploads.objects()
         if not keep:
             latest = latest_version(objects, job.store)
             keep = frozenset(latest.files()) if latest is not None else frozenset()
         remove_fragments(job, fragments, keep=keep, objects=objects)
-    remove_uncreated_chain_folders(job.root, job.store)
+    remove_uncreated_chain_store(objects, job.store)
 
 
 def _window_size(job: WriteJob, messages: list[IqkitCommitMessage]) -> int | None:

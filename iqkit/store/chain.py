@@ -26,7 +26,7 @@ from ..errors import ObjectExistsError, VersionConflictError
 from .names import CHAIN_RECORD_DIGITS, CHAIN_RECORDS_DIR
 from .objects import ObjectStore
 from .partition import parse_commit_record
-from .versions import PublishedVersion, describe_versions
+from .versions import PublishedVersion, no_such_version
 
 __all__ = [
     "ChainFile",
@@ -126,10 +126,7 @@ def read_version(objects: ObjectStore, store: str, version: int) -> ChainVersion
     try:
         raw = objects.read_bytes(key)
     except FileNotFoundError:
-        retained = describe_versions(list_versions(objects, store))
-        raise LookupError(
-            f"store {store!r} has no version {version} (versions on the root: {retained})"
-        ) from None
+        raise LookupError(no_such_version(store, version, list_versions(objects, store))) from None
     return ChainVersion.parse(raw, version, objects.where(key))
 
 

@@ -46,19 +46,25 @@ from ..query.position import Position
 from .cache import FileCache
 from .chain import ChainFile, ChainVersion, PartitionChain, latest_version, list_versions
 from .chain_store import (
+    chain_commit_lock,
     chain_store_names,
     clean_after_publish,
     ensure_chain_store,
     read_chain_manifest,
 )
 from .chain_write import Change, commit_partition, publish_next, sst_key
-from .layout import StoreLayout
-from .locking import CommitLock
 from .manifest import StoreManifest
+from .names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR, MANIFEST_FILE
 from .objects import ObjectStore, open_objects
 from .roots import parse_root
 
-__all__ = ["ChainJobCommit", "ChainJobSpec", "StagedChain", "upload_runs"]
+__all__ = [
+    "ChainJobCommit",
+    "ChainJobSpec",
+    "StagedChain",
+    "remove_uncreated_chain_store",
+    "upload_runs",
+]
 
 
 #: A job's write modes, every format's (jobs.py imports them from here).
@@ -309,7 +315,9 @@ class ChainJobCommit:
         try:
             if self._create is not None:
                 ensure_chain_store(self._objects, self._create)
-            with self._commit_lock():
+            with chain_commit_lock(
+                self._objects, spec.store, who=self._who, timeout=self._lock_timeout
+            ):
                 numbers = list_versions(self._objects, spec.store)
                 latest = numbers[-1] if numbers else None
                 if latest != spec.base_version:
@@ -342,27 +350,33 @@ class ChainJobCommit:
             clean_after_publish(self._objects, spec.store, record.version, retain)
         return record.version
 
-    def _commit_lock(self) -> contextlib.AbstractContextManager[object]:
-        """On a local root, the store's commit lock (as ``ChainPublisher`` takes it), so
-        a local ``StoreWriter`` committing meanwhile waits instead of losing the race of
-        the version record's create; on object storage that create alone decides."""
-        local = self._objects.root.local
-        if local is None:
-            return contextlib.nullcontext()
-        layout = StoreLayout.of(local, self.spec.store)
-        return CommitLock(layout, who=self._who, timeout=self._lock_timeout)
+    def adopt(self, staged: Iterable[StagedChain]) -> None:
+        """Take charge of ``staged``: chains tasks built and sent back (the driver reads
+        them from the job's result rows), so that ``abort`` removes their SSTs if the job
+        publishes nothing — including staged chains a failed check never lets reach
+        ``publish``."""
+        self._uploaded.extend(staged)
 
     def abort(self) -> None:
-        """Remove the SSTs of the staged chains this driver was handed or built (never
-        the base's); what other task attempts uploaded is left to retention."""
+        """Remove the SSTs of the staged chains this driver was handed (``adopt``,
+        ``publish``) or built, except any the base or the store's latest version lists;
+        under a local root, remove the empty folders of a store the job was to create
+        (``remove_uncreated_chain_store``). Best effort: what a failed task attempt
+        uploaded without sending it back, or what cannot be removed now, is an orphan
+        that chain retention removes after its grace period."""
         self._finished = True
-        base = {f.name for c in self.spec.base_partitions.values() for f in c.files}
-        for s in self._uploaded:
-            for f in s.chain.files:
-                if f.name not in base:
-                    with contextlib.suppress(IqkitError, OSError):
-                        self._objects.delete(f.name)
-        self._uploaded.clear()
+        uploaded, self._uploaded = self._uploaded, []
+        doomed = {f.name for s in uploaded for f in s.chain.files}
+        doomed -= {f.name for c in self.spec.base_partitions.values() for f in c.files}
+        with contextlib.suppress(IqkitError, OSError):
+            if doomed:
+                latest = latest_version(self._objects, self.spec.store)
+                doomed -= latest.files() if latest is not None else set()
+            for name in sorted(doomed):
+                with contextlib.suppress(IqkitError, OSError):
+                    self._objects.delete(name)
+        if self._create is not None:
+            remove_uncreated_chain_store(self._objects, self.spec.store)
 
     def __repr__(self) -> str:
         state = "finished" if self._finished else "open"
@@ -392,3 +406,26 @@ def upload_runs(
         objects.put_immutable(key, sst)
         uploaded.append(ChainFile(key, os.path.getsize(sst)))
     return uploaded
+
+
+def remove_uncreated_chain_store(objects: ObjectStore, store: str) -> None:
+    """After a failed first write of a chain store under a local root: remove the empty
+    folders its uploads left (``<store>/sst/<p>/``, ``<store>/sst/``, ``<store>/chain/``
+    and ``<store>/``), so a job that created no store leaves no folder of one, as a
+    folder store's job does (``jobs.remove_uncreated_store``). Only empty folders go
+    (``rmdir``), and nothing once the store has a manifest; an object root has no
+    folders to remove."""
+    local = objects.root.local
+    if local is None:
+        return
+    folder = os.path.join(local, store)
+    if os.path.exists(os.path.join(folder, MANIFEST_FILE)):
+        return
+    ssts = os.path.join(folder, CHAIN_SST_DIR)
+    try:
+        partitions = [os.path.join(ssts, name) for name in os.listdir(ssts)]
+    except (FileNotFoundError, NotADirectoryError):
+        partitions = []
+    for path in [*partitions, ssts, os.path.join(folder, CHAIN_RECORDS_DIR), folder]:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)

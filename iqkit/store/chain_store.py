@@ -20,6 +20,7 @@ instead of one losing the race: only writers that cannot share a lock race.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -46,6 +47,7 @@ from .objects import ObjectStore
 
 __all__ = [
     "ChainPublisher",
+    "chain_commit_lock",
     "chain_store_names",
     "clean_after_publish",
     "ensure_chain_store",
@@ -99,6 +101,20 @@ def ensure_chain_store(
     return check_same_settings(existing, manifest, settings=settings, asked=asked)
 
 
+def chain_commit_lock(
+    objects: ObjectStore, store: str, *, who: str, timeout: float
+) -> contextlib.AbstractContextManager[object]:
+    """What a chain commit holds while it publishes: on a local root the store's commit
+    lock (``locking.CommitLock``, waited for up to ``timeout`` seconds), so local writers
+    and jobs queue instead of one losing the race of the version record's create; on an
+    object root nothing, as the exclusive create alone decides (writers there cannot
+    share a lock)."""
+    local = objects.root.local
+    if local is None:
+        return contextlib.nullcontext()
+    return CommitLock(StoreLayout.of(local, store), who=who, timeout=timeout)
+
+
 class Buffered(Protocol):
     """What a writer buffered for one partition (``writer._PartitionBuffer``)."""
 
@@ -133,10 +149,7 @@ class ChainPublisher:
         root the exclusive create of the version record decides a race; on a local root
         the store's commit lock (waited for up to ``lock_timeout`` seconds) serializes
         writers first (module docstring)."""
-        local = self.objects.root.local
-        if local is None:
-            return self._publish(buffers, source_end=source_end, metadata=metadata, who=who)
-        with CommitLock(StoreLayout.of(local, self.store), who=who, timeout=lock_timeout):
+        with chain_commit_lock(self.objects, self.store, who=who, timeout=lock_timeout):
             return self._publish(buffers, source_end=source_end, metadata=metadata, who=who)
 
     def _publish(

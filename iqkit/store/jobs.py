@@ -322,6 +322,11 @@ class JobCommit:
             warn_cleanup_failed(layout, version, [f"{type(exc).__name__}: {exc}"])
         return version
 
+    def adopt(self, staged: Iterable[StagedPartition]) -> None:
+        """Nothing to do: ``abort`` removes every folder staged under this job's id,
+        whether or not the driver was handed it (``ChainJobCommit.adopt``'s twin)."""
+        del staged
+
     def abort(self) -> None:
         """Remove every folder this job built that was not published; drop the lease."""
         layout = self._layout

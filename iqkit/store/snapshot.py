@@ -31,9 +31,9 @@ from .partition import BytesPartition, RocksDBPartition
 from .versions import (
     VersionLease,
     VersionRecord,
-    describe_versions,
     lease_latest,
     list_versions,
+    no_such_version,
     read_latest_number,
 )
 
@@ -274,10 +274,7 @@ class StoreSnapshot:
             lease = VersionLease(self.layout, version)
         except LookupError:
             retained = list_versions(self.layout)
-            raise ValueError(
-                f"store {self.layout.name!r} has no version {version} "
-                f"(retained: {describe_versions(retained)})"
-            ) from None
+            raise ValueError(no_such_version(self.layout.name, version, retained)) from None
         self._serve(lease)
 
     def _serve(self, lease: VersionLease) -> None:

@@ -215,6 +215,12 @@ def describe_versions(numbers: list[int]) -> str:
     return f"{numbers[0]}..{numbers[-1]}" if len(numbers) > 1 else str(numbers[0])
 
 
+def no_such_version(store: str, version: int, retained: list[int]) -> str:
+    """The message for a version that is not there (never published, or removed by
+    retention), the same in every format: ``store 's' has no version 2 (retained: 6..8)``."""
+    return f"store {store!r} has no version {version} (retained: {describe_versions(retained)})"
+
+
 def read_latest_number(layout: StoreLayout) -> int | None:
     """The latest published version number, or None when nothing was ever published.
 

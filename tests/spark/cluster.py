@@ -45,6 +45,10 @@ EXECUTORS = 2
 MASTER = f"local-cluster[{EXECUTORS},1,1024]"
 #: How long the executors may take to register (seconds); a failure, not a wait, past it.
 REGISTER_TIMEOUT = 120
+#: The cluster's ``IQKIT_CACHE``: relative, so each process resolves it in its own working
+#: folder — the driver's, and each executor's (Python workers run in their executor's
+#: folder) — and no two share a cache, as on a real cluster's separate hosts.
+CLUSTER_CACHE = "iqkit-cache"
 
 
 class ClusterError(RuntimeError):

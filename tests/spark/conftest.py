@@ -7,11 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-#: The cluster's ``IQKIT_CACHE``: relative, so each process resolves it in its own working
-#: folder — the driver's, and each executor's (Python workers run in their executor's
-#: folder) — and no two share a cache, as on a real cluster's separate hosts.
-CLUSTER_CACHE = "iqkit-cache"
-
 
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory, s3_endpoint):
@@ -19,7 +14,7 @@ def spark_cluster(tmp_path_factory, s3_endpoint):
     the run; afterwards, no process it started may be left running. Its driver and
     executors reach the test S3 server through the standard AWS variables, each with a
     cache of its own (``CLUSTER_CACHE``)."""
-    from cluster import ClusterDriver, alive
+    from cluster import CLUSTER_CACHE, ClusterDriver, alive
     from helpers import require_java
     from s3server import spark_worker_env
 

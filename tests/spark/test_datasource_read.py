@@ -477,9 +477,7 @@ def test_as_of_a_version_that_does_not_exist_fails_naming_the_retained_ones(spar
     iqkit.create_store(root, "v", partitions=1)
     with iqkit.StoreWriter(root, "v") as w:
         w.put("a", 1)
-    # Each format words the retained versions its own way (folder: "retained: 1"; chain:
-    # "versions on the root: 1"); both name them.
-    with pytest.raises(Exception, match=r"no version 9 \((retained|versions on the root): 1\)"):
+    with pytest.raises(Exception, match=r"no version 9 \(retained: 1\)"):
         reader(spark, root, "v", as_of=9).collect()
 
 

@@ -90,7 +90,7 @@ def test_records_are_published_once_and_listed_in_numeric_order(objects):
     with pytest.raises(VersionConflictError, match="version 10 was published by another"):
         publish_version(objects, STORE, ChainVersion(10, {}, metadata={"other": True}))
     assert read_version(objects, STORE, 10).metadata == {"batch": 10}  # the winner's
-    with pytest.raises(LookupError, match=r"has no version 5 \(versions on the root: 1..11\)"):
+    with pytest.raises(LookupError, match=r"has no version 5 \(retained: 1..11\)"):
         read_version(objects, STORE, 5)
 
 
@@ -541,7 +541,7 @@ def test_retention_keeps_versions_superseded_within_the_grace(objects, tmp_path)
     assert set(objects.list(f"{STORE}/sst")) == latest.files()  # partition 1's v1 file stays
     assert read_all(FileCache(tmp_path / "new"), objects, latest) == {key(1): b"v4"}
     assert read_all(FileCache(tmp_path / "new"), objects, latest, 1) == {key(9): b"p1"}
-    with pytest.raises(LookupError, match=r"has no version 2 \(versions on the root: 4\)"):
+    with pytest.raises(LookupError, match=r"has no version 2 \(retained: 4\)"):
         read_version(objects, STORE, 2)
 
 

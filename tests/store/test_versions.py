@@ -104,7 +104,7 @@ def test_chain_retention_keeps_the_newest_versions_once_the_grace_is_over(root, 
     assert chain_versions(objects, "s") == [6, 7, 8]
     with iqkit.open(root, as_of=6) as engine:
         assert get(engine, "s", "a") == 5
-    with pytest.raises(ValueError, match=r"no version 2 \(versions on the root: 6..8\)"):
+    with pytest.raises(ValueError, match=r"no version 2 \(retained: 6..8\)"):
         iqkit.open(root, as_of=2)
 
 
