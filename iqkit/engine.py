@@ -295,7 +295,7 @@ class StateEngine:
             return self._store_exception(view, p, entry.position, exc, trace)
         if trace.enabled:
             version = record.version if isinstance(record, (VersionRecord, ChainVersion)) else None
-            if entry.fetched is not None:  # an object root: what reading it fetched
+            if entry.fetched is not None:  # a chain store: what opening the partition cost
                 trace.add("FileCache", started, entry.fetched)
             detail = f"store {view.manifest.name!r} partition {p} {_SERVED_AT} {version}"
             if entry.never_written:

@@ -63,6 +63,7 @@ __all__ = [
     "FileCache",
     "PinnedFile",
     "default_cache_dir",
+    "counted",
     "parse_size",
 ]
 
@@ -126,15 +127,20 @@ class CacheStats:
         """One trace line, e.g. ``cache: fetched 3 files (1.2 MB) in 0.412 s; 5 from cache``
         (``...; evicted 2 files, 1 databases (8.1 MB freed)`` when eviction removed any)."""
         text = (
-            f"cache: fetched {self.files_fetched} files ({_mb(self.bytes_fetched)}) in "
-            f"{self.fetch_seconds:.3f} s; {self.hits} from cache ({_mb(self.hit_bytes)})"
+            f"cache: fetched {counted(self.files_fetched, 'file')} ({_mb(self.bytes_fetched)}) "
+            f"in {self.fetch_seconds:.3f} s; {self.hits} from cache ({_mb(self.hit_bytes)})"
         )
         if self.files_evicted or self.databases_evicted:
             text += (
-                f"; evicted {self.files_evicted} files, {self.databases_evicted} databases "
-                f"({_mb(self.bytes_evicted)} freed)"
+                f"; evicted {counted(self.files_evicted, 'file')}, "
+                f"{counted(self.databases_evicted, 'database')} ({_mb(self.bytes_evicted)} freed)"
             )
         return text
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 file``, ``3 files``: a count in a trace line."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _mb(n: int) -> str:

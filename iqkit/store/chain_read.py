@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..errors import StoreNotFoundError
 from . import rocks
-from .cache import STALE_TMP_SECONDS, CacheStats, FileCache, PinnedFile
+from .cache import STALE_TMP_SECONDS, CacheStats, FileCache, PinnedFile, counted
 from .chain import PartitionChain
 from .names import CACHE_BUILDING_PREFIX, CACHE_DBS_DIR, CHAIN_SST_DIR
 from .objects import ObjectStore, check_key
@@ -128,9 +128,9 @@ class ChainPartition(RocksDBPartition):
         """One line for an execution trace: fetched files, cache hits, database reuse
         (on a local root: the files read in place, never fetched)."""
         made = "built" if self.built else "reused"
-        files = f"database {made} ({len(self.chain.files)} SST files)"
+        files = f"database {made} ({counted(len(self.chain.files), 'SST file')})"
         if self.in_place:
-            return f"local root: {self.in_place} files read in place; {files}"
+            return f"local root: {counted(self.in_place, 'file')} read in place; {files}"
         return f"{self.fetch.line()}; {files}"
 
     def _release(self) -> None:

@@ -27,8 +27,15 @@ from .snapshot import OpenPartition, empty_partition
 
 __all__ = ["ChainSnapshot"]
 
-#: The trace's line for a partition this reader already has open: nothing fetched.
-ALREADY_OPEN = "cache: fetched 0 files; partition already open in this reader (from cache)"
+
+def already_open_line(objects: ObjectStore) -> str | None:
+    """The trace's line for a partition this reader already has open: on an object root
+    that nothing was fetched (what the trace promises to say of every read there); on a
+    local root none, as a folder store's reader shows none (the first open's line said
+    what was built)."""
+    if objects.root.local is not None:
+        return None
+    return "cache: fetched 0 files; partition already open in this reader"
 
 
 class ChainSnapshot:
@@ -125,7 +132,7 @@ class ChainSnapshot:
         key = (p, tuple(f.name for f in chain.files))
         entry = self._open.get(key)
         if entry is not None:
-            entry.fetched = ALREADY_OPEN
+            entry.fetched = already_open_line(self.objects)
             return entry
         part = open_partition(self.cache, self.objects, self.name, p, chain)
         try:

@@ -14,8 +14,10 @@ A store's format is told by what is in it, never by a setting a reader must know
 object root every store is a chain store; under a local root the manifest says which
 (a manifest of format 1 whose folder holds the chain's ``chain/`` or ``sst/`` folder is
 a chain store an earlier iqkit made on object storage and someone copied down). A new
-store takes ``new_store_format(root)``: on a local root ``IQKIT_LOCAL_FORMAT`` may
-choose either format while local roots move to the chain format (docs/DECISIONS.md).
+store takes ``new_store_format(root)``: the chain format everywhere, unless
+``IQKIT_LOCAL_FORMAT=folder`` asks for the folder format on a local root (stores made
+by earlier iqkits keep opening and taking commits in their own format; see
+docs/DECISIONS.md).
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ class StoreFormat(enum.Enum):
 #: The variable that picks the format of stores created under a local root from now on:
 #: ``chain`` or ``folder`` (existing stores keep theirs whatever it says).
 ENV_LOCAL_FORMAT = "IQKIT_LOCAL_FORMAT"
-#: What a local root's new stores get when the variable is unset.
-DEFAULT_LOCAL_FORMAT = StoreFormat.FOLDER
+#: What a local root's new stores get when the variable is unset: one format on every root.
+DEFAULT_LOCAL_FORMAT = StoreFormat.CHAIN
 
 
 def new_store_format(root: StoreRoot) -> StoreFormat:

@@ -72,8 +72,9 @@ class OpenPartition:
         self.lease_version = lease_version
         self.never_written = never_written
         self.position: Position = partition.commit_record().get("position") or Position.empty()
-        #: What reading it from an object root last cost (files fetched, cache hits), for
-        #: the trace; None on a local root, where nothing is fetched.
+        #: What opening it cost (files fetched, cache hits, a database built), for the
+        #: trace; None when there is nothing to say (a folder store, or a chain store's
+        #: partition on a local root that this reader already had open).
         self.fetched: str | None = None
 
 

@@ -131,7 +131,7 @@ def test_the_trace_says_what_was_fetched_and_a_new_version_fetches_only_its_delt
     q = traced("totals", iqkit.RangeQuery.with_no_bounds())
     with iqkit.open(s3_root) as engine:
         first = cache_lines(engine.query(q))
-        assert len(first) == 3 and all("fetched 1 files" in line for line in first)
+        assert len(first) == 3 and all("fetched 1 file" in line for line in first)
         again = cache_lines(engine.query(q))  # same version: nothing fetched
         assert len(again) == 3 and all("fetched 0 files" in line for line in again)
     with iqkit.open(s3_root) as engine:  # a new reader on the same cache
@@ -143,7 +143,7 @@ def test_the_trace_says_what_was_fetched_and_a_new_version_fetches_only_its_delt
     with iqkit.open(s3_root) as engine:
         result = engine.query(q)
         lines = {p: cache_lines_of(qr) for p, qr in result.partition_results.items()}
-    assert "fetched 1 files" in lines[owner] and "1 from cache" in lines[owner]
+    assert "fetched 1 file" in lines[owner] and "1 from cache" in lines[owner]
     assert all("fetched 0 files" in lines[p] for p in lines if p != owner)
 
 

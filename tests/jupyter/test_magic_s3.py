@@ -29,7 +29,7 @@ def test_iq_opens_an_s3_root_and_queries_it(s3_shell, s3_root):
     assert run(s3_shell, "%iq get totals alice --trace").rows["total"].tolist() == [42]
     trace = run(s3_shell, "%iq trace")
     fetched = trace[trace["layer"] == "FileCache"]["detail"].tolist()
-    assert len(fetched) == 1 and "fetched 1 files" in fetched[0]
+    assert len(fetched) == 1 and "fetched 1 file" in fetched[0]
     run(s3_shell, "%iq get totals alice")
     again = run(s3_shell, "%iq trace")
     assert "fetched 0 files" in again[again["layer"] == "FileCache"]["detail"].tolist()[0]

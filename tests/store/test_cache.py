@@ -39,7 +39,7 @@ def test_a_file_is_fetched_once_then_served_from_the_cache(objects, tmp_path):
         assert again.path == first.path
     s = cache.stats
     assert (s.files_fetched, s.bytes_fetched, s.hits, s.hit_bytes) == (1, 1000, 1, 1000)
-    assert s.line().startswith("cache: fetched 1 files (0.0 MB) in ")
+    assert s.line().startswith("cache: fetched 1 file (0.0 MB) in ")
     assert s.line().endswith("; 1 from cache (0.0 MB)")
 
 

@@ -183,9 +183,9 @@ def test_a_partition_serves_the_bytes_partition_interface(objects, cache):
         assert (record["version"], record["rows"]) == (1, 100)
         assert record["position"].to_map() == {"in": {0: 99}}
         assert part.approximate_rows() > 0
-        opening = "cache: fetched 1 files (" if fetches(objects, 1) else "local root: 1 files read"
+        opening = "cache: fetched 1 file (" if fetches(objects, 1) else "local root: 1 file read"
         assert part.trace_line().startswith(opening)
-        assert part.trace_line().endswith("database built (1 SST files)")
+        assert part.trace_line().endswith("database built (1 SST file)")
     finally:
         part.close()
 
