@@ -236,8 +236,51 @@ def main() -> None:
         engine.close()
         rocks.close_quietly(raw_big)
         rocks.close_quietly(raw_small)
+        rows.append(first_open_row(root))
 
     print_table("core", f"stores built in {build_s:.1f}s", rows)
+
+
+def first_open_row(root: str, partitions: int = 8, keys: int = 80_000) -> tuple[str, ...]:
+    """The first query of a version on a machine, over every partition of a store: a
+    chain store (each partition's database built in an empty cache) against the same
+    store in the folder format (its folders opened as they are)."""
+    for fmt in ("chain", "folder"):
+        os.environ["IQKIT_LOCAL_FORMAT"] = fmt
+        name = f"first_{fmt}"
+        iqkit.create_store(
+            root, name, partitions=partitions, key_serde="string", value_serde="int64"
+        )
+        with iqkit.StoreWriter(root, name) as w:
+            for i in range(keys):
+                w.put(f"k{i:07d}", i)
+    del os.environ["IQKIT_LOCAL_FORMAT"]
+
+    def first_query(name: str) -> Callable[[], None]:
+        query = RangeQuery.with_range("k0000000", "k0000009")
+        req = StateQueryRequest.in_store(name).with_query(query)
+
+        def run() -> None:
+            with tempfile.TemporaryDirectory(dir=os.environ["IQKIT_CACHE"]) as cache:
+                os.environ["IQKIT_CACHE"], outer = cache, os.environ["IQKIT_CACHE"]
+                try:
+                    with iqkit.open(root) as engine:
+                        result = engine.query(req)
+                        assert len(result.partition_results) == partitions
+                finally:
+                    os.environ["IQKIT_CACHE"] = outer
+
+        return run
+
+    t_chain = best(first_query("first_chain"), 7)
+    t_folder = best(first_query("first_folder"), 7)
+    return (
+        f"First query of a version, {partitions} partitions: chain (databases built) vs folder",
+        f"{t_chain * 1e3:.1f} ms",
+        f"{t_folder * 1e3:.1f} ms",
+        f"{t_chain / t_folder:.1f}×",
+        "(info)",
+    )
 
 
 def print_table(title: str, note: str, rows: list[tuple[str, str, str, str, str]]) -> None:
