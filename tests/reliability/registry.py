@@ -16,7 +16,9 @@ checked and what was lost (the target is nothing).
 * A probe registered with ``store_format="folder"`` breaks the folder format's own files
   or protocol (``LATEST``, version records, leases, its commit steps): its new local
   stores get that format whatever the default (``IQKIT_LOCAL_FORMAT``, set around the
-  run by ``run_probe`` and, in pytest, by the ``folder_format`` marker).
+  run by ``run_probe`` and, in pytest, by the ``folder_format`` marker). One registered
+  with ``store_format="chain"`` does the same for the SST-chain format (its records,
+  SSTs and grace-period retention; the ``chain_format`` marker).
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ class Probe:
     long: int
     fn: ProbeFn
     module: str
-    #: "folder" when the probe tests the folder format (its new local stores get it);
-    #: None: the stores get the default format.
+    #: "folder" or "chain" when the probe tests that format (its new local stores get
+    #: it); None: the stores get the default format.
     store_format: str | None = None
 
 

@@ -12,10 +12,14 @@ from registry import iterations, load_probes, seed
 PROBES = load_probes()
 
 
+FORMAT_MARKS = {"folder": pytest.mark.folder_format, "chain": pytest.mark.chain_format}
+
+
 def marks(p) -> list[pytest.MarkDecorator]:
-    """A folder-format probe's stores get that format (tests/conftest.py's marker)."""
-    assert p.store_format in (None, "folder"), p.store_format
-    return [pytest.mark.folder_format] if p.store_format == "folder" else []
+    """A folder- or chain-format probe's stores get that format (tests/conftest.py's
+    markers)."""
+    assert p.store_format in (None, *FORMAT_MARKS), p.store_format
+    return [FORMAT_MARKS[p.store_format]] if p.store_format else []
 
 
 @pytest.mark.slow
