@@ -199,3 +199,34 @@ def test_a_damaged_sst_of_a_local_chain_store_is_that_partitions_failure(root, d
             messages.append(failed.failure_message)
     assert messages[0] == messages[1] and f"c/sst/1/{sst.name}" in messages[0]
     assert ".building-" not in messages[0] and ".ingest-" not in messages[0]
+
+
+def test_a_long_lived_engine_follows_versions_after_retention_removed_its_next(tmp_path):
+    # An engine idle while newer versions came and retention (past its grace) removed
+    # them: the record after the one it serves is gone, and so is the one it serves.
+    # It must read the latest, not take the missing next record for "nothing newer".
+    from iqkit.store.chain_retention import collect_chain_garbage
+
+    root = tmp_path / "stores"
+    iqkit.create_store(root, "s", partitions=1, value_serde="int64", retention=2)
+
+    def commit(value: int) -> None:
+        with iqkit.StoreWriter(root, "s") as w:
+            w.put("k", value)
+
+    def read(engine) -> tuple[int, int]:
+        req = iqkit.StateQueryRequest.in_store("s").with_query(iqkit.KeyQuery.with_key("k"))
+        return engine.query(req).only_partition_result().result, engine.version("s")
+
+    commit(1)
+    with iqkit.open(root) as engine:
+        assert read(engine) == (1, 1)
+        for value in (2, 3, 4):
+            commit(value)
+        # What retention does once the grace has passed (the commits' own runs kept
+        # every version: they were superseded moments ago).
+        cleanup = collect_chain_garbage(open_objects(root), "s", retain=2, grace_seconds=0)
+        assert cleanup.removed_versions == [1, 2]
+        assert read(engine) == (4, 4)
+        commit(5)
+        assert read(engine) == (5, 5)
