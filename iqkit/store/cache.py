@@ -50,6 +50,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import StoreCorruptedError
 from .names import (
     CACHE_DBS_DIR,
     CACHE_EVICTING_PREFIX,
@@ -279,7 +280,38 @@ class FileCache:
             for p in pins:
                 p.release()
 
+    @contextlib.contextmanager
+    def sources(self, objects: ObjectStore, keys: list[str]) -> Iterator[list[Path]]:
+        """Local paths of ``keys`` to read for the block, in order: the root's own files
+        on a local root (read in place, never copied: nothing here is pinned or cached),
+        else the cached copies, pinned (``pinned``). When the block fails with
+        ``StoreCorruptedError`` the cached copies are discarded once released, so a
+        retry fetches them again instead of failing on a bad copy for good."""
+        local = [objects.local_file(k) for k in keys]
+        if all(p is not None for p in local):
+            yield [p for p in local if p is not None]
+            return
+        try:
+            with self.pinned(objects, keys) as paths:
+                yield paths
+        except StoreCorruptedError:
+            self.discard(objects, keys)
+            raise
+
+    def discard(self, objects: ObjectStore, keys: list[str]) -> None:
+        """Remove the cached copies of ``keys`` that no process pins (a copy that turned
+        out corrupt: the next pin fetches the root's file again)."""
+        for key in keys:
+            with contextlib.suppress(OSError):
+                _remove_unpinned(self.path_of(objects, key))
+
     # -- databases (built by chain_read.py under dbs/) ------------------------------------
+    def discard_database(self, folder: Path) -> None:
+        """Remove the database ``folder`` unless a process pins it (one that turned out
+        corrupt: the next open builds it again)."""
+        with contextlib.suppress(OSError):
+            _remove_unpinned_folder(folder)
+
     def pin_database(self, folder: Path) -> PinnedFile | None:
         """The database ``folder`` (under ``dbs_dir``) pinned until released and marked
         most recently used; ``None`` when there is none (never built, or evicted)."""

@@ -27,13 +27,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import StoreNotFoundError
+from ..errors import StoreCorruptedError, StoreNotFoundError
 from . import rocks
 from .cache import STALE_TMP_SECONDS, CacheStats, FileCache, PinnedFile, counted
 from .chain import PartitionChain
@@ -41,7 +42,7 @@ from .names import CACHE_BUILDING_PREFIX, CACHE_DBS_DIR, CHAIN_SST_DIR
 from .objects import ObjectStore, check_key
 from .partition import RocksDBPartition
 
-__all__ = ["ChainPartition", "build_database", "database_folder", "open_partition"]
+__all__ = ["ChainPartition", "build_database", "database_folder", "open_partition", "place_on_root"]
 
 
 def build_database(
@@ -152,6 +153,8 @@ def open_partition(
     pins: list[PinnedFile] = []
     sources: list[Path] = []  # the chain's files, oldest first, where the build reads them
     folder = database_folder(cache, objects, store, partition, chain)
+    where = place_on_root(objects, f"{store}/{CHAIN_SST_DIR}/{partition}")
+    in_place = False
     try:
         database = cache.pin_database(folder)
         if database is not None:
@@ -173,21 +176,75 @@ def open_partition(
                 sources.append(pin.path)
         built = False
         if database is None:
-            names = [_on_root(objects, f.name) for f in chain.files]
+            names = [place_on_root(objects, f.name) for f in chain.files]
             database, built = _build_in_place(cache, folder, sources, names)
             pins.append(database)
             if built:
                 cache.evict()  # the new database counts against the limit (it is pinned)
         fetch = cache.stats.since(before)
         read_in_place = len(sources) if in_place else 0
-        where = _on_root(objects, f"{store}/{CHAIN_SST_DIR}/{partition}")
         return ChainPartition(
             folder, chain, pins, fetch, built, in_place=read_in_place, where=where
         )
-    except BaseException:
+    except BaseException as exc:
         for pin in pins:
             pin.release()
-        raise
+        if not isinstance(exc, StoreCorruptedError):
+            raise
+        named = _as_on_root(exc, folder, where, _names_by_inode(cache, objects, chain))
+        # A retry builds the database again, from files fetched again (or, on a local
+        # root, from the root's files as they are then).
+        cache.discard_database(folder)
+        if not in_place:
+            cache.discard(objects, [f.name for f in chain.files])
+        raise named from exc
+
+
+def _names_by_inode(
+    cache: FileCache, objects: ObjectStore, chain: PartitionChain
+) -> dict[tuple[int, int], str]:
+    """The chain's files by inode, named by their place on the root: a database's SSTs
+    are hard links of them (the root's own files on a local root, else the cache's)."""
+    found = {}
+    for f in chain.files:
+        path = objects.local_file(f.name) or cache.path_of(objects, f.name)
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            found[(st.st_dev, st.st_ino)] = place_on_root(objects, f.name)
+    return found
+
+
+def _as_on_root(
+    exc: StoreCorruptedError,
+    database: Path,
+    where: str,
+    names: dict[tuple[int, int], str],
+) -> StoreCorruptedError:
+    """``exc`` (a database in the cache that would not open or read: a file of the
+    version was damaged on the root after the database was built from it, the two
+    sharing its bytes) as one line naming the root's file when RocksDB's own name for it
+    maps to one (``names``, by inode), else the partition's place on the root — never
+    the cache's folders."""
+    text = str(exc)
+    if any(root_name in text for root_name in names.values()):
+        # Already named as the root has it (a build's ingest names the file it read).
+        first = text.splitlines()[0]
+        return exc if first == text else StoreCorruptedError(first)
+    raw = str(exc.__cause__ or exc).splitlines()[0]
+    # RocksDB names the database's own file (in the cache, or the private read view
+    # rocks.open_for_read opens it through).
+    match = re.search(r"(\S*/)?([^/\s:]+\.sst)\b", raw)
+    if match is None:
+        return StoreCorruptedError(f"corrupt RocksDB data at {where}: {raw}")
+    named = None
+    with contextlib.suppress(OSError):
+        st = os.stat(database / match.group(2))
+        named = names.get((st.st_dev, st.st_ino))
+    if named:  # the file is named in front: drop RocksDB's name for it
+        detail = re.sub(r":?\s*" + re.escape(match.group(0)), "", raw, count=1)
+    else:
+        detail = raw.replace(match.group(0), match.group(2))
+    return StoreCorruptedError(f"corrupt RocksDB data at {named or where}: {detail}")
 
 
 def _remove_stale_builds(parent: Path) -> None:
@@ -202,7 +259,7 @@ def _remove_stale_builds(parent: Path) -> None:
                         shutil.rmtree(entry.path)
 
 
-def _on_root(objects: ObjectStore, key: str) -> str:
+def place_on_root(objects: ObjectStore, key: str) -> str:
     """``key`` under the root as the user gave it (messages and traces: the same on every
     machine for a relative root, unlike the cache's folders)."""
     return f"{objects.root.text.rstrip('/')}/{key}"

@@ -12,11 +12,12 @@ so readers are protected by time instead, with a **grace period** (``grace_secon
   is younger than the grace: a commit still uploading, or about to publish, loses nothing.
 
 Everything else goes: records first (so no record ever lists a removed file), then the
-SSTs no remaining record lists (a loser's orphans, compacted-away chains). A reader that
-already built its database keeps reading whatever retention removes (the cache and the
-database hold their own copies). The grace must exceed the longest download of a version
-and the clock skew between writers; it is a parameter, not a guarantee against a reader
-that pins a version it found longer ago than the grace.
+SSTs no remaining record lists (a loser's orphans, compacted-away chains), then, on a
+local root, temporary files older than the grace (a killed writer's half-written ones).
+A reader that already built its database keeps reading whatever retention removes (the
+cache and the database hold their own copies). The grace must exceed the longest
+download of a version and the clock skew between writers; it is a parameter, not a
+guarantee against a reader that pins a version it found longer ago than the grace.
 """
 
 from __future__ import annotations
@@ -91,4 +92,8 @@ def collect_chain_garbage(
             cleanup.removed_files.append(key)
         except IqkitError as exc:
             cleanup.problems.append(str(exc))
+    try:  # what killed writers left half-written (a local root's temporary names)
+        cleanup.removed_files += objects.remove_stale_temporaries(store, now - grace_seconds)
+    except IqkitError as exc:
+        cleanup.problems.append(str(exc))
     return cleanup

@@ -32,7 +32,7 @@ from ..query.position import Position
 from . import rocks
 from .cache import FileCache
 from .chain import ChainFile, ChainVersion, PartitionChain, publish_version
-from .chain_read import build_database
+from .chain_read import build_database, place_on_root
 from .names import CHAIN_SST_DIR, COMMIT_KEY, META_PREFIX
 from .objects import ObjectStore
 from .partition import encode_commit_record
@@ -145,9 +145,12 @@ def _compact(
     db_dir: Path,
     base: Path,
 ) -> None:
-    """Write ``base``: every live row of ``files`` plus ``delta``, no tombstones."""
-    with cache.pinned(objects, [f.name for f in files]) as paths:
-        build_database(db_dir, [*paths, delta])
+    """Write ``base``: every live row of ``files`` plus ``delta``, no tombstones. The
+    files are read where ``FileCache.sources`` says: in place on a local root, else
+    the cache's copies."""
+    with cache.sources(objects, [f.name for f in files]) as paths:
+        names = [*(place_on_root(objects, f.name) for f in files), "this commit's delta"]
+        build_database(db_dir, [*paths, delta], names)
     db = rocks.open_for_read(db_dir)
     try:
         rocks.write_sst(base, rocks.scan(db, b"", None))

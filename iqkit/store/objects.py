@@ -118,6 +118,15 @@ class ObjectStore(ABC):
         del path
         return None
 
+    def remove_stale_temporaries(self, prefix: str, older_than: float) -> list[str]:
+        """Remove the temporary files (``TMP_PREFIX``) under ``prefix`` last written
+        before ``older_than`` (a time): what a process killed mid-create or mid-upload
+        left; returns their paths. A live writer's temporary file is written to as it
+        goes, so only a dead one's grows old. Object stores leave none (an upload is one
+        request): nothing to do there."""
+        del prefix, older_than
+        return []
+
     @contextlib.contextmanager
     def _classified(self, action: str, path: str = "") -> Iterator[None]:
         """The one place errors of either backend become iqkit's."""
@@ -290,6 +299,20 @@ class LocalObjects(ObjectStore):
 
     def local_file(self, path: str) -> Path | None:
         return self._path(path)
+
+    def remove_stale_temporaries(self, prefix: str, older_than: float) -> list[str]:
+        removed = []
+        with self._classified("clean up", prefix):
+            for dirpath, _, files in os.walk(self._path(prefix)):
+                for name in files:
+                    if not name.startswith(TMP_PREFIX):
+                        continue
+                    path = os.path.join(dirpath, name)
+                    with contextlib.suppress(FileNotFoundError):
+                        if os.stat(path).st_mtime < older_than:
+                            os.unlink(path)
+                            removed.append(Path(path).relative_to(self.folder).as_posix())
+        return sorted(removed)
 
     def exists(self, path: str) -> bool:
         # One stat, on the query path of every read (chain_snapshot): no Path objects.

@@ -284,7 +284,9 @@ def all_rows(root: str) -> tuple[list[tuple[str, int]], list[str]]:
 
 
 def evicted_databases(lines: list[str]) -> int:
-    return sum(int(m) for line in lines for m in re.findall(r"evicted \d+ files?, (\d+) data", line))
+    return sum(
+        int(m) for line in lines for m in re.findall(r"evicted \d+ files?, (\d+) data", line)
+    )
 
 
 def test_queries_answer_the_same_rows_after_their_databases_were_evicted(s3_root, monkeypatch):

@@ -598,3 +598,23 @@ def test_retention_removes_a_losers_orphans_only_after_the_grace(objects, tmp_pa
     assert not collect_chain_garbage(objects, STORE, retain=2).removed_files
     later = collect_chain_garbage(objects, STORE, retain=2, now=v1.created_at + 3600)
     assert set(later.removed_files) == orphans and later.removed_versions == []
+
+
+def test_retention_removes_a_killed_writers_temporary_files_after_the_grace(tmp_path):
+    # A writer killed mid-upload on a local root leaves a temporary file beside the
+    # final name (never listed as an object); retention removes it once it is older
+    # than the grace, and leaves a live writer's (younger) one alone.
+    objects = open_objects(tmp_path / "root")
+    records = _history(objects, tmp_path, n=2)
+    folder = tmp_path / "root" / STORE / "sst" / "0"
+    dead = folder / ".iqkit-tmp-0123-dead.sst"
+    live = folder / ".iqkit-tmp-4567-live.sst"
+    for path in (dead, live):
+        path.write_bytes(b"half")
+    old = records[-1].created_at - 3600
+    os.utime(dead, (old, old))
+    now = records[-1].created_at + 1
+    cleanup = collect_chain_garbage(objects, STORE, retain=2, grace_seconds=600, now=now)
+    assert f"{STORE}/sst/0/{dead.name}" in cleanup.removed_files
+    assert not dead.exists() and live.exists()
+    assert all(not k.rsplit("/", 1)[-1].startswith(".iqkit-tmp-") for k in objects.list())

@@ -230,3 +230,52 @@ def test_a_long_lived_engine_follows_versions_after_retention_removed_its_next(t
         assert read(engine) == (4, 4)
         commit(5)
         assert read(engine) == (5, 5)
+
+
+def test_an_sst_damaged_after_a_reader_built_its_database_is_named_on_the_root(root):
+    # The cache's database shares the root file's bytes (a hard link): damage to the
+    # file shows when the database is opened, and the failure names the root's file in
+    # one line, never the cache. Restored, the partition reads again.
+    iqkit.create_store(root, "c", partitions=1)
+    with iqkit.StoreWriter(root, "c") as w:
+        w.put("a", 1)
+    (sst,) = (root / "c" / "sst" / "0").glob("*.sst")
+    request = iqkit.StateQueryRequest.in_store("c").with_query(iqkit.RangeQuery.with_no_bounds())
+    with iqkit.open(root) as engine:
+        assert engine.query(request).only_partition_result().is_success  # database built
+    data = sst.read_bytes()
+    sst.write_bytes(data[: len(data) // 2])
+    with iqkit.open(root) as engine:
+        failed = engine.query(request).only_partition_result()
+    assert failed.failure_reason == iqkit.FailureReason.STORE_EXCEPTION
+    message = failed.failure_message
+    assert f"c/sst/0/{sst.name}" in message and "\n" not in message, message
+    assert "dbs" not in message and "iqkit-views" not in message, message
+    sst.write_bytes(data)
+    with iqkit.open(root) as engine:
+        assert [v for _, _, v in kv_rows(engine, "c")] == [1]
+
+
+def test_a_compaction_that_met_a_damaged_sst_works_once_it_is_restored(root):
+    # A commit that compacts reads the chain's files in place on a local root: refused
+    # (naming the file) while one is damaged, and working as soon as it is restored
+    # (no damaged copy kept anywhere).
+    iqkit.create_store(root, "c", partitions=1, value_serde="int64")
+
+    def commit(i: int) -> int:
+        with iqkit.StoreWriter(root, "c") as w:
+            w.put(f"k{i}", i)
+        return w.version
+
+    for i in range(1, 10):  # a base and 8 deltas: the next commit compacts
+        commit(i)
+    sst = sorted((root / "c" / "sst" / "0").glob("*.sst"))[4]
+    data = sst.read_bytes()
+    sst.write_bytes(data[: len(data) // 2])
+    with pytest.raises(iqkit.StoreCorruptedError, match=re.escape(sst.name)):
+        commit(10)
+    sst.write_bytes(data)
+    assert commit(11) == 10 and commit(12) == 11
+    with iqkit.open(root) as engine:
+        rows = {k: v for _, k, v in kv_rows(engine, "c")}
+    assert rows == {f"k{i}": i for i in [*range(1, 10), 11, 12]}
