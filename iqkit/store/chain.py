@@ -103,7 +103,12 @@ class ChainVersion(PublishedVersion[PartitionChain]):
 
 def record_key(store: str, version: int) -> str:
     """The key of ``store``'s record of ``version`` on its root."""
-    return f"{store}/{CHAIN_RECORDS_DIR}/{version:0{CHAIN_RECORD_DIGITS}d}.json"
+    return f"{store}/{CHAIN_RECORDS_DIR}/{record_name(version)}"
+
+
+def record_name(version: int) -> str:
+    """The file name of the record of ``version`` in a store's records folder."""
+    return f"{version:0{CHAIN_RECORD_DIGITS}d}.json"
 
 
 def _number(name: str) -> int | None:

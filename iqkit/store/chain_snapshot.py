@@ -16,9 +16,18 @@ for a grace period instead (chain_retention.py), and the cache pins what is open
 
 from __future__ import annotations
 
+import os
+
 from ..errors import IqkitError
 from .cache import FileCache
-from .chain import ChainVersion, latest_version, list_versions, read_version, record_key
+from .chain import (
+    ChainVersion,
+    latest_version,
+    list_versions,
+    read_version,
+    record_key,
+    record_name,
+)
 from .chain_read import open_partition
 from .chain_store import read_chain_manifest
 from .layers import ReadCache, build_layers
@@ -55,6 +64,8 @@ class ChainSnapshot:
         #: Partitions of versions no longer served whose scans are still being read.
         self._retired: list[OpenPartition] = []
         self._empty: OpenPartition | None = None
+        #: The local root's records folder (``_still_latest``), once known.
+        self._records_folder: str | None = None
         if pinned is not None:
             try:
                 self.record = read_version(objects, store, pinned)
@@ -91,8 +102,15 @@ class ChainSnapshot:
         (measured on the S3 bench: 7.6 ms against 4.1 ms)."""
         assert self.record is not None
         served = self.record.version
-        return not self.objects.exists(record_key(self.name, served + 1)) and self.objects.exists(
-            record_key(self.name, served)
+        if self._records_folder is None:
+            folder = self.objects.local_file(record_key(self.name, served))
+            assert folder is not None  # a local root
+            self._records_folder = os.fspath(folder.parent)
+        # Plain stats of prebuilt paths: this runs on every query (the store name was
+        # checked when the snapshot was made).
+        records = self._records_folder
+        return not os.path.isfile(f"{records}/{record_name(served + 1)}") and os.path.isfile(
+            f"{records}/{record_name(served)}"
         )
 
     def served(self) -> ChainVersion | IqkitError | None:
