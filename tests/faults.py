@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from helpers import in_private_mount_namespace, mount_namespaces_work
+from helpers import in_private_mount_namespace, kv_rows, mount_namespaces_work
 
 import iqkit
 from iqkit.store.layout import StoreLayout
@@ -543,6 +543,33 @@ def query_generation(engine: iqkit.StateEngine, rng: random.Random) -> int:
     assert single.position == position(single.result)
     assert len(gens) == 1, f"one engine version, several generations: {sorted(gens)}"
     return gens.pop()
+
+
+def commit_one_key_and_read(
+    root: Path, engine: iqkit.StateEngine, rng: random.Random, value: int, expected: dict
+) -> tuple[int, int]:
+    """The long-lived-engine round: commit one random key of store ``s`` (k0-k39) as
+    ``value`` (recorded in ``expected``), then read the whole store through ``engine``,
+    which must see every committed key at once. (keys lost or stale, version committed)"""
+    key = f"k{rng.randrange(40)}"
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put(key, value)
+    expected[key] = value
+    found = {k: v for _, k, v in kv_rows(engine, "s")}
+    return sum(1 for k, v in expected.items() if found.get(k) != v), w.version
+
+
+def kill_at_random(
+    child: Child, rng: random.Random, layout: StoreLayout, label: str
+) -> list[tuple[int, int]]:
+    """SIGKILL the writer ``child`` 0-300 ms after it is ready; check it died of the
+    signal and left the commit lock free; the commits that returned in it."""
+    child.wait_ready()
+    time.sleep(rng.uniform(0.0, 0.3))
+    rc = child.kill()
+    assert rc == -signal.SIGKILL, f"{label}: writer died on its own: {child.describe()}"
+    assert_lock_free(layout)
+    return child.committed()
 
 
 def assert_lock_free(layout: StoreLayout) -> None:

@@ -40,11 +40,12 @@ from faults import (
     RETENTION,
     STORE,
     Child,
-    assert_lock_free,
     child_env,
     commit_generation,
+    commit_one_key_and_read,
     describe_changes,
     drain,
+    kill_at_random,
     new_store,
     partition_generation,
     position,
@@ -246,13 +247,7 @@ def sigkill_chain_writer_at_random(workdir: Path, iterations: int, rng: random.R
         for i in range(iterations):
             label = f"kill {i}"
             grace = rng.choice([0.0, None])
-            child = ChainChild(root, g + 1, grace)
-            child.wait_ready()
-            time.sleep(rng.uniform(0.0, 0.3))
-            rc = child.kill()
-            assert rc == -signal.SIGKILL, f"{label}: writer died on its own: {child.describe()}"
-            assert_lock_free(layout)
-            committed = child.committed()
+            committed = kill_at_random(ChainChild(root, g + 1, grace), rng, layout, label)
             returned += len(committed)
             durable = committed[-1][0] if committed else g  # the last commit that returned
 
@@ -458,22 +453,18 @@ def long_lived_chain_engine(workdir: Path, iterations: int, rng: random.Random) 
         max_open = max_dbs = max_ssts = lost = 0
         with iqkit.open(root) as engine:
             for i in range(iterations):
-                key = f"k{rng.randrange(40)}"
-                with iqkit.StoreWriter(root, "s") as w:
-                    w.put(key, i)
-                expected[key] = i
-                found = {k: v for _, k, v in kv_rows(engine, "s")}
-                lost += sum(1 for k, v in expected.items() if found.get(k) != v)
-                assert engine.version("s") == w.version, f"commit {i}"
+                missing, version = commit_one_key_and_read(root, engine, rng, i, expected)
+                lost += missing
+                assert engine.version("s") == version, f"commit {i}"
 
                 retained = list_versions(objects, "s")
-                assert retained == list(range(max(1, w.version - 1), w.version + 1)), retained
+                assert retained == list(range(max(1, version - 1), version + 1)), retained
                 listed = set().union(*(read_version(objects, "s", v).files() for v in retained))
                 ssts, temps = on_root(root, "s")
                 assert ssts == listed and not temps, f"commit {i}: {sorted(ssts ^ listed)}"
 
                 # Open: only the databases of the chains the served version lists.
-                latest = read_version(objects, "s", w.version)
+                latest = read_version(objects, "s", version)
                 serving = {
                     database_folder(FileCache(), objects, "s", p, chain)
                     for p, chain in latest.partitions.items()

@@ -36,10 +36,12 @@ from faults import (
     check_store,
     child_env,
     commit_generation,
+    commit_one_key_and_read,
     debris_after_kill,
     describe_changes,
     drain,
     folders_on_disk,
+    kill_at_random,
     new_store,
     open_store_files,
     partition_generation,
@@ -80,13 +82,7 @@ def sigkill_writer_at_random(workdir: Path, iterations: int, rng: random.Random)
     returned = lost = 0
     for i in range(iterations):
         label = f"kill {i}"
-        child = Child(root, g + 1, "loop")
-        child.wait_ready()
-        time.sleep(rng.uniform(0.0, 0.3))
-        rc = child.kill()
-        assert rc == -signal.SIGKILL, f"{label}: writer died on its own: {child.describe()}"
-        assert_lock_free(layout)
-        committed = child.committed()
+        committed = kill_at_random(Child(root, g + 1, "loop"), rng, layout, label)
         returned += len(committed)
         durable = committed[-1][0] if committed else g  # the last commit that returned
 
@@ -588,21 +584,17 @@ def long_lived_engine(workdir: Path, iterations: int, rng: random.Random) -> Out
     max_open = max_folders = lost = 0
     with iqkit.open(root) as engine:
         for i in range(iterations):
-            key = f"k{rng.randrange(40)}"
-            with iqkit.StoreWriter(root, "s") as w:
-                w.put(key, i)
-            expected[key] = i
-            found = {k: v for _, k, v in kv_rows(engine, "s")}
-            lost += sum(1 for k, v in expected.items() if found.get(k) != v)
+            missing, version = commit_one_key_and_read(root, engine, rng, i, expected)
+            lost += missing
             retained = list_versions(layout)
-            assert retained == list(range(max(1, w.version - 1), w.version + 1)), retained
+            assert retained == list(range(max(1, version - 1), version + 1)), retained
             folders = folders_on_disk(layout)
             assert folders == referenced_folders(layout, retained)
-            served = read_version(layout, w.version).partitions.items()
+            served = read_version(layout, version).partitions.items()
             allowed = {os.fspath(layout.partition_version_dir(p, m)) for p, m in served}
             open_files = open_store_files(layout)
             for path in open_files:
-                if path != os.fspath(layout.version_record(w.version)):
+                if path != os.fspath(layout.version_record(version)):
                     assert os.path.dirname(path) in allowed, f"commit {i}: {path} still open"
             max_open = max(max_open, len(open_files))
             max_folders = max(max_folders, len(folders))
