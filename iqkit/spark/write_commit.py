@@ -44,6 +44,7 @@ from ..store.jobs import (
 )
 from ..store.layout import StoreLayout
 from ..store.manifest import StoreManifest
+from ..store.roots import parse_root
 from ..store.writer import STORE_SETTINGS
 from .schema import ensure_spark_store, one_window_size
 from .write_options import WriteJob, format_of
@@ -164,13 +165,13 @@ def remove_job_fragments(
         remove_uncreated_store(layout)
         return
     fragments = [f for m in messages for f in m.fragments]
-    objects = job.uploads.objects()
     if any(f.run is not None and f.run.name not in keep for f in fragments):
+        objects = job.uploads.objects()
         if not keep:
             latest = latest_version(objects, job.store)
             keep = frozenset(latest.files()) if latest is not None else frozenset()
         remove_fragments(job, fragments, keep=keep, objects=objects)
-    remove_uncreated_chain_store(objects, job.store)
+    remove_uncreated_chain_store(parse_root(job.root), job.store)
 
 
 def _window_size(job: WriteJob, messages: list[IqkitCommitMessage]) -> int | None:

@@ -56,7 +56,7 @@ from .chain_write import Change, commit_partition, publish_next, sst_key
 from .manifest import StoreManifest
 from .names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR, MANIFEST_FILE
 from .objects import ObjectStore, open_objects
-from .roots import parse_root
+from .roots import StoreRoot, parse_root
 
 __all__ = [
     "ChainJobCommit",
@@ -376,7 +376,7 @@ class ChainJobCommit:
                 with contextlib.suppress(IqkitError, OSError):
                     self._objects.delete(name)
         if self._create is not None:
-            remove_uncreated_chain_store(self._objects, self.spec.store)
+            remove_uncreated_chain_store(self._objects.root, self.spec.store)
 
     def __repr__(self) -> str:
         state = "finished" if self._finished else "open"
@@ -408,14 +408,14 @@ def upload_runs(
     return uploaded
 
 
-def remove_uncreated_chain_store(objects: ObjectStore, store: str) -> None:
+def remove_uncreated_chain_store(root: StoreRoot, store: str) -> None:
     """After a failed first write of a chain store under a local root: remove the empty
     folders its uploads left (``<store>/sst/<p>/``, ``<store>/sst/``, ``<store>/chain/``
     and ``<store>/``), so a job that created no store leaves no folder of one, as a
     folder store's job does (``jobs.remove_uncreated_store``). Only empty folders go
     (``rmdir``), and nothing once the store has a manifest; an object root has no
     folders to remove."""
-    local = objects.root.local
+    local = root.local
     if local is None:
         return
     folder = os.path.join(local, store)
