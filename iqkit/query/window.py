@@ -59,9 +59,7 @@ def to_epoch_millis(value: int | datetime, what: str = "time") -> int:
         )
     ms = operator.index(value)
     if not EARLIEST_EPOCH_MS <= ms <= LATEST_EPOCH_MS:
-        raise ValueError(
-            f"{what} {ms} is outside 64-bit epoch milliseconds (-2**63 .. 2**63-1)"
-        )
+        raise ValueError(f"{what} {ms} is outside 64-bit epoch milliseconds (-2**63 .. 2**63-1)")
     return ms
 
 

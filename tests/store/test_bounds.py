@@ -265,3 +265,40 @@ def test_a_chain_record_naming_partitions_the_manifest_lacks_is_damage(tmp_path,
             engine.approximate_rows("s")
         with pytest.raises(StoreCorruptedError):
             engine.lags()
+
+
+# -- item 15: a missing bucket ---------------------------------------------------------------------
+def test_a_missing_bucket_is_named_as_such_not_as_a_missing_object(
+    s3_endpoint, monkeypatch, tmp_path
+):
+    from s3server import aws_env, new_bucket
+
+    from iqkit.errors import ObjectMissingError
+    from iqkit.store.objects import open_objects
+
+    aws_env(monkeypatch, s3_endpoint)
+    missing = f"{new_bucket(s3_endpoint)}-gone"  # a name no test creates
+    root = f"s3://{missing}/stores"
+    objects = open_objects(root)
+    said = f"bucket {missing!r} does not exist"
+    for call in (
+        lambda: objects.read_bytes("t/manifest.json"),
+        lambda: objects.size("t/manifest.json"),
+        lambda: objects.download("t/manifest.json", tmp_path / "got"),
+        lambda: objects.list("t"),
+        lambda: objects.create_exclusive("t/chain/1.json", b"{}"),
+    ):
+        with pytest.raises(ObjectMissingError) as info:
+            call()
+        assert one_line(str(info.value)).endswith(said), info.value
+    for call in (
+        lambda: iqkit.open(root),
+        lambda: iqkit.create_store(root, "t", partitions=2),
+    ):
+        with pytest.raises(iqkit.IqkitError) as info:
+            call()
+        assert said in one_line(str(info.value))
+    # a key missing from a bucket that exists is still just a missing object
+    there = open_objects(f"s3://{new_bucket(s3_endpoint)}/stores")
+    with pytest.raises(ObjectMissingError, match=r"t/manifest\.json: no such object$"):
+        there.read_bytes("t/manifest.json")
