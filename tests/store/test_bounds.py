@@ -1,6 +1,7 @@
 """Values out of every range a store can hold, on real stores: window times beyond 64-bit
 epoch milliseconds, manifests declaring absurd partition counts, version records naming
-partitions the manifest does not have (issue 20, items 8 and 9)."""
+partitions the manifest does not have (issue 20, items 8 and 9); and a root whose bucket
+does not exist (item 15)."""
 
 from __future__ import annotations
 
