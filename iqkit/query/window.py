@@ -17,7 +17,13 @@ from .base import _OrderedQuery, require_key
 from .iterators import KeyValueIterator, Windowed
 from .order import ResultOrder
 
-__all__ = ["WindowKeyQuery", "WindowRangeQuery", "to_epoch_millis"]
+__all__ = [
+    "EARLIEST_EPOCH_MS",
+    "LATEST_EPOCH_MS",
+    "WindowKeyQuery",
+    "WindowRangeQuery",
+    "to_epoch_millis",
+]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -26,14 +32,24 @@ R = TypeVar("R")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS = timedelta(milliseconds=1)
 
+#: Every time iqkit takes is a signed 64-bit count of epoch milliseconds, Kafka's
+#: ``long`` timestamps: a window store keeps window starts in 8 bytes
+#: (``store.keyspace.encode_time``), so nothing outside this range can be stored or found.
+EARLIEST_EPOCH_MS = -(2**63)
+LATEST_EPOCH_MS = 2**63 - 1
+
 
 def to_epoch_millis(value: int | datetime, what: str = "time") -> int:
     """Epoch milliseconds from an int (returned as is) or a ``datetime`` (naive = UTC;
-    sub-millisecond parts are floored).  ``None`` raises ``ValueError``; floats, dates
-    and strings raise ``TypeError`` because their meaning is ambiguous."""
+    sub-millisecond parts are floored).  ``None`` and an int outside 64-bit epoch
+    milliseconds (``EARLIEST_EPOCH_MS`` .. ``LATEST_EPOCH_MS``) raise ``ValueError``;
+    floats, dates and strings raise ``TypeError`` because their meaning is ambiguous.
+    The one check of every time iqkit takes: writers' window starts, window queries'
+    bounds, the Spark reader's time options."""
     if value is None:
         raise ValueError(f"{what} must not be None")
     if isinstance(value, datetime):
+        # datetime's years 1..9999 always fit in 64-bit milliseconds
         aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
         return (aware - _EPOCH) // _ONE_MS
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
@@ -41,7 +57,10 @@ def to_epoch_millis(value: int | datetime, what: str = "time") -> int:
             f"{what} must be epoch milliseconds (int) or a datetime, "
             f"got {value!r} ({type(value).__name__})"
         )
-    return operator.index(value)
+    ms = operator.index(value)
+    if not EARLIEST_EPOCH_MS <= ms <= LATEST_EPOCH_MS:
+        raise ValueError(f"{what} {ms} is outside 64-bit epoch milliseconds (-2**63 .. 2**63-1)")
+    return ms
 
 
 class _WindowStartRange(_OrderedQuery[R]):

@@ -68,7 +68,7 @@ class ChainSnapshot:
         self._records_folder: str | None = None
         if pinned is not None:
             try:
-                self.record = read_version(objects, store, pinned)
+                self.record = self._checked(read_version(objects, store, pinned))
             except LookupError as exc:
                 raise ValueError(str(exc)) from None
 
@@ -85,7 +85,7 @@ class ChainSnapshot:
         if numbers and (self.record is None or self.record.version != numbers[-1]):
             record = latest_version(self.objects, self.name)
             if record is not None:
-                self._serve(record)
+                self._serve(self._checked(record))
         return self.record
 
     def _still_latest(self) -> bool:
@@ -127,6 +127,11 @@ class ChainSnapshot:
     def versions(self) -> list[int]:
         """Versions still on the root (retained), ascending."""
         return list_versions(self.objects, self.name)
+
+    def _checked(self, record: ChainVersion) -> ChainVersion:
+        """``record`` if it lists only the manifest's partitions (else damage)."""
+        where = self.objects.where(record_key(self.name, record.version))
+        return record.check_partitions(self.manifest.partitions, where)
 
     def _serve(self, record: ChainVersion) -> None:
         self.record = record

@@ -102,7 +102,16 @@ def kv_prefix_range(prefix: bytes) -> tuple[bytes, bytes]:
 
 # -- window stores -------------------------------------------------------------------------
 def encode_time(ms: int) -> bytes:
-    return _TIME.pack((ms + _SIGN) & 0xFFFFFFFFFFFFFFFF)
+    """``ms`` as 8 sortable bytes; ``ValueError`` outside 64-bit epoch milliseconds (it
+    used to wrap around: 2**63 was stored as -2**63). Callers check times first
+    (``query.window.to_epoch_millis``); this keeps a missed check from storing a wrong
+    window, at no cost on the way through (``struct`` range-checks the unsigned value)."""
+    try:
+        return _TIME.pack(ms + _SIGN)
+    except struct.error:
+        raise ValueError(
+            f"window start {ms} is outside 64-bit epoch milliseconds (-2**63 .. 2**63-1)"
+        ) from None
 
 
 def decode_time(data: bytes) -> int:

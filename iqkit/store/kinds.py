@@ -29,6 +29,7 @@ from ..query import (
     WindowKeyQuery,
     WindowRangeQuery,
 )
+from ..query.window import EARLIEST_EPOCH_MS, LATEST_EPOCH_MS
 
 __all__ = [
     "EARLIEST_WINDOW_START_MS",
@@ -40,8 +41,8 @@ __all__ = [
 
 #: Every window start a window store can hold: its time index keeps starts as 64-bit
 #: signed epoch milliseconds (``keyspace.encode_time``), so "all time" is this range.
-EARLIEST_WINDOW_START_MS = -(2**63)
-LATEST_WINDOW_START_MS = 2**63 - 1
+EARLIEST_WINDOW_START_MS = EARLIEST_EPOCH_MS
+LATEST_WINDOW_START_MS = LATEST_EPOCH_MS
 
 #: The ``%iq`` command that reads a whole store of either kind.
 SCAN_COMMAND = "scan"

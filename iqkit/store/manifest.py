@@ -20,6 +20,13 @@ from .serdes import get_serde
 
 DEFAULT_RETENTION = 10
 
+#: The most partitions a store may have, checked when a manifest is made and when one is
+#: read: a manifest is a file anyone can write, and readers do per-partition work (a
+#: fan-out query, lags), so a count of 10**9 must be damage, not an hour of work. Far
+#: above what a stateful job uses: Kafka advises a few thousand partitions per broker and
+#: Spark jobs rarely shuffle into more than tens of thousands (docs/DECISIONS.md).
+MAX_PARTITIONS = 100_000
+
 #: The settings that make a store's data readable and routable: a store asked for again
 #: with any of them different is refused (``StoreExistsError``).
 STORE_SETTINGS = (
@@ -55,10 +62,11 @@ class StoreManifest:
         if (
             not isinstance(self.partitions, int)
             or isinstance(self.partitions, bool)
-            or self.partitions < 1
+            or not 1 <= self.partitions <= MAX_PARTITIONS
         ):
             raise ValueError(
-                f"store {self.name!r}: partitions must be a positive int, got {self.partitions!r}"
+                f"store {self.name!r}: partitions must be an int from 1 to {MAX_PARTITIONS}, "
+                f"got {self.partitions!r}"
             )
         get_serde(self.key_serde)
         get_serde(self.value_serde)

@@ -127,6 +127,10 @@ class ObjectStore(ABC):
         del prefix, older_than
         return []
 
+    def _why_missing(self) -> str:
+        """What ``ObjectMissingError`` says once something was not found."""
+        return "no such object"
+
     @contextlib.contextmanager
     def _classified(self, action: str, path: str = "") -> Iterator[None]:
         """The one place errors of either backend become iqkit's."""
@@ -138,7 +142,7 @@ class ObjectStore(ABC):
         except FileExistsError:
             raise ObjectExistsError(f"{where} already exists") from None
         except FileNotFoundError:
-            raise ObjectMissingError(f"{where}: no such object") from None
+            raise ObjectMissingError(f"{where}: {self._why_missing()}") from None
         except Exception as exc:
             raise StoreIOError(f"cannot {action} {where}: {_explain(exc, self.root)}") from exc
 
@@ -338,6 +342,20 @@ class RemoteObjects(ObjectStore):
 
     def _path(self, path: str) -> str:
         return f"{self.root.base}/{check_key(path)}"
+
+    def _why_missing(self) -> str:
+        """A missing bucket says so: object stores answer "not found" alike for a key and
+        for the bucket holding it. One extra request, made only here, after a call
+        already failed (never on the way of a read that succeeds); if that check fails
+        too, the plain answer stands."""
+        noun = "container" if self.root.scheme == "abfs" else "bucket"
+        try:
+            self.fs.invalidate_cache(self.root.bucket)
+            if not self.fs.exists(self.root.bucket):
+                return f"{noun} {self.root.bucket!r} does not exist"
+        except Exception:  # only the message depends on it
+            pass
+        return super()._why_missing()
 
     def create_exclusive(self, path: str, data: bytes) -> None:
         target = self._path(path)

@@ -281,6 +281,12 @@ class StoreSnapshot:
     def _serve(self, lease: VersionLease) -> None:
         """Serve the leased version from now on and let go of the previous one: open
         partitions it no longer names are closed (see ``PartitionCache.retire``)."""
+        try:
+            where = f"store {self.layout.name!r}: {self.layout.version_record(lease.version)}"
+            lease.record.check_partitions(self.manifest.partitions, where)
+        except BaseException:
+            lease.release()  # a damaged record is not served
+            raise
         old = self.record
         held = self._held.get(lease.version)
         if held is None:

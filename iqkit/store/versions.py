@@ -105,6 +105,20 @@ class PublishedVersion(Generic[P]):
             raise StoreCorruptedError(f"{where} is damaged: it says version {record.version}")
         return record
 
+    def check_partitions(self, partitions: int, where: str) -> Self:
+        """This record, when every partition it lists is one of the store's
+        (``0 .. partitions - 1``, the manifest's count); else ``StoreCorruptedError``
+        naming ``where``: a record listing partition 10**9 of a two-partition store is
+        damage, which readers report and never open or iterate over. Readers check each
+        record they serve (the record alone does not know the manifest)."""
+        for p in self.partitions:
+            if not 0 <= p < partitions:
+                raise StoreCorruptedError(
+                    f"{where} is damaged: it lists partition {p}, and the store has "
+                    f"{partitions} (0..{partitions - 1})"
+                )
+        return self
+
     @classmethod
     def from_json(cls, text: str | bytes) -> Self:
         data = json.loads(text)

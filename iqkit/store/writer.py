@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import StoreNotFoundError, UnknownStoreError
 from ..query.position import Position
 from ..query.request import validate_store_name
-from ..query.window import to_epoch_millis
+from ..query.window import LATEST_EPOCH_MS, to_epoch_millis
 from . import keyspace, rocks
 from .chain_store import ChainPublisher, ensure_chain_store, read_chain_manifest
 from .commit import build_partition, publish_partitions, remove_if_exists
@@ -463,7 +463,16 @@ class StoreWriter:
     def _window_start(self, window_start: int | datetime | None) -> int:
         if window_start is None:
             raise ValueError(f"store {self.manifest.name!r} is a window store: pass window_start=")
-        return to_epoch_millis(window_start, f"store {self.manifest.name!r}: window_start")
+        start = to_epoch_millis(window_start, f"store {self.manifest.name!r}: window_start")
+        size = self.manifest.window_size_ms
+        assert size is not None  # a window store's manifest always has one
+        if start > LATEST_EPOCH_MS - size:
+            # Its end (start + size, what queries return as Windowed.end) would not fit.
+            raise ValueError(
+                f"store {self.manifest.name!r}: window_start {start} with the store's "
+                f"{size} ms windows ends after the last 64-bit epoch millisecond (2**63-1)"
+            )
+        return start
 
     def _no_window(self, window_start: object) -> None:
         if window_start is not None:

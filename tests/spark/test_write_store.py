@@ -354,3 +354,23 @@ def test_nan_and_infinities_in_json_values_are_refused_naming_the_column(spark, 
     with iqkit.open(tmp_path) as engine:
         assert math.isnan(get(engine, "doubles", "a"))
         assert get(engine, "doubles", "b") == float("-inf")
+
+
+def test_windows_at_sparks_latest_timestamp_are_stored_exactly(spark, tmp_path):
+    """Issue 20: a window start never wraps around. A Spark timestamp is 64-bit
+    microseconds, so the milliseconds of its latest one fit in iqkit's 64-bit window
+    starts: the window is stored where it is (Spark's own window() overflows before any
+    later row could reach iqkit)."""
+    root = tmp_path / "stores"
+    latest_us = 2**63 - 1 - 300_000_000  # room for Spark's 5-minute window end
+    df = spark.sql(f"SELECT 'a' AS user, timestamp_micros({latest_us}) AS ts")
+    counts = df.groupBy(F.window("ts", "5 minutes"), "user").agg(F.count("*").alias("n"))
+    write_store(counts, root, "far", key="user", value="n", window="window", partitions=2)
+    with iqkit.open(root) as engine:
+        q = iqkit.WindowRangeQuery.with_window_start_range(-(2**63), 2**63 - 1)
+        r = engine.query(StateQueryRequest.in_store("far").with_query(q))
+        got = [
+            (kv.key.start, kv.key.end) for qr in r.partition_results.values() for kv in qr.result
+        ]
+    start_ms = latest_us // 1000 // 300_000 * 300_000
+    assert got == [(start_ms, start_ms + 300_000)]

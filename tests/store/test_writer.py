@@ -103,7 +103,7 @@ def test_a_store_name_of_255_bytes_works(root):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"partitions": 0}, "partitions must be a positive int"),
+        ({"partitions": 0}, "partitions must be an int from 1 to 100000"),
         ({"partitions": 2, "kind": "table"}, "kind must be one of"),
         ({"partitions": 2, "key_serde": "utf8"}, "utf8"),
         ({"partitions": 2, "partitioner": "random"}, "random"),
