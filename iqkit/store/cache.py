@@ -143,6 +143,8 @@ def _private_folder(configured: Path) -> Path:
     try:
         configured.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = os.stat(configured)
+    except FileExistsError:  # what mkdir says of a file in the way
+        raise _Unusable(f"{configured} is not a folder") from None
     except OSError as exc:
         raise _Unusable(f"{configured} cannot be made a folder ({_reason(exc)})") from None
     if not stat.S_ISDIR(st.st_mode):

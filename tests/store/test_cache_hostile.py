@@ -85,7 +85,7 @@ def planted_paths(root: Path, cache: Path) -> dict[int, Path]:
     database (computed from the public record, as an attacker would)."""
     objects = open_objects(os.fspath(root))
     record = latest_version(objects, STORE)
-    probe = FileCache(Path(tempfile.mkdtemp()))
+    probe = FileCache(root.parent / "probe-cache")
     return {
         p: cache / database_folder(probe, objects, STORE, p, chain).relative_to(probe.folder)
         for p, chain in record.partitions.items()
