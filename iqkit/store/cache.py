@@ -32,6 +32,12 @@ Beside them, ``dbs/`` holds the RocksDB databases readers build from those files
   rename, databases by a build in a temporary folder and a rename; a pin checks, once
   locked, that the name still holds what it opened (an eviction may have won the race),
   else fetches (or builds) again.
+- **Private.** The folder is this user's alone (``_private_folder``: 0700, nothing above
+  it writable by others unless sticky; a shared 1777 folder gives a per-uid subfolder),
+  and an entry another user owns is never used (renamed away, made again): a database's
+  path follows from the public record, so a writable cache could be handed forged ones.
+  With no usable folder (read-only, a file in the way, no home folder) the process
+  reads through a private temporary cache, removed at exit, and ``note`` says why.
 - **Counted.** ``stats`` says what was fetched (files, bytes, seconds), what came from
   the cache, and what eviction removed (files, databases, bytes freed), for traces.
 """
