@@ -40,7 +40,7 @@ from .query import (
     StateQueryRequest,
     StateQueryResult,
 )
-from .store.cache import FileCache
+from .store.cache import FileCache, reader_cache
 from .store.chain import ChainVersion
 from .store.chain_snapshot import ChainSnapshot
 from .store.chain_store import chain_store_names
@@ -115,7 +115,7 @@ class StateEngine:
         else:
             self.root = parsed.url
             self._objects = open_objects(parsed)
-            self._cache = FileCache()
+            self._cache = reader_cache()
             # One listing now: a missing credential or an unreachable endpoint is one
             # line at open, not a failure of every later query.
             chain_store_names(self._objects)
@@ -225,7 +225,7 @@ class StateEngine:
             # A chain store under a local folder (one copied down from object storage):
             # read as on its object root, through the cache.
             if self._cache is None:
-                self._cache = FileCache()
+                self._cache = reader_cache()
             objects = open_objects(self.root)
             view = _StoreView(ChainSnapshot(objects, store, pinned, self._cache))
         else:
@@ -296,7 +296,8 @@ class StateEngine:
         if trace.enabled:
             version = record.version if isinstance(record, (VersionRecord, ChainVersion)) else None
             if entry.fetched is not None:  # a chain store: what opening the partition cost
-                trace.add("FileCache", started, entry.fetched)
+                for line in entry.fetched.split("\n"):  # and why the cache is elsewhere
+                    trace.add("FileCache", started, line)
             detail = f"store {view.manifest.name!r} partition {p} {_SERVED_AT} {version}"
             if entry.never_written:
                 detail += f" ({NEVER_WRITTEN})"

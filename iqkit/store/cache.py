@@ -32,25 +32,36 @@ Beside them, ``dbs/`` holds the RocksDB databases readers build from those files
   rename, databases by a build in a temporary folder and a rename; a pin checks, once
   locked, that the name still holds what it opened (an eviction may have won the race),
   else fetches (or builds) again.
+- **Private.** The folder is this user's alone (``_private_folder``: 0700, nothing above
+  it writable by others unless sticky; a shared 1777 folder gives a per-uid subfolder),
+  and an entry another user owns is never used (renamed away, made again): a database's
+  path follows from the public record, so a writable cache could be handed forged ones.
+  With no usable folder (read-only, a file in the way, no home folder) the process
+  reads through a private temporary cache, removed at exit, and ``note`` says why.
 - **Counted.** ``stats`` says what was fetched (files, bytes, seconds), what came from
   the cache, and what eviction removed (files, databases, bytes freed), for traces.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import errno
 import fcntl
+import functools
 import hashlib
 import os
 import re
 import shutil
+import stat
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import StoreCorruptedError
+from ..errors import IqkitError, StoreCorruptedError, StoreIOError
 from .names import (
     CACHE_DBS_DIR,
     CACHE_EVICTING_PREFIX,
@@ -65,7 +76,9 @@ __all__ = [
     "PinnedFile",
     "default_cache_dir",
     "counted",
+    "is_disk_full",
     "parse_size",
+    "reader_cache",
 ]
 
 ENV_DIR = "IQKIT_CACHE"
@@ -94,11 +107,134 @@ def parse_size(text: str | int, *, what: str = ENV_LIMIT) -> int:
 
 
 def default_cache_dir() -> Path:
-    """``IQKIT_CACHE``, else the user's cache folder (XDG) + ``iqkit``."""
-    if os.environ.get(ENV_DIR):
-        return Path(os.environ[ENV_DIR]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "iqkit"
+    """The cache folder the environment names, absolute: ``IQKIT_CACHE`` (a relative one
+    is taken from the working folder now, once), else ``$XDG_CACHE_HOME/iqkit`` (when
+    absolute), else ``~/.cache/iqkit``. Never a folder relative to the working folder by
+    accident: ``StoreIOError`` when there is no home folder to put it in (``HOME`` unset
+    and no passwd entry, where ``~`` would stay a literal ``~``) or the home folder does
+    not exist."""
+    configured = os.environ.get(ENV_DIR)
+    if configured:
+        expanded = os.path.expanduser(configured)
+        if expanded.startswith("~"):
+            raise StoreIOError(f"{ENV_DIR} {configured!r}: {_no_home()}")
+        return Path(os.path.abspath(expanded))
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):  # a relative one is to be ignored (the XDG rule)
+        return Path(xdg) / "iqkit"
+    home = os.path.expanduser("~")
+    if not os.path.isabs(home):
+        raise StoreIOError(_no_home())
+    if not os.path.isdir(home):
+        raise StoreIOError(f"the home folder {home!r} does not exist")
+    return Path(home) / ".cache" / "iqkit"
+
+
+def _no_home() -> str:
+    return f"no home folder (HOME is unset and uid {os.geteuid()} has no passwd entry)"
+
+
+class _Unusable(Exception):
+    """Why a cache folder cannot be this user's private cache (one line)."""
+
+
+def _private_folder(configured: Path) -> Path:
+    """``configured`` made this user's private cache: created (0700) when missing and
+    used when this user owns it and no other user may write to it; else (a shared
+    cache, e.g. a 1777 folder) its subfolder named by the uid, created 0700, which must
+    be this user's. Every folder above must be this user's or root's, and writable by
+    others only when sticky (no other user can then rename our folder away and put
+    another in its place). Raises ``_Unusable`` naming what is wrong."""
+    uid = os.geteuid()
+    try:
+        configured.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.stat(configured)
+    except FileExistsError:  # what mkdir says of a file in the way
+        raise _Unusable(f"{configured} is not a folder") from None
+    except OSError as exc:
+        raise _Unusable(f"{configured} cannot be made a folder ({_reason(exc)})") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise _Unusable(f"{configured} is not a folder")
+    folder = configured
+    if st.st_uid != uid or st.st_mode & 0o022:
+        folder = configured / str(uid)  # a shared folder: this user's own subfolder
+        try:
+            with contextlib.suppress(FileExistsError):
+                folder.mkdir(mode=0o700)
+            st = os.lstat(folder)
+        except OSError as exc:
+            raise _Unusable(f"{folder} cannot be made a folder ({_reason(exc)})") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise _Unusable(f"{folder} is not a folder")
+        if st.st_uid != uid:
+            raise _Unusable(f"{folder} belongs to uid {st.st_uid}, not this user")
+        if st.st_mode & 0o077:
+            with contextlib.suppress(OSError):
+                os.chmod(folder, 0o700)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise _Unusable(f"{folder} is not writable")
+    _check_above(folder, uid)
+    return folder
+
+
+def _check_above(folder: Path, uid: int) -> None:
+    """The folders above ``folder`` (``_private_folder``'s rule for them)."""
+    real = Path(os.path.realpath(folder))
+    for above in real.parents:
+        try:
+            st = os.stat(above)
+        except OSError as exc:
+            raise _Unusable(f"{above} cannot be checked ({_reason(exc)})") from None
+        if st.st_uid not in (0, uid):
+            raise _Unusable(f"{above} (above {folder}) belongs to uid {st.st_uid}")
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise _Unusable(f"{above} (above {folder}) is writable by other users")
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+#: (pid, folder) of this process's private temporary cache, once one was needed.
+_temporary: tuple[int, Path] | None = None
+
+
+def _temporary_folder() -> Path:
+    """This process's private temporary cache (``tempfile.mkdtemp``: 0700, this user's),
+    made on first need (again after a fork) and removed at exit."""
+    global _temporary
+    if _temporary is not None and _temporary[0] == os.getpid() and _temporary[1].is_dir():
+        return _temporary[1]
+    folder = Path(tempfile.mkdtemp(prefix="iqkit-cache-"))
+    _temporary = (os.getpid(), folder)
+    atexit.register(_remove_temporary, os.getpid(), folder)
+    return folder
+
+
+def _remove_temporary(pid: int, folder: Path) -> None:
+    if os.getpid() == pid:  # not in a forked child that inherited the handler
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk (or the user's quota) is full: an ``OSError`` with
+    that errno, or RocksDB's error text (rocksdict gives no errno)."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    text = str(exc)
+    return isinstance(exc, IqkitError) and (
+        "No space left on device" in text or "Disk quota exceeded" in text
+    )
+
+
+def reader_cache() -> FileCache:
+    """The cache a reader uses (``IQKIT_CACHE``), its size limit checked now: a malformed
+    ``IQKIT_CACHE_SIZE`` is one ``ValueError`` when a reader starts, not a failure of
+    every partition (writers build ``FileCache()`` directly: it reads the limit only if
+    they read through the cache)."""
+    cache = FileCache()
+    cache.limit  # noqa: B018 (parsed now, for the one line above)
+    return cache
 
 
 @dataclass
@@ -114,6 +250,8 @@ class CacheStats:
     files_evicted: int = 0
     databases_evicted: int = 0
     bytes_evicted: int = 0
+    #: Cached files and databases found but not this user's: never used, made again.
+    distrusted: int = 0
 
     def since(self, before: CacheStats) -> CacheStats:
         """The counts added after ``before`` (a copy taken earlier): one query's share."""
@@ -131,17 +269,32 @@ class CacheStats:
             f"cache: fetched {counted(self.files_fetched, 'file')} ({_mb(self.bytes_fetched)}) "
             f"in {self.fetch_seconds:.3f} s; {self.hits} from cache ({_mb(self.hit_bytes)})"
         )
-        if self.files_evicted or self.databases_evicted:
-            text += (
-                f"; evicted {counted(self.files_evicted, 'file')}, "
-                f"{counted(self.databases_evicted, 'database')} ({_mb(self.bytes_evicted)} freed)"
-            )
+        evicted = self.evicted_line()
+        if evicted:
+            text += f"; {evicted}"
+        if self.distrusted:
+            text += f"; {self.distrust_line()}"
         return text
 
+    def evicted_line(self) -> str | None:
+        """``evicted ...`` when eviction removed anything, else ``None``."""
+        if not (self.files_evicted or self.databases_evicted):
+            return None
+        return (
+            f"evicted {counted(self.files_evicted, 'file')}, "
+            f"{counted(self.databases_evicted, 'database')} ({_mb(self.bytes_evicted)} freed)"
+        )
 
-def counted(n: int, noun: str) -> str:
+    def distrust_line(self) -> str:
+        return (
+            f"{counted(self.distrusted, 'cache entry', 'cache entries')} not owned by this "
+            "user ignored and made again"
+        )
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
     """``1 file``, ``3 files``: a count in a trace line."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
 
 
 def _mb(n: int) -> str:
@@ -224,14 +377,78 @@ class FileCache:
     def __init__(
         self, folder: str | os.PathLike[str] | None = None, *, limit: int | str | None = None
     ):
-        self.folder = Path(folder) if folder is not None else default_cache_dir()
-        if limit is not None:
-            self.limit = parse_size(limit, what="the cache limit")
+        #: The folder asked for (absolute; ``None``: none could be named, ``_unnamed``
+        #: says why). Nothing is made or read until the cache is first used, so a writer
+        #: that never reads through it needs neither a usable folder nor a valid limit.
+        self._configured: Path | None = None
+        self._unnamed = ""
+        if folder is not None:
+            self._configured = Path(os.path.abspath(os.fspath(folder)))
         else:
-            self.limit = parse_size(os.environ.get(ENV_LIMIT) or DEFAULT_LIMIT)
-        self.objects_dir = self.folder / "objects"
-        self.dbs_dir = self.folder / CACHE_DBS_DIR
+            try:
+                self._configured = default_cache_dir()
+            except StoreIOError as exc:
+                self._unnamed = str(exc)
+        self._limit = limit
+        #: Why this cache is not the folder configured (one trace line), else ``None``.
+        self.note: str | None = None
         self.stats = CacheStats()
+
+    @functools.cached_property
+    def limit(self) -> int:
+        """The size limit in bytes (``limit=``, else ``IQKIT_CACHE_SIZE``, else 10GiB);
+        a malformed one is a one-line ``ValueError`` on first use."""
+        if self._limit is not None:
+            return parse_size(self._limit, what="the cache limit")
+        return parse_size(os.environ.get(ENV_LIMIT) or DEFAULT_LIMIT)
+
+    @functools.cached_property
+    def folder(self) -> Path:
+        """The folder this cache uses, chosen on first use: the configured one made
+        private (``_private_folder``), else this process's private temporary cache, and
+        ``note`` says why. Never a folder another user can write to."""
+        try:
+            if self._configured is None:
+                raise _Unusable(self._unnamed)
+            return _private_folder(self._configured)
+        except _Unusable as exc:
+            why = str(exc)
+        try:
+            folder = _temporary_folder()
+        except OSError as exc:
+            raise StoreIOError(
+                f"no usable cache: {why}; no temporary folder either ({_reason(exc)})"
+            ) from None
+        self.note = f"cache: {why}; a private temporary cache is used (removed at exit)"
+        return folder
+
+    @property
+    def objects_dir(self) -> Path:
+        return self.folder / "objects"
+
+    @property
+    def dbs_dir(self) -> Path:
+        return self.folder / CACHE_DBS_DIR
+
+    def make_folder(self, path: Path) -> None:
+        """Make the folder ``path`` inside this cache and the ones between (0700). One
+        that is not this user's folder (only root could have put it in a private cache)
+        is renamed away and made again (``stats.distrusted``); ``StoreIOError`` if that
+        fails."""
+        uid = os.geteuid()
+        top = self.folder
+        for part in [*reversed(path.relative_to(top).parents), path.relative_to(top)]:
+            here = top / part
+            for attempt in (1, 2):
+                with contextlib.suppress(FileExistsError):
+                    here.mkdir(mode=0o700)
+                st = os.lstat(here)
+                if stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
+                    break
+                if attempt == 2:
+                    raise StoreIOError(f"cache folder {here} is not this user's and stays")
+                self.stats.distrusted += 1
+                _remove_folder(here)
 
     def path_of(self, objects: ObjectStore, key: str) -> Path:
         """Where ``key`` of ``objects``' root lives in this cache."""
@@ -246,7 +463,7 @@ class FileCache:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                self.make_folder(path.parent)
                 started = time.perf_counter()
                 size = objects.download(key, path)
                 self.stats.fetch_seconds += time.perf_counter() - started
@@ -256,7 +473,14 @@ class FileCache:
                 continue
             fcntl.flock(fd, fcntl.LOCK_SH)
             if _same_file(fd, path):
-                break
+                if os.fstat(fd).st_uid == os.geteuid():
+                    break
+                # Another user's file: never trusted, fetched again (ours then).
+                os.close(fd)
+                self.stats.distrusted += 1
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                continue
             os.close(fd)  # evicted between open and lock: fetch it again
         size = os.fstat(fd).st_size
         if fetched:
@@ -324,9 +548,20 @@ class FileCache:
             if _same_file(fd, folder) and (folder / ROCKSDB_CURRENT_FILE).is_file():
                 break
             os.close(fd)  # evicted (and perhaps rebuilt) between open and lock: look again
+        try:
+            files = _file_stats(folder)
+        except OSError:
+            files = []
+        uid = os.geteuid()
+        if os.fstat(fd).st_uid != uid or any(st.st_uid != uid for st in files):
+            # Another user's database (or files in it): never read, built again.
+            os.close(fd)
+            self.stats.distrusted += 1
+            _remove_folder(folder)
+            return None
         with contextlib.suppress(OSError):
             os.utime(folder)  # most recently used
-        return PinnedFile(folder, _folder_bytes(folder), fd)
+        return PinnedFile(folder, sum(st.st_size for st in files), fd)
 
     def hold_new_database(self, building: Path) -> PinnedFile:
         """Pin the database being built in ``building`` before it is renamed into place:
@@ -381,11 +616,13 @@ class FileCache:
                 if name.startswith(CACHE_EVICTING_PREFIX):
                     shutil.rmtree(here / name, ignore_errors=True)
 
-    def evict(self) -> int:
+    def evict(self, *, down_to: int | None = None) -> int:
         """Remove least recently used, unpinned files and databases until the cache
-        fits its limit; returns the bytes that freed. Pinned ones stay even if the cache
-        is then over. A removal that would free nothing now (a file whose bytes a
-        database holds) waits until the entries holding the same bytes are gone."""
+        fits its limit (or ``down_to`` bytes: ``0`` when the disk is full); returns the
+        bytes that freed. Pinned ones stay even if the cache is then over. A removal
+        that would free nothing now (a file whose bytes a database holds) waits until
+        the entries holding the same bytes are gone."""
+        limit = self.limit if down_to is None else down_to
         census = self._census()
         total = census.total()
         freed = 0
@@ -407,7 +644,7 @@ class FileCache:
             return True
 
         for entry in sorted(census.entries, key=lambda e: e.mtime):
-            if total <= self.limit:
+            if total <= limit:
                 break
             if census.would_free(entry) == 0 and not entry.database:
                 waiting.append(entry)
@@ -415,7 +652,7 @@ class FileCache:
             if take(entry) and entry.database:
                 # Files whose bytes only this database shared may free them now.
                 for older in [w for w in waiting if census.would_free(w) > 0]:
-                    if total <= self.limit:
+                    if total <= limit:
                         break
                     waiting.remove(older)
                     take(older)
@@ -469,6 +706,19 @@ def _remove_unpinned(path: Path) -> bool:
         if free:
             os.unlink(path)
         return free
+
+
+def _remove_folder(path: Path) -> None:
+    """Rename ``path`` (a folder, or anything in its place) away, atomic: the next open
+    builds anew; then delete what this user may (another user's files may stay under
+    the ``.evicting-`` name)."""
+    doomed = path.with_name(f"{CACHE_EVICTING_PREFIX}{uuid.uuid4().hex}-{path.name}")
+    with contextlib.suppress(OSError):
+        os.rename(path, doomed)
+        if os.path.isdir(doomed) and not os.path.islink(doomed):
+            shutil.rmtree(doomed, ignore_errors=True)
+        else:
+            os.unlink(doomed)
 
 
 def _remove_unpinned_folder(path: Path) -> bool:

@@ -34,9 +34,9 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import StoreCorruptedError, StoreNotFoundError
+from ..errors import IqkitError, StoreCorruptedError, StoreIOError, StoreNotFoundError
 from . import rocks
-from .cache import STALE_TMP_SECONDS, CacheStats, FileCache, PinnedFile, counted
+from .cache import STALE_TMP_SECONDS, CacheStats, FileCache, PinnedFile, counted, is_disk_full
 from .chain import PartitionChain
 from .names import CACHE_BUILDING_PREFIX, CACHE_DBS_DIR, CHAIN_SST_DIR
 from .objects import ObjectStore, check_key
@@ -77,15 +77,26 @@ def database_folder(
     """Where ``chain``'s database lives in ``cache`` (the names hashed in: a folder holds
     one chain whatever the version numbers of racing writers were)."""
     root_id = cache.path_of(objects, store).relative_to(cache.objects_dir).parts[0]
-    digest = hashlib.sha256("\n".join(f.name for f in chain.files).encode()).hexdigest()[:16]
+    names = "\n".join(f.name for f in chain.files)
+    written_by = str(chain.written_by)
+    if len(written_by) > _MAX_VERSION_DIGITS:
+        # A record's number may be any JSON integer: one too long for a folder name is
+        # hashed in with the names (still one folder per chain and number).
+        names, written_by = f"{written_by}\n{names}", "big"
+    digest = hashlib.sha256(names.encode()).hexdigest()[:16]
     return (
         cache.folder
         / CACHE_DBS_DIR
         / root_id
         / check_key(store)
         / str(partition)
-        / f"{chain.written_by}-{digest}"
+        / f"{written_by}-{digest}"
     )
+
+
+#: The longest version number written as itself in a database folder's name (a 64-bit
+#: number has 20 digits at most).
+_MAX_VERSION_DIGITS = 20
 
 
 class ChainPartition(RocksDBPartition):
@@ -105,6 +116,7 @@ class ChainPartition(RocksDBPartition):
         *,
         in_place: int = 0,
         where: str = "",
+        note: str | None = None,
     ) -> None:
         self._pins = pins
         try:
@@ -124,15 +136,24 @@ class ChainPartition(RocksDBPartition):
         self.built = built
         #: How many of the chain's files were read in place on a local root (no fetch).
         self.in_place = in_place
+        #: Why the cache is not the folder configured (``FileCache.note``), else None.
+        self.note = note
 
     def trace_line(self) -> str:
         """One line for an execution trace: fetched files, cache hits, database reuse
-        (on a local root: the files read in place, never fetched)."""
+        (on a local root: the files read in place, never fetched), what eviction and
+        distrust removed; then, on a line of its own, ``note`` when there is one."""
         made = "built" if self.built else "reused"
         files = f"database {made} ({counted(len(self.chain.files), 'SST file')})"
         if self.in_place:
-            return f"local root: {counted(self.in_place, 'file')} read in place; {files}"
-        return f"{self.fetch.line()}; {files}"
+            line = f"local root: {counted(self.in_place, 'file')} read in place; {files}"
+            extra = [self.fetch.evicted_line()]
+            if self.fetch.distrusted:
+                extra.append(self.fetch.distrust_line())
+            line = "; ".join([line, *filter(None, extra)])
+        else:
+            line = f"{self.fetch.line()}; {files}"
+        return line if self.note is None else f"{line}\n{self.note}"
 
     def _release(self) -> None:
         pins, self._pins = self._pins, []
@@ -148,8 +169,42 @@ def open_partition(
     cache: FileCache, objects: ObjectStore, store: str, partition: int, chain: PartitionChain
 ) -> ChainPartition:
     """``chain`` (partition ``partition`` of a version of ``store``) as a read-only
-    partition; fetches only the files the cache lacks (module docstring)."""
+    partition; fetches only the files the cache lacks (module docstring).
+
+    A full disk (or quota) makes room first: every unpinned entry of the cache is
+    evicted (the disk is full whatever the cache's limit says), then the open is retried
+    once. What still fails in the cache's folders is one ``StoreIOError`` line naming
+    the cache and the partition's place on the root (never a build's temporary folder)."""
     before = cache.stats.copy()
+    where = place_on_root(objects, f"{store}/{CHAIN_SST_DIR}/{partition}")
+    for attempt in (1, 2):
+        try:
+            return _open_partition(cache, objects, store, partition, chain, before)
+        except (OSError, IqkitError) as exc:
+            if is_disk_full(exc) and attempt == 1:
+                cache.evict(down_to=0)
+                continue
+            if is_disk_full(exc):
+                reason = "No space left on device, even after evicting every unpinned entry"
+            elif isinstance(exc, OSError) and not isinstance(exc, IqkitError):
+                reason = exc.strerror or type(exc).__name__  # mkdir, link, rename in the cache
+            else:
+                raise
+            raise StoreIOError(
+                f"cannot read {where} through the cache at {cache.folder}: {reason}"
+            ) from None
+    raise AssertionError("unreachable")
+
+
+def _open_partition(
+    cache: FileCache,
+    objects: ObjectStore,
+    store: str,
+    partition: int,
+    chain: PartitionChain,
+    before: CacheStats,
+) -> ChainPartition:
+    """One attempt of ``open_partition`` (``before``: the cache's counts at its start)."""
     pins: list[PinnedFile] = []
     sources: list[Path] = []  # the chain's files, oldest first, where the build reads them
     folder = database_folder(cache, objects, store, partition, chain)
@@ -183,8 +238,9 @@ def open_partition(
                 cache.evict()  # the new database counts against the limit (it is pinned)
         fetch = cache.stats.since(before)
         read_in_place = len(sources) if in_place else 0
+        note = cache.note
         return ChainPartition(
-            folder, chain, pins, fetch, built, in_place=read_in_place, where=where
+            folder, chain, pins, fetch, built, in_place=read_in_place, where=where, note=note
         )
     except BaseException as exc:
         for pin in pins:
@@ -272,7 +328,7 @@ def _build_in_place(
     and False when another process's build got there first (its folder, the same chain,
     is used). ``files`` must be pinned by the caller."""
     while True:
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        cache.make_folder(folder.parent)
         _remove_stale_builds(folder.parent)
         tmp = folder.with_name(f"{CACHE_BUILDING_PREFIX}{uuid.uuid4().hex}-{folder.name}")
         try:

@@ -12,7 +12,13 @@ import time
 import pytest
 from s3server import CuttingProxy
 
-from iqkit.store.cache import DEFAULT_LIMIT, FileCache, default_cache_dir, parse_size
+from iqkit.store.cache import (
+    DEFAULT_LIMIT,
+    FileCache,
+    default_cache_dir,
+    parse_size,
+    reader_cache,
+)
 from iqkit.store.objects import TMP_PREFIX, open_objects
 
 
@@ -199,8 +205,11 @@ def test_cache_folder_and_limit_come_from_the_environment(monkeypatch, tmp_path)
     cache = FileCache()
     assert (cache.folder, cache.limit) == (tmp_path / "mine", 2 * 2**30)
     monkeypatch.setenv("IQKIT_CACHE_SIZE", "lots")
+    lazy = FileCache()  # writers make one and may never read through it: not parsed yet
     with pytest.raises(ValueError, match=r"^IQKIT_CACHE_SIZE must be a size such as 10GiB"):
-        FileCache()
+        lazy.limit  # noqa: B018
+    with pytest.raises(ValueError, match=r"^IQKIT_CACHE_SIZE must be a size such as 10GiB"):
+        reader_cache()  # a reader's is checked when it starts
 
 
 SIZES = [("1000", 1000), ("10GiB", 10 * 2**30), ("1.5 MB", 1_500_000), ("512mib", 512 * 2**20)]
