@@ -22,9 +22,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ObjectExistsError, VersionConflictError
-from .names import CHAIN_RECORD_DIGITS, CHAIN_RECORDS_DIR
-from .objects import ObjectStore
+from ..errors import ObjectExistsError, StoreCorruptedError, VersionConflictError
+from .names import CHAIN_RECORD_DIGITS, CHAIN_RECORDS_DIR, CHAIN_SST_DIR
+from .objects import ObjectStore, check_key
 from .partition import parse_commit_record
 from .versions import PublishedVersion, no_such_version
 
@@ -132,7 +132,36 @@ def read_version(objects: ObjectStore, store: str, version: int) -> ChainVersion
         raw = objects.read_bytes(key)
     except FileNotFoundError:
         raise LookupError(no_such_version(store, version, list_versions(objects, store))) from None
-    return ChainVersion.parse(raw, version, objects.where(key))
+    where = objects.where(key)
+    return _check_files(ChainVersion.parse(raw, version, where), store, where)
+
+
+def _check_files(record: ChainVersion, store: str, where: str) -> ChainVersion:
+    """``record`` when every file it lists is in its own partition's folder
+    (``<store>/sst/<p>/<name>``), else ``StoreCorruptedError``: a damaged (or hostile)
+    record must not send a reader, a compaction or retention to another store's files,
+    a folder, or outside the root; each name is checked here, once, for all of them."""
+    for p, chain in record.partitions.items():
+        folder = f"{store}/{CHAIN_SST_DIR}/{p}/"
+        for f in chain.files:
+            name = f.name[len(folder) :] if f.name.startswith(folder) else ""
+            if not _is_file_name(name):
+                raise StoreCorruptedError(
+                    f"{where} is damaged: partition {p} lists {f.name[:200]!r}, "
+                    f"which is not a file of {folder}"
+                )
+    return record
+
+
+def _is_file_name(name: str) -> bool:
+    """Whether ``name`` is one file name an object key may end with."""
+    if not name or "/" in name:
+        return False
+    try:
+        check_key(name)
+    except ValueError:
+        return False
+    return True
 
 
 def latest_version(objects: ObjectStore, store: str) -> ChainVersion | None:

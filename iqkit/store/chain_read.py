@@ -39,7 +39,7 @@ from . import rocks
 from .cache import STALE_TMP_SECONDS, CacheStats, FileCache, PinnedFile, counted, is_disk_full
 from .chain import PartitionChain
 from .names import CACHE_BUILDING_PREFIX, CACHE_DBS_DIR, CHAIN_SST_DIR
-from .objects import ObjectStore, check_key
+from .objects import NotPlainFileError, ObjectStore, check_key, link_plain_file
 from .partition import RocksDBPartition
 
 __all__ = ["ChainPartition", "build_database", "database_folder", "open_partition", "place_on_root"]
@@ -53,19 +53,22 @@ def build_database(
     """Create the RocksDB ``folder`` (must not exist) holding ``files`` (SSTs, oldest
     first: each ingestion is newer than the last, so later values and tombstones win).
     The files themselves are left in place (ingested through hard links beside them).
-    ``names``: what errors call each file (its place on the root), else its path."""
+    ``names``: what errors call each file (its place on the root), else its path. A file
+    that is a symbolic link or not a plain file is refused (``StoreIOError`` naming it)."""
     db = rocks.open_for_write(folder, create=True)
     try:
         for i, file in enumerate(files):
             name = names[i] if names is not None else os.fspath(file)
-            # move_files removes the path it is given (quirk): hand it a second link.
+            # move_files removes the path it is given (quirk): hand it a second link
+            # (or, from another file system, a copy). Never a link's target: a version
+            # naming a planted link must not read another store's file, or any file.
             stage = Path(folder) / f".ingest-{uuid.uuid4().hex}.sst"
             try:
-                os.link(file, stage)
+                link_plain_file(file, stage, name)
             except FileNotFoundError:
                 raise StoreNotFoundError(f"{name}: a file of this version is missing") from None
-            except OSError:
-                shutil.copyfile(file, stage)  # another file system: a copy is all we can do
+            except NotPlainFileError as exc:
+                raise StoreIOError(exc.strerror) from None
             rocks.ingest(db, [stage], where=name)
     finally:
         rocks.close_quietly(db)
@@ -263,9 +266,9 @@ def _names_by_inode(
     are hard links of them (the root's own files on a local root, else the cache's)."""
     found = {}
     for f in chain.files:
-        path = objects.local_file(f.name) or cache.path_of(objects, f.name)
-        with contextlib.suppress(OSError):
-            st = os.stat(path)
+        with contextlib.suppress(OSError, IqkitError):  # a file refused or gone: unnamed
+            path = objects.local_file(f.name) or cache.path_of(objects, f.name)
+            st = os.stat(path, follow_symlinks=False)
             found[(st.st_dev, st.st_ino)] = place_on_root(objects, f.name)
     return found
 

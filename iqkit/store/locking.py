@@ -9,16 +9,19 @@ when: the first thing a person asks when two writers collide.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import StoreLockedError
+from ..errors import StoreIOError, StoreLockedError
 from .layout import StoreLayout
+from .objects import refused
 
 _POLL_SECONDS = 0.02
 
@@ -34,8 +37,9 @@ def lock_file(
     ``on_timeout(fd)`` builds the error (it may read the file, e.g. who holds it), the
     descriptor is closed and the error raised. The one home of the lock-with-deadline
     loop: the store's commit lock and the local Kafka topic's produce lock use it. A
-    non-blocking ``flock`` polled, since ``flock`` itself takes no timeout."""
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    non-blocking ``flock`` polled, since ``flock`` itself takes no timeout. A ``path``
+    that is a symbolic link, or not a plain file, is refused (``StoreIOError``)."""
+    fd = _open_lock(path)
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -49,6 +53,31 @@ def lock_file(
                     os.close(fd)
                 raise error from None
             time.sleep(_POLL_SECONDS)
+
+
+def _open_lock(path: str | os.PathLike[str] | Path) -> int:
+    """``path`` opened (created if missing) for locking and writing: never through a
+    symbolic link, and only a plain file. Whoever can write the folder (a store's
+    writer) could plant a link named like the lock, and the holder truncates the lock
+    file to write its line: a root-run commit would truncate the link's target, say
+    ``/etc/passwd``. ``O_NONBLOCK``: a FIFO planted there must not hang the open."""
+    flags = os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EISDIR):
+            raise
+        mode = os.stat(path, follow_symlinks=False).st_mode
+        raise StoreIOError(_not_a_lock(path, mode)) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise StoreIOError(_not_a_lock(path, mode))
+    return fd
+
+
+def _not_a_lock(path: str | os.PathLike[str] | Path, mode: int) -> str:
+    return f"cannot lock: {refused(os.fspath(path), mode).strerror}; remove it and retry"
 
 
 def unlock_file(fd: int) -> None:

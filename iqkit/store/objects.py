@@ -7,8 +7,11 @@ publishes a version by one create that cannot succeed twice (``create_exclusive`
 rename, no overwrite, no lock: object stores have none of them, so the format does not
 need them on a local disk either.
 
-Keys are relative to the root, ``/``-separated (``totals/sst/0/000123-ab12.sst``). Every
-failure leaves through one classifier (``_classified``) as an iqkit error:
+Keys are relative to the root, ``/``-separated (``totals/sst/0/000123-ab12.sst``). On a
+local root nothing below the root folder is ever followed through a symbolic link, and
+only plain files are objects (``LocalObjects``): whoever can write a store's folder (its
+writer) must not be able to make iqkit read, list, write or delete anything outside it.
+Every failure leaves through one classifier (``_classified``) as an iqkit error:
 ``ObjectExistsError`` (lost a create race), ``ObjectMissingError`` (not there), else
 ``StoreIOError`` with one line saying what failed and, for missing credentials or an
 unreachable endpoint, what to do.
@@ -17,24 +20,102 @@ unreachable endpoint, what to do.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
+import stat
 import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import IqkitError, ObjectExistsError, ObjectMissingError, StoreIOError
 from .roots import StoreRoot, parse_root
 
-__all__ = ["LocalObjects", "ObjectStore", "RemoteObjects", "open_objects"]
+__all__ = [
+    "LocalObjects",
+    "NotPlainFileError",
+    "ObjectStore",
+    "RemoteObjects",
+    "link_plain_file",
+    "open_objects",
+    "refused",
+]
 
 #: Temporary files iqkit writes beside their final names start with this; ``list`` skips
 #: them (a crashed writer's leftovers are never objects).
 TMP_PREFIX = ".iqkit-tmp-"
+
+#: A folder below a local root, opened one name at a time: ``O_NOFOLLOW`` refuses a
+#: symbolic link (with ``O_DIRECTORY``, Linux says ENOTDIR for one, as for a file).
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: A file below a local root, for reading: no link followed; ``O_NONBLOCK`` so a FIFO
+#: planted under a file's name cannot hang the open (``fstat`` then refuses it).
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+#: A new temporary file beside its final name (``O_EXCL``: never an existing name).
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_COPY_CHUNK = 1 << 20
+
+
+class NotPlainFileError(OSError):
+    """Something below a local root iqkit will not use: a symbolic link (never followed:
+    it could point at another store or anywhere on the machine), or a folder, FIFO or
+    device where a file must be. ``strerror`` is the one line saying which and what."""
+
+
+def refused(name: str, mode: int) -> NotPlainFileError:
+    """The ``NotPlainFileError`` for ``name`` (as messages show it), found to be of
+    ``mode`` (an ``lstat``/``fstat`` mode) where a plain file or folder was expected."""
+    if stat.S_ISLNK(mode):
+        text = f"{name} is a symbolic link, which iqkit never follows"
+    elif stat.S_ISDIR(mode):
+        text = f"{name} is a folder, not a plain file"
+    else:
+        text = f"{name} is not a plain file"
+    return NotPlainFileError(errno.EPERM, text)
+
+
+def _plain(fd: int, name: str) -> BinaryIO:
+    """The open descriptor ``fd`` as a file to read, if it is a plain file; else it is
+    closed and ``NotPlainFileError`` raised (checked before ``open``, which would say
+    only "Is a directory" for a folder)."""
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise refused(name, mode)
+    return open(fd, "rb")  # the caller's with block closes it
+
+
+def link_plain_file(src: str | os.PathLike[str], dst: str | os.PathLike[str], name: str) -> None:
+    """Give the new name ``dst`` the bytes of the plain file ``src``: a hard link (no
+    copy), else, across file systems, a copy. ``NotPlainFileError`` (naming ``name``)
+    when ``src`` is a symbolic link or not a plain file, even one swapped in after it was
+    checked: a link's target is never read. The one way a version's files are taken into
+    a database (chain_read.build_database)."""
+    try:
+        # Without AT_SYMLINK_FOLLOW a link is linked as itself: checked just below.
+        os.link(src, dst, follow_symlinks=False)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        # Another file system (or a folder, which cannot be linked): copy, reading
+        # through a descriptor that refuses a link and is checked to be a plain file.
+        try:
+            fd = os.open(src, _FILE_FLAGS)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise refused(name, stat.S_IFLNK) from None
+            raise
+        with _plain(fd, name) as fh, open(dst, "xb") as out:
+            shutil.copyfileobj(fh, out, _COPY_CHUNK)
+        return
+    mode = os.lstat(dst).st_mode
+    if not stat.S_ISREG(mode):
+        os.unlink(dst)
+        raise refused(name, mode)
 
 
 def open_objects(
@@ -104,7 +185,8 @@ class ObjectStore(ABC):
     def size(self, path: str) -> int: ...
 
     def exists(self, path: str) -> bool:
-        """Whether ``path`` is there: one stat locally; remotely fsspec's ``info`` (a HEAD,
+        """Whether ``path`` is there: locally a stat (reached through no link; a link or
+        folder there is ``StoreIOError``); remotely fsspec's ``info`` (a HEAD,
         and for a missing key a LIST too: it looks for a "folder" of that name)."""
         try:
             self.size(path)
@@ -183,21 +265,6 @@ def _tmp_beside(target: Path) -> Path:
     return target.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex}-{target.name}")
 
 
-def _write_durably(path: Path, data: bytes) -> None:
-    with open(path, "xb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _settle(tmp: Path, target: Path) -> int:
     """Give the finished temporary file ``tmp`` its final name, unless ``target`` exists;
     returns the size. Never replaces: a name holds one file from the moment it appears
@@ -215,18 +282,15 @@ def _settle(tmp: Path, target: Path) -> int:
             os.unlink(tmp)
 
 
-def _place(src: Path, target: Path, *, durable: bool) -> int:
-    """Copy ``src`` to ``target`` (whole or not at all; see ``_settle``).
+def _place(src: BinaryIO, target: Path) -> int:
+    """Copy the open file ``src`` to ``target`` (whole or not at all; see ``_settle``).
 
     Always a copy, never a hard link: a link would share the inode, so the cache touching
-    a file's mtime (its recency) would write to the root, and the root's files would
-    change with a writer's working files."""
+    a file's mtime (its recency) would write to the root."""
     tmp = _tmp_beside(target)
     try:
-        shutil.copyfile(src, tmp)
-        if durable:
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
+        with open(tmp, "xb") as out:
+            shutil.copyfileobj(src, out, _COPY_CHUNK)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -241,6 +305,16 @@ class LocalObjects(ObjectStore):
     ``link`` fails with ``EEXIST`` if the name exists, so of two racers exactly one wins,
     and the name appears only with all the bytes behind it (``O_EXCL`` alone would show a
     half-written file to a reader).
+
+    No symbolic link below the root folder is followed, and only plain files are objects
+    (whoever writes a store's folder could plant a link to another store's files, or to
+    any file the reader or a root-run writer may read, truncate or delete). Every call
+    walks from the root folder one name at a time through folder descriptors opened
+    with ``O_NOFOLLOW`` and acts on the last name relative to its folder's descriptor,
+    so a link swapped in between a check and the use is refused too. Such a thing is
+    ``NotPlainFileError`` (a ``StoreIOError`` once classified), naming it; ``list``
+    skips it (it is no object). The root folder itself is opened as the user named it:
+    it may be a link, the user chose it.
     """
 
     def __init__(self, root: StoreRoot) -> None:
@@ -252,75 +326,200 @@ class LocalObjects(ObjectStore):
     def _path(self, path: str) -> Path:
         return self.folder / check_key(path)
 
-    def create_exclusive(self, path: str, data: bytes) -> None:
-        target = self._path(path)
-        with self._classified("create", path):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = _tmp_beside(target)
+    def _io(
+        self, action: str, path: str, *, folder: bool = False
+    ) -> contextlib.AbstractContextManager[None]:
+        """``_classified``, once ``path`` was checked to be a key (a bad one is a bug:
+        ``ValueError`` before any I/O); ``folder``: "" (the root) is one too."""
+        if path or not folder:
+            check_key(path)
+        return self._classified(action, path)
+
+    def _open_folder(self, parts: list[str], *, create: bool = False) -> int:
+        """A descriptor of the folder ``parts`` (names below the root), entered one name
+        at a time, never through a link; ``create``: make the missing ones. A plain file
+        where a folder should be is ``NotADirectoryError``, a link ``NotPlainFileError``."""
+        if create:
+            os.makedirs(self._base, exist_ok=True)
+        fd = os.open(self._base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for i, name in enumerate(parts):
+                try:
+                    child = os.open(name, _FOLDER_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(name, dir_fd=fd)
+                    child = os.open(name, _FOLDER_FLAGS, dir_fd=fd)
+                except NotADirectoryError:
+                    mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+                    if stat.S_ISLNK(mode):
+                        raise refused("/".join(parts[: i + 1]), mode) from None
+                    raise
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @contextlib.contextmanager
+    def _in_folder(self, path: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
+        """The descriptor of ``path``'s folder (``_open_folder``) and ``path``'s last name,
+        for the block."""
+        *parents, name = check_key(path).split("/")
+        fd = self._open_folder(parents, create=create)
+        try:
+            yield fd, name
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _open_file(self, path: str) -> Iterator[BinaryIO]:
+        """The plain file ``path`` open for reading, for the block (class docstring)."""
+        with self._in_folder(path) as (folder, name):
             try:
-                _write_durably(tmp, data)
-                os.link(tmp, target)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-            _fsync_dir(target.parent)
+                fd = os.open(name, _FILE_FLAGS, dir_fd=folder)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise refused(path, stat.S_IFLNK) from None
+                raise
+        with _plain(fd, path) as fh:
+            yield fh
+
+    def _write_new(self, folder: int, name: str, fill: BinaryIO | bytes) -> str:
+        """A new temporary file beside ``name`` in ``folder``, holding ``fill`` (bytes,
+        or an open file's rest), synced to disk; returns its name."""
+        tmp = f"{TMP_PREFIX}{uuid.uuid4().hex}-{name}"
+        fd = os.open(tmp, _NEW_FILE_FLAGS, 0o666, dir_fd=folder)
+        try:
+            with open(fd, "wb") as out:
+                if isinstance(fill, bytes):
+                    out.write(fill)
+                else:
+                    shutil.copyfileobj(fill, out, _COPY_CHUNK)
+                out.flush()
+                os.fsync(out.fileno())
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=folder)
+            raise
+        return tmp
+
+    def _settle_new(self, folder: int, tmp: str, name: str, *, replace_race: bool) -> None:
+        """Link the finished ``tmp`` to ``name`` (both in ``folder``), then drop ``tmp``.
+        ``replace_race``: an existing ``name`` is the same immutable object (kept),
+        else ``FileExistsError``."""
+        try:
+            os.link(tmp, name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+        except FileExistsError:
+            if not replace_race:
+                raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=folder)
+
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        with self._io("create", path), self._in_folder(path, create=True) as (fd, name):
+            tmp = self._write_new(fd, name, data)
+            self._settle_new(fd, tmp, name, replace_race=False)
+            os.fsync(fd)
 
     def put_immutable(self, path: str, file: str | os.PathLike[str]) -> None:
-        target = self._path(path)
-        with self._classified("upload", path):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            _place(Path(file), target, durable=True)
+        with self._io("upload", path), open(file, "rb") as src:  # noqa: SIM117
+            with self._in_folder(path, create=True) as (fd, name):
+                tmp = self._write_new(fd, name, src)
+                self._settle_new(fd, tmp, name, replace_race=True)
 
     def read_bytes(self, path: str) -> bytes:
-        with self._classified("read", path):
-            return self._path(path).read_bytes()
+        with self._io("read", path), self._open_file(path) as fh:
+            return fh.read()
 
     def download(self, path: str, local_file: str | os.PathLike[str]) -> int:
-        source, target = self._path(path), Path(local_file)
-        with self._classified("download", path):
-            return _place(source, target, durable=False)
+        with self._io("download", path), self._open_file(path) as fh:
+            return _place(fh, Path(local_file))
+
+    def _walk(self, fd: int, rel: str) -> Iterator[tuple[int, str, list[str]]]:
+        """(descriptor, key, plain files) of the folder ``fd`` (key ``rel``) and of every
+        folder below it, entered without following a link; links, FIFOs and the like are
+        skipped (no object is one)."""
+        with os.scandir(fd) as found:
+            entries = list(found)
+        yield fd, rel, [e.name for e in entries if e.is_file(follow_symlinks=False)]
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                child = os.open(entry.name, _FOLDER_FLAGS, dir_fd=fd)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # removed, or swapped for a link, since the scan
+            try:
+                yield from self._walk(child, f"{rel}/{entry.name}" if rel else entry.name)
+            finally:
+                os.close(child)
+
+    @contextlib.contextmanager
+    def _walking(self, prefix: str) -> Iterator[Iterator[tuple[int, str, list[str]]]]:
+        """``_walk`` from the folder ``prefix`` (the root for ""); nothing when there is
+        no such folder (or a plain file has its name)."""
+        parts = check_key(prefix).split("/") if prefix else []
+        try:
+            top = self._open_folder(parts)
+        except (FileNotFoundError, NotADirectoryError):
+            yield iter(())
+            return
+        try:
+            yield self._walk(top, prefix)
+        finally:
+            os.close(top)
 
     def list(self, prefix: str = "") -> list[str]:
-        top = self._path(prefix) if prefix else self.folder
         out = []
-        with self._classified("list", prefix):
-            for dirpath, _, files in os.walk(top):
-                rel = Path(dirpath).relative_to(self.folder).as_posix()
+        with self._io("list", prefix, folder=True), self._walking(prefix) as walk:
+            for _, rel, files in walk:
                 out.extend(
-                    f"{rel}/{name}" if rel != "." else name
+                    f"{rel}/{name}" if rel else name
                     for name in files
                     if not name.startswith(TMP_PREFIX)
                 )
         return sorted(out)
 
     def delete(self, path: str) -> None:
-        with self._classified("delete", path), contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path(path))
+        # A planted link named like an object is removed as itself (unlink never follows).
+        with self._io("delete", path), contextlib.suppress(FileNotFoundError):  # noqa: SIM117
+            with self._in_folder(path) as (fd, name):
+                os.unlink(name, dir_fd=fd)
 
     def size(self, path: str) -> int:
-        with self._classified("stat", path):
-            return self._path(path).stat().st_size
+        with self._io("stat", path), self._in_folder(path) as (fd, name):
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                raise refused(path, st.st_mode)
+            return st.st_size
 
     def local_file(self, path: str) -> Path | None:
+        """The file's path, once checked to be a plain file reached through no link (a
+        missing one is left to whoever opens it, which names it missing). Between this
+        check and the caller's open a link could be swapped in: the callers open with
+        ``link_plain_file``, which refuses one then too."""
+        with self._io("read", path), contextlib.suppress(FileNotFoundError):  # noqa: SIM117
+            with self._open_file(path):
+                pass
         return self._path(path)
 
     def remove_stale_temporaries(self, prefix: str, older_than: float) -> list[str]:
         removed = []
-        with self._classified("clean up", prefix):
-            for dirpath, _, files in os.walk(self._path(prefix)):
+        with self._io("clean up", prefix, folder=True), self._walking(prefix) as walk:
+            for fd, rel, files in walk:
                 for name in files:
                     if not name.startswith(TMP_PREFIX):
                         continue
-                    path = os.path.join(dirpath, name)
                     with contextlib.suppress(FileNotFoundError):
-                        if os.stat(path).st_mtime < older_than:
-                            os.unlink(path)
-                            removed.append(Path(path).relative_to(self.folder).as_posix())
+                        if os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime < older_than:
+                            os.unlink(name, dir_fd=fd)
+                            removed.append(f"{rel}/{name}" if rel else name)
         return sorted(removed)
-
-    def exists(self, path: str) -> bool:
-        # One stat, on the query path of every read (chain_snapshot): no Path objects.
-        return os.path.isfile(f"{self._base}/{check_key(path)}")
 
 
 class RemoteObjects(ObjectStore):
