@@ -44,7 +44,14 @@ from ..errors import (
 )
 from ..query.position import Position
 from .cache import FileCache
-from .chain import ChainFile, ChainVersion, PartitionChain, latest_version, list_versions
+from .chain import (
+    ChainFile,
+    ChainVersion,
+    PartitionChain,
+    check_next_version,
+    latest_version,
+    list_versions,
+)
 from .chain_store import (
     chain_commit_lock,
     chain_store_names,
@@ -237,6 +244,8 @@ class ChainJobCommit:
                 raise UnknownStoreError(store, chain_store_names(self._objects)) from None
             manifest = self._create = create
         self._base: ChainVersion | None = latest_version(self._objects, store)
+        # Past the highest version number: refused before any task uploads a file.
+        check_next_version(store, self._base.version + 1 if self._base is not None else 1)
         self._who = who
         self._uploaded: list[StagedChain] = []
         self.job_id = uuid.uuid4().hex[:16]
