@@ -17,7 +17,8 @@ format (chain.py, chain_write.py):
    chains them (``ChainJobCommit.stage_runs``). The executor's ``FileCache`` serves the
    base files when a chain is long enough to compact.
 3. The driver, once the job succeeded, calls ``publish(staged)`` with exactly one staged
-   chain per partition: one exclusive create of the next version record. If any commit
+   chain per partition: one exclusive create of the next version record (an upsert also
+   compacts the base's over-long chains it does not touch, as every commit does). If any commit
    landed since the base, or another writer wins the create, the job publishes nothing
    (``StoreConflictError``) and its SSTs are removed.
 
@@ -59,7 +60,7 @@ from .chain_store import (
     ensure_chain_store,
     read_chain_manifest,
 )
-from .chain_write import Change, commit_partition, publish_next, sst_key
+from .chain_write import Change, commit_partition, overlong, publish_next, sst_key
 from .manifest import StoreManifest
 from .names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR, MANIFEST_FILE
 from .objects import ObjectStore, open_objects
@@ -322,6 +323,10 @@ class ChainJobCommit:
         self._uploaded.extend(chosen.values())
         spec = self.spec
         try:
+            if spec.mode == "upsert":  # the base's over-long chains this job leaves alone
+                for p in overlong(self._base):
+                    if p not in chosen:
+                        chosen[p] = self.stage_runs(p, [])
             if self._create is not None:
                 ensure_chain_store(self._objects, self._create)
             with chain_commit_lock(

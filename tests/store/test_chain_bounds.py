@@ -318,3 +318,31 @@ def test_a_commit_conflict_is_still_a_version_conflict(objects, tmp_path):
     with pytest.raises(VersionConflictError):
         commit_version(objects, STORE, v1, {0: [(key(1), b"c")]}, cache=cache)
     assert record_key(STORE, 2).endswith("chain/000000000002.json")
+
+
+def test_a_job_publish_compacts_a_long_chain_it_does_not_touch(tmp_path):
+    root = os.fspath(tmp_path / "root")
+    objects = open_objects(root)
+    manifest = StoreManifest(
+        name=STORE,
+        kind="kv",
+        partitions=2,
+        key_serde="string",
+        value_serde="string",
+        partitioner="murmur2",
+    )
+    ensure_chain_store(objects, manifest)
+    cache = FileCache(tmp_path / "c")
+    record = commit_version(objects, STORE, None, {1: [(key(0), b"p1")]}, cache=cache)
+    for i in range(1, 2 * COMPACT_AFTER_DELTAS):
+        record = commit_version(
+            objects, STORE, record, {0: [(key(i), b"%d" % i)]}, cache=cache, compact_after=10**6
+        )
+    expected = read_all(tmp_path, objects, record)
+    with ChainJobCommit(root, STORE) as job:
+        staged = job.spec.stage(1, [(key(5), b"job")], attempt="t1")
+        version = job.publish([staged])
+    after = read_version(objects, STORE, version)
+    assert len(after.partitions[0].files) == 1
+    assert read_all(tmp_path, objects, after) == expected
+    assert read_all(tmp_path, objects, after, 1) == {key(0): b"p1", key(5): b"job"}
