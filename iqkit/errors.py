@@ -91,3 +91,9 @@ class StoreConflictError(IqkitError):
 
 class ObjectMissingError(StoreNotFoundError, FileNotFoundError):
     """An object that should be on a store root is not there."""
+
+
+class VersionLimitError(IqkitError):
+    """A chain store's version numbers are used up: its record names have a fixed number
+    of digits (so a listing's order is numeric order), and a version past the highest
+    would be published under a name no reader lists. The commit publishes nothing."""

@@ -14,6 +14,12 @@ N exactly one succeeds, the other gets ``VersionConflictError``. There is no mut
 LATEST pointer: the latest version is the last record a listing returns (the padding
 makes name order numeric order). A writer that crashed before publishing left only SSTs
 no record lists, which no reader ever opens (retention removes them).
+
+The padding bounds version numbers: 1 to ``MAX_CHAIN_VERSION`` (twelve nines). A larger
+number would get a longer name that listings skip, so a commit acknowledged under it
+would be invisible, and every later commit would conflict with it. Publishing past the
+bound is refused (``VersionLimitError``, before anything is uploaded); reading one is
+"no such version"; a longer name on the root is not a record.
 """
 
 from __future__ import annotations
@@ -22,22 +28,33 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ObjectExistsError, StoreCorruptedError, VersionConflictError
+from ..errors import (
+    ObjectExistsError,
+    StoreCorruptedError,
+    VersionConflictError,
+    VersionLimitError,
+)
 from .names import CHAIN_RECORD_DIGITS, CHAIN_RECORDS_DIR, CHAIN_SST_DIR
 from .objects import ObjectStore, check_key
 from .partition import parse_commit_record
 from .versions import PublishedVersion, no_such_version
 
 __all__ = [
+    "MAX_CHAIN_VERSION",
     "ChainFile",
     "ChainVersion",
     "PartitionChain",
+    "check_next_version",
     "latest_version",
     "list_versions",
     "publish_version",
     "read_version",
     "record_key",
+    "version_of",
 ]
+
+#: The highest version number a record name holds (module docstring).
+MAX_CHAIN_VERSION = 10**CHAIN_RECORD_DIGITS - 1
 
 
 @dataclass(frozen=True)
@@ -107,26 +124,46 @@ def record_key(store: str, version: int) -> str:
 
 
 def record_name(version: int) -> str:
-    """The file name of the record of ``version`` in a store's records folder."""
+    """The file name of the record of ``version`` in a store's records folder
+    (``ValueError`` outside 1..``MAX_CHAIN_VERSION``: callers check the bound first)."""
+    if not 1 <= version <= MAX_CHAIN_VERSION:
+        raise ValueError(f"no record name for version {version} (1..{MAX_CHAIN_VERSION})")
     return f"{version:0{CHAIN_RECORD_DIGITS}d}.json"
 
 
-def _number(name: str) -> int | None:
-    stem, _dot, ext = name.rpartition("/")[2].partition(".")
+def version_of(key: str) -> int | None:
+    """The version a record key names, None for any other name (a longer or shorter
+    number than ``record_name`` writes is no record)."""
+    stem, _dot, ext = key.rpartition("/")[2].partition(".")
     if ext == "json" and len(stem) == CHAIN_RECORD_DIGITS and stem.isascii() and stem.isdigit():
-        return int(stem)
+        number = int(stem)
+        return number if number >= 1 else None
     return None
+
+
+def check_next_version(store: str, version: int) -> None:
+    """``VersionLimitError`` when ``version`` is past the highest a record can name: the
+    one check of the bound, made before a commit uploads anything and again on publish."""
+    if version > MAX_CHAIN_VERSION:
+        raise VersionLimitError(
+            f"store {store!r} cannot publish version {version}: its latest, "
+            f"{version - 1}, is the highest a chain record can name; nothing was written "
+            f"(copy the store's data into a new store to write on)"
+        )
 
 
 def list_versions(objects: ObjectStore, store: str) -> list[int]:
     """Numbers of ``store``'s published versions, ascending (one listing request)."""
-    found = (_number(k) for k in objects.list(f"{store}/{CHAIN_RECORDS_DIR}"))
+    found = (version_of(k) for k in objects.list(f"{store}/{CHAIN_RECORDS_DIR}"))
     return sorted(n for n in found if n is not None)
 
 
 def read_version(objects: ObjectStore, store: str, version: int) -> ChainVersion:
     """Version ``version`` of ``store``; ``LookupError`` naming the retained versions when
-    it is not there (never published, or removed by retention)."""
+    it is not there (never published, removed by retention, or a number no record can
+    have)."""
+    if not 1 <= version <= MAX_CHAIN_VERSION:
+        raise LookupError(no_such_version(store, version, list_versions(objects, store)))
     key = record_key(store, version)
     try:
         raw = objects.read_bytes(key)
@@ -182,7 +219,10 @@ def latest_version(objects: ObjectStore, store: str) -> ChainVersion | None:
 
 def publish_version(objects: ObjectStore, store: str, record: ChainVersion) -> None:
     """Publish ``record`` with one exclusive create; ``VersionConflictError`` if another
-    writer published that number first (this writer's SSTs are then orphans)."""
+    writer published that number first (this writer's SSTs are then orphans);
+    ``VersionLimitError`` past the highest number (module docstring), so a commit is never
+    acknowledged under a name readers do not list."""
+    check_next_version(store, record.version)
     key = record_key(store, record.version)
     try:
         objects.create_exclusive(key, record.to_json().encode())

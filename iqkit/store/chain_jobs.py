@@ -17,7 +17,8 @@ format (chain.py, chain_write.py):
    chains them (``ChainJobCommit.stage_runs``). The executor's ``FileCache`` serves the
    base files when a chain is long enough to compact.
 3. The driver, once the job succeeded, calls ``publish(staged)`` with exactly one staged
-   chain per partition: one exclusive create of the next version record. If any commit
+   chain per partition: one exclusive create of the next version record (an upsert also
+   compacts the base's over-long chains it does not touch, as every commit does). If any commit
    landed since the base, or another writer wins the create, the job publishes nothing
    (``StoreConflictError``) and its SSTs are removed.
 
@@ -44,7 +45,14 @@ from ..errors import (
 )
 from ..query.position import Position
 from .cache import FileCache
-from .chain import ChainFile, ChainVersion, PartitionChain, latest_version, list_versions
+from .chain import (
+    ChainFile,
+    ChainVersion,
+    PartitionChain,
+    check_next_version,
+    latest_version,
+    list_versions,
+)
 from .chain_store import (
     chain_commit_lock,
     chain_store_names,
@@ -52,7 +60,7 @@ from .chain_store import (
     ensure_chain_store,
     read_chain_manifest,
 )
-from .chain_write import Change, commit_partition, publish_next, sst_key
+from .chain_write import Change, commit_partition, overlong, publish_next, sst_key
 from .manifest import StoreManifest
 from .names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR, MANIFEST_FILE
 from .objects import ObjectStore, open_objects
@@ -237,6 +245,8 @@ class ChainJobCommit:
                 raise UnknownStoreError(store, chain_store_names(self._objects)) from None
             manifest = self._create = create
         self._base: ChainVersion | None = latest_version(self._objects, store)
+        # Past the highest version number: refused before any task uploads a file.
+        check_next_version(store, self._base.version + 1 if self._base is not None else 1)
         self._who = who
         self._uploaded: list[StagedChain] = []
         self.job_id = uuid.uuid4().hex[:16]
@@ -313,6 +323,10 @@ class ChainJobCommit:
         self._uploaded.extend(chosen.values())
         spec = self.spec
         try:
+            if spec.mode == "upsert":  # the base's over-long chains this job leaves alone
+                for p in overlong(self._base):
+                    if p not in chosen:
+                        chosen[p] = self.stage_runs(p, [])
             if self._create is not None:
                 ensure_chain_store(self._objects, self._create)
             with chain_commit_lock(

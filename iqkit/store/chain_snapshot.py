@@ -21,6 +21,7 @@ import os
 from ..errors import IqkitError
 from .cache import FileCache
 from .chain import (
+    MAX_CHAIN_VERSION,
     ChainVersion,
     latest_version,
     list_versions,
@@ -109,6 +110,8 @@ class ChainSnapshot:
         # Plain stats of prebuilt paths: this runs on every query (the store name was
         # checked when the snapshot was made).
         records = self._records_folder
+        if served == MAX_CHAIN_VERSION:  # no version can follow the highest number
+            return os.path.isfile(f"{records}/{record_name(served)}")
         return not os.path.isfile(f"{records}/{record_name(served + 1)}") and os.path.isfile(
             f"{records}/{record_name(served)}"
         )

@@ -9,18 +9,37 @@ Every read of a chain ingests all its files, so long chains slow the first open 
 8 ms per file; docs/DECISIONS.md). Once a chain would exceed ``COMPACT_AFTER_DELTAS``
 deltas, the commit compacts instead: it builds the chain plus its changes into a local
 RocksDB, writes every live row into one new base SST (no tombstones), and uploads only
-that. Older versions keep their files until retention drops them.
+that. Older versions keep their files until retention drops them. A commit also
+compacts any partition of the previous version whose chain is over that bound, touched
+or not (a chain left long by another writer, or by one that never compacted), so every
+version a commit publishes has chains of at most ``1 + COMPACT_AFTER_DELTAS`` files. A
+compaction that fails fails the commit (nothing is published, the chain is as before):
+publishing the longer chain instead would let repeated failures grow it without bound,
+and a read of a chain costs time per file.
+
+Each commit writes its SSTs in a working folder of its own (``work``, or ``TMPDIR``),
+flocked while the writer lives; a writer killed mid-commit cannot remove its folder, so
+the next writer that makes one in the same place removes those whose lock is free.
 
 ``commit_version`` does this for every partition a commit touches and publishes the
 next store version (``chain.publish_version``: one exclusive create, so a racing writer
 gets ``VersionConflictError`` and its uploads stay behind as orphans for retention).
+Before it does, ``publish_next`` checks that every file the new version adds is on the
+root: another writer's retention removes unlisted files once they are older than the
+grace, and a version listing one of them would fail every read of its partition.
+
+The writer's clock (``writer_clock``) stamps SST names, commit records and version
+records; nothing judges ages by it (retention reads the storage's timestamps), so a
+writer whose clock is off writes what it would with a right one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -28,12 +47,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import ObjectMissingError
 from ..query.position import Position
 from . import rocks
 from .cache import FileCache
-from .chain import ChainFile, ChainVersion, PartitionChain, publish_version
+from .chain import ChainFile, ChainVersion, PartitionChain, check_next_version, publish_version
 from .chain_read import build_database, place_on_root
-from .names import CHAIN_SST_DIR, COMMIT_KEY, META_PREFIX
+from .names import CHAIN_SST_DIR, CHAIN_WORK_PREFIX, COMMIT_KEY, META_PREFIX
 from .objects import ObjectStore
 from .partition import encode_commit_record
 from .versions import next_record
@@ -43,8 +63,11 @@ __all__ = [
     "Change",
     "commit_partition",
     "commit_version",
+    "overlong",
     "publish_next",
     "sst_key",
+    "work_folder",
+    "writer_clock",
 ]
 
 #: A change: a value, or None for a delete.
@@ -55,10 +78,17 @@ Change = tuple[bytes, bytes | None]
 COMPACT_AFTER_DELTAS = 8
 
 
+def writer_clock() -> float:
+    """This writer's clock (seconds since the epoch): what its SST names and records are
+    stamped with (module docstring). One function, so a test can set it off."""
+    return time.time()
+
+
 def sst_key(store: str, partition: int, version: int) -> str:
     """A fresh, unique key for an SST of ``partition`` written by ``version``; the
-    writer's clock (milliseconds) is in the name for retention's grace period."""
-    millis = int(time.time() * 1000)
+    writer's clock (milliseconds) is in the name, for people (retention reads the
+    storage's timestamps)."""
+    millis = int(writer_clock() * 1000)
     return (
         f"{store}/{CHAIN_SST_DIR}/{partition}/"
         f"{version:012d}-{millis:013d}-{uuid.uuid4().hex[:16]}.sst"
@@ -81,6 +111,69 @@ def _checked(changes: Iterable[Change], commit: bytes) -> Iterator[Change]:
         yield key, value
 
 
+@contextlib.contextmanager
+def work_folder(parent: str | os.PathLike[str] | None = None) -> Iterator[Path]:
+    """A fresh working folder (``CHAIN_WORK_PREFIX``) in ``parent`` (default: TMPDIR),
+    flocked while it is in use and removed after. First, the folders there that killed
+    writers left (their lock is free) are removed (module docstring)."""
+    where = os.fspath(parent) if parent is not None else tempfile.gettempdir()
+    remove_dead_work_folders(where)
+    while True:
+        path = tempfile.mkdtemp(prefix=CHAIN_WORK_PREFIX, dir=where)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        # Another writer's sweep may have taken the lock between mkdtemp and flock, and
+        # removed the folder as a dead writer's: then make another.
+        if _same_folder(path, fd):
+            break
+        os.close(fd)
+    try:
+        yield Path(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
+
+
+def _same_folder(path: str, fd: int) -> bool:
+    try:
+        here = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    there = os.fstat(fd)
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def remove_dead_work_folders(parent: str) -> list[str]:
+    """Remove the working folders in ``parent`` whose writer is dead: this user's real
+    folders (no links) named ``CHAIN_WORK_PREFIX*`` whose flock this process can take
+    without waiting (the kernel dropped a killed writer's). Returns their names; best
+    effort (what cannot be removed now stays for the next writer)."""
+    removed = []
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(CHAIN_WORK_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _same_folder(path, fd):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(name)
+        except OSError:  # BlockingIOError: its writer is alive
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
 def _commit_record(
     previous: PartitionChain | None,
     version: int,
@@ -92,7 +185,7 @@ def _commit_record(
     record: dict[str, Any] = {
         "version": version,
         "position": (position or Position.empty()).merge(before),
-        "committed_at": time.time(),
+        "committed_at": writer_clock(),
     }
     record.update(counts or {})
     return encode_commit_record(record)
@@ -122,7 +215,7 @@ def commit_partition(
     the delta holding ``changes`` and the commit record."""
     commit = _commit_record(previous, version, position, counts)
     old = (*(previous.files if previous is not None else ()), *uploaded)
-    with tempfile.TemporaryDirectory(prefix="iqkit-chain-", dir=work) as tmp:
+    with work_folder(work) as tmp:
         delta = Path(tmp) / "delta.sst"
         rocks.write_changes_sst(delta, _checked(changes, commit))
         if old and len(old) > compact_after:
@@ -160,6 +253,14 @@ def _compact(
             shutil.rmtree(db_dir)
 
 
+def overlong(version: ChainVersion | None, compact_after: int = COMPACT_AFTER_DELTAS) -> list[int]:
+    """Partitions of ``version`` whose chains are longer than a commit leaves them (the
+    next commit compacts them, whether it changes them or not)."""
+    if version is None:
+        return []
+    return sorted(p for p, chain in version.partitions.items() if chain.deltas > compact_after)
+
+
 def publish_next(
     objects: ObjectStore,
     store: str,
@@ -175,7 +276,9 @@ def publish_next(
     """Publish ``version``: ``written`` partitions' new chains, the others as in
     ``previous`` (none of them for ``replace_all``, an overwrite), with what every
     version carries forward (``versions.next_record``). ``VersionConflictError`` when
-    another writer published that number first."""
+    another writer published that number first; ``ObjectMissingError`` (nothing
+    published) when a file the new version adds is not on the root."""
+    check_next_version(store, version)
     partitions, end, facts = next_record(
         previous,
         version,
@@ -185,9 +288,34 @@ def publish_next(
         who=who,
         replace_all=replace_all,
     )
-    record = ChainVersion(version=version, partitions=partitions, source_end=end, metadata=facts)
+    record = ChainVersion(
+        version=version,
+        partitions=partitions,
+        created_at=writer_clock(),
+        source_end=end,
+        metadata=facts,
+    )
+    _check_files_there(objects, store, record, previous)
     publish_version(objects, store, record)
     return record
+
+
+def _check_files_there(
+    objects: ObjectStore, store: str, record: ChainVersion, previous: ChainVersion | None
+) -> None:
+    """``ObjectMissingError`` naming the first file ``record`` adds to ``previous`` that
+    is not on the root (one stat, or one HEAD, per added file: a commit adds about one
+    per partition it wrote). What ``previous`` lists is there: it is the latest version,
+    which retention never removes."""
+    known = previous.files() if previous is not None else set()
+    for name in sorted(record.files() - known):
+        if not objects.exists(name):
+            raise ObjectMissingError(
+                f"store {store!r}: version {record.version} was not published: "
+                f"{objects.where(name)}, written by this commit, is gone (removed by "
+                f"another writer's retention after more than its grace period?); "
+                f"commit again"
+            )
 
 
 def commit_version(
@@ -210,7 +338,10 @@ def commit_version(
     version; partitions without changes keep their chains. ``VersionConflictError``
     when another writer published that number first."""
     version = previous.version + 1 if previous is not None else 1
+    check_next_version(store, version)
     before = previous.partitions if previous is not None else {}
+    # Chains over the bound that this commit does not touch are compacted too.
+    changes = {**{p: [] for p in overlong(previous, compact_after)}, **changes}
     written = {
         p: commit_partition(
             objects,

@@ -60,10 +60,15 @@ ROCKSDB_IMMUTABLE_SUFFIXES = (".sst", ".blob")
 READ_VIEWS_PREFIX = "iqkit-views-"
 
 # -- the SST-chain format of object roots: <root>/<store>/... (store/chain.py) ----------
+#: Prefix of a chain writer's working folder in its TMPDIR (or the folder it was given):
+#: ``iqkit-chain-<random>/``, flocked while the writer lives, so the next writer can
+#: tell a killed writer's folder from a live one's and remove it (chain_write.py).
+CHAIN_WORK_PREFIX = "iqkit-chain-"
 #: One JSON record per published version: ``chain/<zero-padded n>.json``. The padding
 #: makes a listing's order numeric order, so the latest version is the last name listed.
 CHAIN_RECORDS_DIR = "chain"
-#: Digits of a chain record's number (``000000000042.json``).
+#: Digits of a chain record's number (``000000000042.json``). Version numbers run from 1
+#: to ``10**CHAIN_RECORD_DIGITS - 1`` (chain.MAX_CHAIN_VERSION); a longer name is no record.
 CHAIN_RECORD_DIGITS = 12
 #: Immutable SST files: ``sst/<p>/<version>-<milliseconds>-<random>.sst``; the writer's
 #: clock in the name lets retention judge an object's age without a request per object.

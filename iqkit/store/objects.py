@@ -213,6 +213,13 @@ class ObjectStore(ABC):
         """What ``ObjectMissingError`` says once something was not found."""
         return "no such object"
 
+    def list_modified(self, prefix: str = "") -> dict[str, float]:
+        """``list(prefix)`` with each key's last modification time (seconds since the
+        epoch) by the storage's own clock: the local file system's, or the object
+        service's ``LastModified``. Retention judges ages by these, never by a writer's
+        clock (chain_retention.py). One listing request on object storage."""
+        raise NotImplementedError
+
     @contextlib.contextmanager
     def _classified(self, action: str, path: str = "") -> Iterator[None]:
         """The one place errors of either backend become iqkit's."""
@@ -521,6 +528,19 @@ class LocalObjects(ObjectStore):
                             removed.append(f"{rel}/{name}" if rel else name)
         return sorted(removed)
 
+    def list_modified(self, prefix: str = "") -> dict[str, float]:
+        out = {}
+        with self._io("list", prefix, folder=True), self._walking(prefix) as walk:
+            for fd, rel, files in walk:
+                for name in files:
+                    if name.startswith(TMP_PREFIX):
+                        continue
+                    # the entry's own time (never a link's target: _walk lists plain files)
+                    with contextlib.suppress(FileNotFoundError):  # removed since listed
+                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                        out[f"{rel}/{name}" if rel else name] = st.st_mtime
+        return out
+
 
 class RemoteObjects(ObjectStore):
     """A root on object storage through fsspec (s3fs, gcsfs, adlfs).
@@ -614,3 +634,40 @@ class RemoteObjects(ObjectStore):
         with self._classified("stat", path):
             self.fs.invalidate_cache(target)
             return int(self.fs.size(target))
+
+    def list_modified(self, prefix: str = "") -> dict[str, float]:
+        top = self._path(prefix) if prefix else self.root.base
+        base = self.root.base + "/"
+        with self._classified("list", prefix):
+            self.fs.invalidate_cache()
+            found = self.fs.find(top, detail=True)
+            return {
+                p[len(base) :]: _modified_time(info, p)
+                for p, info in found.items()
+                if p.startswith(base) and not p.rsplit("/", 1)[-1].startswith(TMP_PREFIX)
+            }
+
+
+#: Where each fsspec backend's listing puts an object's modification time: s3fs
+#: ``LastModified``, adlfs ``last_modified``, gcsfs ``updated`` (others ``mtime``).
+_MODIFIED_FIELDS = ("LastModified", "last_modified", "updated", "mtime", "modified")
+
+
+def _modified_time(info: Mapping[str, Any], path: str) -> float:
+    """Seconds since the epoch of one listing entry's modification time."""
+    import datetime
+
+    for name in _MODIFIED_FIELDS:
+        value = info.get(name)
+        if isinstance(value, datetime.datetime):
+            if value.tzinfo is None:  # the services answer in UTC
+                value = value.replace(tzinfo=datetime.UTC)
+            return value.timestamp()
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str) and value:
+            stamp = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            if stamp.tzinfo is None:
+                stamp = stamp.replace(tzinfo=datetime.UTC)
+            return stamp.timestamp()
+    raise ValueError(f"{path}: the listing gives no modification time ({sorted(info)})")

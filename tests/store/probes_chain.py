@@ -305,8 +305,8 @@ def sigkill_chain_writer_at_random(workdir: Path, iterations: int, rng: random.R
             f"{len(temps)} temporary files of interrupted creates and copies "
             f"({TMP_PREFIX}*) left on the root, all removed by retention once the grace "
             f"was over; {len(building)} folders (iqkit-chain-*) where killed commits were "
-            "writing SSTs left in their TMPDIR (a killed process's temporary folder, as any "
-            "program's: the system's temp cleaner removes them)",
+            "writing SSTs left in their TMPDIR at the end (the next writer removes a killed "
+            "writer's folder: its flock is free)",
         ],
     )
 
