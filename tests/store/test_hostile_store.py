@@ -3,13 +3,17 @@ local root follows a symbolic link, or anything else that is not a plain file, p
 below the root — not the commit lock, not retention's listing and deletes, not a reader
 or a compaction reading a version's files — and a record naming a file outside its own
 store and partition is a damaged record. Real symlinks, FIFOs and folders in a tmp root;
-real RocksDB behind every read."""
+real RocksDB behind every read. The last test has another real user (``nobody``) plant
+the links in a store it owns on a shared root, and root use that store."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -226,3 +230,63 @@ def test_a_record_naming_a_folder_of_its_partition_fails_that_partition(root):
     assert failed.failure_reason == iqkit.FailureReason.STORE_EXCEPTION
     message = failed.failure_message
     assert "sub.sst" in message and "not a plain file" in message and "\n" not in message
+
+
+# -- the same attacks planted by another real user -----------------------------------------
+
+
+@pytest.fixture
+def shared_root() -> Iterator[Path]:
+    """A root every user can reach (pytest's tmp folders are root's only), as on a shared
+    cluster or notebook server; removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="iqkit-cotenant-"))
+    os.chmod(base, 0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def as_nobody(*argv: str) -> None:
+    subprocess.run(["runuser", "-u", "nobody", "--", *argv], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+@pytest.mark.parametrize("attack", ["writer.lock", "sst folder", "listed SST"])
+def test_links_a_cotenant_plants_in_its_store_are_never_followed_by_root(shared_root, attack):
+    """``nobody`` owns store ``s`` on a shared root and plants a link in it; root (whose
+    own store ``t`` and a secret file sit beside it) then commits to or reads ``s``: the
+    commit or the partition fails in one line, and the secret and ``t`` stay as they were."""
+    root = shared_root / "stores"
+    victim = shared_root / "secret.txt"
+    victim.write_bytes(SECRET)
+    make_store(root, "t", x=10)
+    make_store(root, "s", a=1)
+    subprocess.run(["chown", "-R", "nobody", os.fspath(root / "s")], check=True)
+    os.chmod(root, 0o1777)  # a shared root: every user may make a store there
+    before = tree_digest(root / "t")
+    if attack == "writer.lock":
+        as_nobody("rm", "-f", os.fspath(root / "s" / "writer.lock"))
+        as_nobody("ln", "-s", os.fspath(victim), os.fspath(root / "s" / "writer.lock"))
+    elif attack == "sst folder":
+        as_nobody("rm", "-rf", os.fspath(root / "s" / "sst"))
+        as_nobody("ln", "-s", os.fspath(root / "t" / "sst"), os.fspath(root / "s" / "sst"))
+    if attack == "listed SST":
+        planted = root / "s" / "sst" / "0" / "000000000002-0000000000000-planted.sst"
+        as_nobody("ln", "-s", os.fspath(the_sst(root, "t")), os.fspath(planted))
+        as_nobody("chmod", "a+w", os.fspath(root / "s" / "chain"))
+        add_record(root, "s", [f"s/sst/0/{planted.name}"])
+        failed = query_all(root, "s")
+        assert failed.failure_reason == iqkit.FailureReason.STORE_EXCEPTION
+        assert "symbolic link" in failed.failure_message
+        assert_one_line_leaking_nothing(failed.failure_message)
+    else:
+        with pytest.raises(iqkit.IqkitError) as caught:
+            commit(root, "s", b=2)
+        assert "symbolic link" in str(caught.value) and "\n" not in str(caught.value)
+        if attack == "sst folder":
+            with pytest.raises(iqkit.IqkitError, match="symbolic link"):
+                collect_chain_garbage(open_objects(root), "s", retain=1, grace_seconds=0)
+    assert victim.read_bytes() == SECRET
+    assert tree_digest(root / "t") == before
+    assert [v for _, _, v in kv_rows_of(root, "t")] == [10]
