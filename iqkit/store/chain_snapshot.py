@@ -12,29 +12,203 @@ An open partition is keyed by its chain's file names, so a new version that left
 partition unchanged keeps it open; the ones a newer version no longer names are closed
 once the scans reading them end. Nothing is leased: the root's retention keeps files
 for a grace period instead (chain_retention.py), and the cache pins what is open.
+
+How many partitions are open at once is bounded (``OpenChains``, one per reader, shared
+by its stores): each open partition holds a few file descriptors (its pins, its
+RocksDB's files), and a fan-out over a store of 1,000 partitions ran out of them under
+the usual limit of 1,024. Past the bound the least recently used partitions are closed,
+never one a started scan is still reading; a closed one opens again, from its database
+in the cache, when it is next read (``ReopenablePartition``).
 """
 
 from __future__ import annotations
 
 import os
+import resource
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-from ..errors import IqkitError
+from ..errors import IqkitError, StoreCorruptedError
 from .cache import FileCache
 from .chain import (
     ChainVersion,
+    PartitionChain,
     latest_version,
     list_versions,
     read_version,
     record_key,
     record_name,
 )
-from .chain_read import open_partition
+from .chain_read import ChainPartition, database_folder, open_partition, place_on_root
 from .chain_store import read_chain_manifest
 from .layers import ReadCache, build_layers
+from .names import CHAIN_SST_DIR
 from .objects import ObjectStore
-from .snapshot import OpenPartition, empty_partition
+from .rocks import database_exists
+from .snapshot import MAX_OPEN_PARTITIONS, OpenPartition, empty_partition
 
-__all__ = ["ChainSnapshot"]
+__all__ = ["ChainSnapshot", "OpenChains", "ReopenablePartition", "descriptor_budget"]
+
+#: The share of the process's file-descriptor limit a reader's open partitions may hold
+#: (the rest is for everything else the process opens: sockets, Spark, Jupyter).
+DESCRIPTOR_SHARE = 4
+#: The budget never goes below this many descriptors (a few partitions stay open).
+MIN_DESCRIPTORS = 16
+
+
+def descriptor_budget() -> int:
+    """File descriptors a reader's open partitions may hold: a quarter of the soft
+    ``RLIMIT_NOFILE`` (read when the reader starts), at least ``MIN_DESCRIPTORS``."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(MIN_DESCRIPTORS, soft // DESCRIPTOR_SHARE)
+
+
+class OpenChains:
+    """The chain partitions one reader has open, across its stores: least recently used
+    first, bounded by ``descriptors`` (their summed ``ChainPartition.descriptors``) and
+    by ``count``. Opening or reading a partition marks it used; past either bound the
+    least recently used idle ones (no started scan) are closed until both hold again, or
+    until only busy ones are left."""
+
+    def __init__(self, descriptors: int | None = None, count: int = MAX_OPEN_PARTITIONS):
+        self.descriptors = descriptor_budget() if descriptors is None else descriptors
+        self.count = count
+        self._lru: OrderedDict[int, ReopenablePartition] = OrderedDict()
+        self._held = 0  # descriptors of the open partitions, as counted when they opened
+
+    @property
+    def held(self) -> int:
+        """Descriptors the open partitions hold (counted high)."""
+        return self._held
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def opened(self, part: ReopenablePartition) -> None:
+        self._lru[id(part)] = part
+        self._held += part.descriptors
+        self._shrink(part)
+
+    def used(self, part: ReopenablePartition) -> None:
+        self._lru.move_to_end(id(part))
+
+    def closed(self, part: ReopenablePartition) -> None:
+        if self._lru.pop(id(part), None) is not None:
+            self._held -= part.descriptors
+
+    def _shrink(self, keep: ReopenablePartition) -> None:
+        if self._held <= self.descriptors and len(self._lru) <= self.count:
+            return
+        for part in list(self._lru.values()):
+            if self._held <= self.descriptors and len(self._lru) <= self.count:
+                return
+            if part is not keep and part.idle:
+                part.suspend()
+
+
+class ReopenablePartition:
+    """A chain partition as the query layers read it (a ``BytesPartition``), whose
+    RocksDB ``OpenChains`` may close while nothing reads it: the next read opens it
+    again (``opener``: from its database in the cache, built again if evicted).
+
+    Scans handed out before a suspension are generators that have not started: they open
+    the partition when first read. A started scan keeps it open until it ends."""
+
+    def __init__(
+        self,
+        opener: Callable[[], ChainPartition],
+        chain: PartitionChain,
+        bound: OpenChains,
+        where: str,
+    ) -> None:
+        self._opener = opener
+        self._bound = bound
+        self._part: ChainPartition | None = None
+        self._scans = 0  # started scans not yet ended
+        self._generators: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._closed = False
+        self._commit = chain.commit_record()
+        #: Descriptors counted for it while open (``OpenChains``).
+        self.descriptors = 0
+        self.written_by_version = chain.written_by
+        self.location = where
+
+    def open(self) -> ChainPartition:
+        """The open partition (opened now if it was not); raises ``IqkitError`` when it
+        cannot be."""
+        if self._closed:
+            raise StoreCorruptedError(f"partition {self.location} is closed")
+        part = self._part
+        if part is None:
+            part = self._part = self._opener()
+            self.descriptors = part.descriptors
+            self._bound.opened(self)
+        else:
+            self._bound.used(self)
+        return part
+
+    @property
+    def is_open(self) -> bool:
+        return self._part is not None
+
+    @property
+    def idle(self) -> bool:
+        """Open, and no started scan reads it (closing it loses nothing)."""
+        return self._part is not None and self._scans == 0
+
+    def suspend(self) -> None:
+        """Close the RocksDB and unpin its files until the next read."""
+        part, self._part = self._part, None
+        self._bound.closed(self)
+        if part is not None:
+            part.close()
+
+    # -- BytesPartition ------------------------------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        return self.open().get(key)
+
+    def multi_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return self.open().multi_get(keys)
+
+    def scan_chunks(
+        self, lower: bytes, upper: bytes | None, *, reverse: bool = False
+    ) -> Iterator[list[tuple[bytes, bytes]]]:
+        gen = self._scan(lower, upper, reverse)
+        self._generators.add(gen)
+        return gen
+
+    def _scan(
+        self, lower: bytes, upper: bytes | None, reverse: bool
+    ) -> Iterator[list[tuple[bytes, bytes]]]:
+        part = self.open()
+        self._scans += 1
+        try:
+            yield from part.scan_chunks(lower, upper, reverse=reverse)
+        finally:
+            self._scans -= 1
+
+    @property
+    def open_iterators(self) -> int:
+        return sum(1 for gen in self._generators if gen.gi_frame is not None)
+
+    def commit_record(self) -> dict[str, Any]:
+        return self._commit
+
+    def approximate_rows(self) -> int:
+        return self.open().approximate_rows()
+
+    def close(self) -> None:
+        for gen in list(self._generators):
+            gen.close()  # ends scans before their database closes
+        self._closed = True
+        self.suspend()
+
+    def trace_line(self) -> str | None:
+        return self._part.trace_line() if self._part is not None else None
 
 
 def already_open_line(objects: ObjectStore) -> str | None:
@@ -52,12 +226,19 @@ class ChainSnapshot:
     that version (``ValueError`` naming the versions on the root if it is not there)."""
 
     def __init__(
-        self, objects: ObjectStore, store: str, pinned: int | None, cache: FileCache
+        self,
+        objects: ObjectStore,
+        store: str,
+        pinned: int | None,
+        cache: FileCache,
+        bound: OpenChains | None = None,
     ) -> None:
         self.objects = objects
         self.name = store
         self.manifest = read_chain_manifest(objects, store)
         self.cache = cache
+        #: The reader's bound on open partitions (shared by its stores).
+        self.bound = bound if bound is not None else OpenChains()
         self.pinned = pinned
         self.record: ChainVersion | None = None
         self._open: dict[tuple[int, tuple[str, ...]], OpenPartition] = {}
@@ -158,15 +339,29 @@ class ChainSnapshot:
         key = (p, tuple(f.name for f in chain.files))
         entry = self._open.get(key)
         if entry is not None:
+            handle = entry.partition
+            assert isinstance(handle, ReopenablePartition)
+            if not handle.is_open and not database_exists(
+                database_folder(self.cache, self.objects, self.name, p, chain)
+            ):
+                # Closed to stay under the bound and its database evicted since: open it
+                # now, so a failure to fetch or build is this query's result.
+                handle.open()
             entry.fetched = already_open_line(self.objects)
             return entry
-        part = open_partition(self.cache, self.objects, self.name, p, chain)
+        handle = ReopenablePartition(
+            lambda: open_partition(self.cache, self.objects, self.name, p, chain),
+            chain,
+            self.bound,
+            place_on_root(self.objects, f"{self.name}/{CHAIN_SST_DIR}/{p}"),
+        )
+        handle.open()  # the first open: its cost is in the trace, its failure a result
         try:
-            entry = OpenPartition(part, build_layers(self.manifest, part, ReadCache()), 0)
+            entry = OpenPartition(handle, build_layers(self.manifest, handle, ReadCache()), 0)
         except BaseException:
-            part.close()
+            handle.close()
             raise
-        entry.fetched = part.trace_line()
+        entry.fetched = handle.trace_line()
         self._open[key] = entry
         return entry
 

@@ -29,7 +29,11 @@ from urllib.parse import urlsplit
 
 from ..errors import RootError
 
-__all__ = ["SCHEMES", "StoreRoot", "local_root", "parse_root"]
+__all__ = ["S3_MAX_ATTEMPTS", "SCHEMES", "StoreRoot", "local_root", "parse_root"]
+
+#: Tries per request to S3 (README "Object storage"): botocore's standard retry mode,
+#: unless AWS_MAX_ATTEMPTS / AWS_RETRY_MODE or storage_options say otherwise.
+S3_MAX_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
