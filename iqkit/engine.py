@@ -244,6 +244,14 @@ class StateEngine:
     def query(self, request: StateQueryRequest) -> StateQueryResult:
         """Execute ``request`` on each targeted partition; results stand alone."""
         view = self._view(request.store_name)
+        snapshot = view.snapshot
+        if isinstance(snapshot, ChainSnapshot):
+            # Once one partition finds the endpoint unreachable, the others fail at once.
+            with snapshot.objects.failing_fast():
+                return self._query(view, request)
+        return self._query(view, request)
+
+    def _query(self, view: _StoreView, request: StateQueryRequest) -> StateQueryResult:
         record = view.snapshot.served()
         query = request.query
         n = view.manifest.partitions

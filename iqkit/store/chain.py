@@ -29,6 +29,7 @@ from .partition import parse_commit_record
 from .versions import PublishedVersion, no_such_version
 
 __all__ = [
+    "ROWS_AT_MOST",
     "ChainFile",
     "ChainVersion",
     "PartitionChain",
@@ -38,6 +39,11 @@ __all__ = [
     "read_version",
     "record_key",
 ]
+
+
+#: The commit record's upper bound on the rows of the chain (chain_write sets it when
+#: the commit knows its puts): 0 says the partition is empty without opening it.
+ROWS_AT_MOST = "rows_at_most"
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,12 @@ class PartitionChain:
     def commit_record(self) -> dict[str, Any]:
         """The decoded commit record (position as a ``Position``)."""
         return parse_commit_record(self.commit, f"the chain of version {self.written_by}")
+
+    @staticmethod
+    def holds_no_rows(commit_record: dict[str, Any]) -> bool:
+        """Whether a chain with this decoded commit record is known to hold no rows (its
+        ``ROWS_AT_MOST`` is 0): readers answer it as empty, opening nothing."""
+        return commit_record.get(ROWS_AT_MOST) == 0
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -211,6 +211,10 @@ class ReopenablePartition:
         return self._part.trace_line() if self._part is not None else None
 
 
+#: The trace's line for a partition the version record says holds no rows.
+KNOWN_EMPTY = "version record: no rows (its commits put none); nothing fetched or opened"
+
+
 def already_open_line(objects: ObjectStore) -> str | None:
     """The trace's line for a partition this reader already has open: on an object root
     that nothing was fetched (what the trace promises to say of every read there); on a
@@ -340,7 +344,8 @@ class ChainSnapshot:
         entry = self._open.get(key)
         if entry is not None:
             handle = entry.partition
-            assert isinstance(handle, ReopenablePartition)
+            if not isinstance(handle, ReopenablePartition):
+                return entry  # known to hold no rows (below): nothing to open
             if not handle.is_open and not database_exists(
                 database_folder(self.cache, self.objects, self.name, p, chain)
             ):
@@ -348,6 +353,16 @@ class ChainSnapshot:
                 # now, so a failure to fetch or build is this query's result.
                 handle.open()
             entry.fetched = already_open_line(self.objects)
+            return entry
+        commit = chain.commit_record()
+        if PartitionChain.holds_no_rows(commit):
+            # Its commits put nothing (deletes only): no rows, nothing to fetch or build;
+            # its position still counts for bounds and lag.
+            entry = empty_partition(self.manifest)
+            entry.never_written = False  # written (by deletes): the trace must not say so
+            entry.position = commit.get("position") or entry.position
+            entry.fetched = KNOWN_EMPTY
+            self._open[key] = entry
             return entry
         handle = ReopenablePartition(
             lambda: open_partition(self.cache, self.objects, self.name, p, chain),
