@@ -18,7 +18,9 @@ no record lists, which no reader ever opens (retention removes them).
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +87,12 @@ class PartitionChain:
         return commit_record.get(ROWS_AT_MOST) == 0
 
     def to_json(self) -> dict[str, Any]:
+        # A chain read from a record keeps that record's JSON of it (``from_json``): the
+        # next version carries most chains unchanged, and decoding each one's commit
+        # again was most of a commit's time with 10,000 partitions.
+        kept = self.__dict__.get("_json")
+        if kept is not None:
+            return kept  # type: ignore[no-any-return]
         return {
             "files": [{"name": f.name, "size": f.size} for f in self.files],
             "commit": json.loads(self.commit),
@@ -93,11 +101,13 @@ class PartitionChain:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PartitionChain:
-        return cls(
+        chain = cls(
             files=tuple(ChainFile(str(f["name"]), int(f["size"])) for f in data["files"]),
             commit=json.dumps(data["commit"], sort_keys=True).encode(),
             written_by=int(data["written_by"]),
         )
+        object.__setattr__(chain, "_json", data)  # not a field: see ``to_json``
+        return chain
 
 
 @dataclass(frozen=True)
@@ -136,6 +146,14 @@ def list_versions(objects: ObjectStore, store: str) -> list[int]:
     return sorted(n for n in found if n is not None)
 
 
+#: Records parsed lately, by their bytes: parsing a record of 10,000 partitions takes a
+#: fraction of a second, and a writer reads the same ones on every commit (the latest,
+#: and retention's). Keyed by content, so a record damaged since is parsed (and refused)
+#: again. Records are immutable once published, and so are the parsed ones.
+_PARSED: OrderedDict[tuple[int, bytes], ChainVersion] = OrderedDict()
+_PARSED_KEPT = 8
+
+
 def read_version(objects: ObjectStore, store: str, version: int) -> ChainVersion:
     """Version ``version`` of ``store``; ``LookupError`` naming the retained versions when
     it is not there (never published, or removed by retention)."""
@@ -144,7 +162,16 @@ def read_version(objects: ObjectStore, store: str, version: int) -> ChainVersion
         raw = objects.read_bytes(key)
     except FileNotFoundError:
         raise LookupError(no_such_version(store, version, list_versions(objects, store))) from None
-    return ChainVersion.parse(raw, version, objects.where(key))
+    memo = (version, hashlib.sha256(raw).digest())
+    record = _PARSED.get(memo)
+    if record is None:
+        record = ChainVersion.parse(raw, version, objects.where(key))
+        _PARSED[memo] = record
+        while len(_PARSED) > _PARSED_KEPT:
+            _PARSED.popitem(last=False)
+    else:
+        _PARSED.move_to_end(memo)
+    return record
 
 
 def latest_version(objects: ObjectStore, store: str) -> ChainVersion | None:
