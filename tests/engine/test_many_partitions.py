@@ -22,7 +22,7 @@ from s3server import CuttingProxy
 
 import iqkit
 from iqkit.store.cache import FileCache
-from iqkit.store.chain import latest_version
+from iqkit.store.chain import latest_version, read_version, record_key
 from iqkit.store.objects import open_objects
 from iqkit.store.roots import S3_MAX_ATTEMPTS
 
@@ -210,3 +210,20 @@ def test_a_partition_known_empty_opens_nothing(root):
         assert [kv.value for kv in result.partition_results[0].result] == ["1"]
     built = {p.parent.parent.name for p in cache.dbs_dir.rglob("CURRENT")}
     assert built == {"0"}
+
+
+def test_a_record_damaged_after_it_was_read_is_refused_again(root):
+    """Records parsed once are remembered by their bytes (commits of many partitions
+    read the same ones again): a record damaged since is parsed again, and refused."""
+    iqkit.create_store(root, STORE, partitions=2)
+    with iqkit.StoreWriter(root, STORE) as w:
+        w.put("a", "1")
+    objects = open_objects(root)
+    assert read_version(objects, STORE, 1).version == 1
+    assert read_version(objects, STORE, 1) is read_version(objects, STORE, 1)
+    path = objects.local_file(record_key(STORE, 1))
+    assert path is not None
+    os.chmod(path, 0o644)
+    path.write_bytes(path.read_bytes()[:-20])
+    with pytest.raises(iqkit.StoreCorruptedError, match="is damaged"):
+        read_version(objects, STORE, 1)
