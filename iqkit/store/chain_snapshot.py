@@ -44,6 +44,7 @@ from .chain import (
 from .chain_read import ChainPartition, database_folder, open_partition, place_on_root
 from .chain_store import read_chain_manifest
 from .layers import ReadCache, build_layers
+from .memory import MemoryPartition
 from .names import CHAIN_SST_DIR
 from .objects import ObjectStore
 from .rocks import database_exists
@@ -56,6 +57,15 @@ __all__ = ["ChainSnapshot", "OpenChains", "ReopenablePartition", "descriptor_bud
 DESCRIPTOR_SHARE = 4
 #: The budget never goes below this many descriptors (a few partitions stay open).
 MIN_DESCRIPTORS = 16
+#: A chain this small (its SSTs' bytes) is read into memory when opened and its RocksDB
+#: closed at once: with many partitions of few rows, opening RocksDB again each time a
+#: fan-out reads one (past the descriptor bound) cost ~5 ms a partition.
+SMALL_CHAIN_BYTES = 64 * 1024
+#: Bytes of rows a reader keeps in memory copies of small chains (least recently used
+#: dropped first, read again from the cache's database when next needed).
+MEMORY_BUDGET = 64 * 2**20
+#: What one row of a memory copy costs beyond its key and value bytes (Python objects).
+_ROW_OVERHEAD = 100
 
 
 def descriptor_budget() -> int:
@@ -74,11 +84,19 @@ class OpenChains:
     least recently used idle ones (no started scan) are closed until both hold again, or
     until only busy ones are left."""
 
-    def __init__(self, descriptors: int | None = None, count: int = MAX_OPEN_PARTITIONS):
+    def __init__(
+        self,
+        descriptors: int | None = None,
+        count: int = MAX_OPEN_PARTITIONS,
+        memory: int = MEMORY_BUDGET,
+    ):
         self.descriptors = descriptor_budget() if descriptors is None else descriptors
         self.count = count
+        self.memory = memory
         self._lru: OrderedDict[int, ReopenablePartition] = OrderedDict()
         self._held = 0  # descriptors of the open partitions, as counted when they opened
+        self._databases = 0  # open partitions reading a RocksDB (the rest: memory copies)
+        self._bytes = 0  # bytes of the memory copies
 
     @property
     def held(self) -> int:
@@ -90,7 +108,7 @@ class OpenChains:
 
     def opened(self, part: ReopenablePartition) -> None:
         self._lru[id(part)] = part
-        self._held += part.descriptors
+        self._count(part, 1)
         self._shrink(part)
 
     def used(self, part: ReopenablePartition) -> None:
@@ -98,13 +116,26 @@ class OpenChains:
 
     def closed(self, part: ReopenablePartition) -> None:
         if self._lru.pop(id(part), None) is not None:
-            self._held -= part.descriptors
+            self._count(part, -1)
+
+    def _count(self, part: ReopenablePartition, sign: int) -> None:
+        self._held += sign * part.descriptors
+        self._bytes += sign * part.memory_bytes
+        if not part.memory_bytes:
+            self._databases += sign
+
+    def _within(self) -> bool:
+        return (
+            self._held <= self.descriptors
+            and self._databases <= self.count
+            and self._bytes <= self.memory
+        )
 
     def _shrink(self, keep: ReopenablePartition) -> None:
-        if self._held <= self.descriptors and len(self._lru) <= self.count:
+        if self._within():
             return
         for part in list(self._lru.values()):
-            if self._held <= self.descriptors and len(self._lru) <= self.count:
+            if self._within():
                 return
             if part is not keep and part.idle:
                 part.suspend()
@@ -127,25 +158,35 @@ class ReopenablePartition:
     ) -> None:
         self._opener = opener
         self._bound = bound
-        self._part: ChainPartition | None = None
+        self._part: ChainPartition | MemoryPartition | None = None
+        self._small = chain.size <= SMALL_CHAIN_BYTES
         self._scans = 0  # started scans not yet ended
         self._generators: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
         self._commit = chain.commit_record()
-        #: Descriptors counted for it while open (``OpenChains``).
+        self._trace: str | None = None
+        #: Descriptors counted for it while open, and the bytes of its memory copy (a
+        #: small chain's: ``SMALL_CHAIN_BYTES``), for ``OpenChains``.
         self.descriptors = 0
+        self.memory_bytes = 0
         self.written_by_version = chain.written_by
         self.location = where
 
-    def open(self) -> ChainPartition:
+    def open(self) -> ChainPartition | MemoryPartition:
         """The open partition (opened now if it was not); raises ``IqkitError`` when it
         cannot be."""
         if self._closed:
             raise StoreCorruptedError(f"partition {self.location} is closed")
         part = self._part
         if part is None:
-            part = self._part = self._opener()
-            self.descriptors = part.descriptors
+            opened = self._opener()
+            self._trace = opened.trace_line()
+            if self._small:
+                part = self._part = _memory_copy(opened)
+                self.descriptors, self.memory_bytes = 0, _copy_bytes(part)
+            else:
+                part = self._part = opened
+                self.descriptors, self.memory_bytes = opened.descriptors, 0
             self._bound.opened(self)
         else:
             self._bound.used(self)
@@ -157,8 +198,9 @@ class ReopenablePartition:
 
     @property
     def idle(self) -> bool:
-        """Open, and no started scan reads it (closing it loses nothing)."""
-        return self._part is not None and self._scans == 0
+        """Open, and no started scan reads it (closing it loses nothing; a memory copy's
+        scans read lists of their own)."""
+        return self._part is not None and (self._scans == 0 or self.memory_bytes > 0)
 
     def suspend(self) -> None:
         """Close the RocksDB and unpin its files until the next read."""
@@ -208,7 +250,23 @@ class ReopenablePartition:
         self.suspend()
 
     def trace_line(self) -> str | None:
-        return self._part.trace_line() if self._part is not None else None
+        """What the last open cost (the ``ChainPartition``'s line)."""
+        return self._trace
+
+
+def _memory_copy(part: ChainPartition) -> MemoryPartition:
+    """Every row of the small chain ``part`` (commit record included) in memory; ``part``
+    is closed (its database unpinned: eviction may take it, a later open builds it)."""
+    try:
+        rows = [row for chunk in part.scan_chunks(b"", None) for row in chunk]
+    finally:
+        part.close()
+    return MemoryPartition(rows, written_by_version=part.written_by_version, location=part.location)
+
+
+def _copy_bytes(part: MemoryPartition) -> int:
+    return sum(len(k) + len(v) + _ROW_OVERHEAD for chunk in part.scan_chunks(b"", None)
+               for k, v in chunk)  # fmt: skip
 
 
 #: The trace's line for a partition the version record says holds no rows.
