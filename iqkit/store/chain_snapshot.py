@@ -47,7 +47,7 @@ from .layers import ReadCache, build_layers
 from .memory import MemoryPartition
 from .names import CHAIN_SST_DIR
 from .objects import ObjectStore
-from .rocks import database_exists
+from .rocks import FIRST_CHUNK_ROWS, MAX_CHUNK_ROWS, database_exists
 from .snapshot import MAX_OPEN_PARTITIONS, OpenPartition, empty_partition
 
 __all__ = ["ChainSnapshot", "OpenChains", "ReopenablePartition", "descriptor_budget"]
@@ -229,7 +229,11 @@ class ReopenablePartition:
         part = self.open()
         self._scans += 1
         try:
-            yield from part.scan_chunks(lower, upper, reverse=reverse)
+            if isinstance(part, MemoryPartition):
+                for rows in part.scan_chunks(lower, upper, reverse=reverse):
+                    yield from _as_rocks_chunks(rows)
+            else:
+                yield from part.scan_chunks(lower, upper, reverse=reverse)
         finally:
             self._scans -= 1
 
@@ -262,6 +266,16 @@ def _memory_copy(part: ChainPartition) -> MemoryPartition:
     finally:
         part.close()
     return MemoryPartition(rows, written_by_version=part.written_by_version, location=part.location)
+
+
+def _as_rocks_chunks(rows: list[tuple[bytes, bytes]]) -> Iterator[list[tuple[bytes, bytes]]]:
+    """``rows`` in the chunks a RocksDB scan hands out (``rocks.scan_chunks``): a small
+    first one, so "the first rows" and a scan closed early stay cheap with a memory copy."""
+    size, start = FIRST_CHUNK_ROWS, 0
+    while start < len(rows):
+        yield rows[start : start + size]
+        start += size
+        size = min(size * 2, MAX_CHUNK_ROWS)
 
 
 def _copy_bytes(part: MemoryPartition) -> int:
