@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_render.py
 	$(PY) bench/bench_sql.py
 	$(PY) bench/bench_object_store.py
+	$(PY) bench/bench_partitions.py
 
 # Every reliability probe's long variant; rewrites the table in RELIABILITY.md.
 reliability: $(STAMP)

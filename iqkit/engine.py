@@ -42,7 +42,7 @@ from .query import (
 )
 from .store.cache import FileCache, reader_cache
 from .store.chain import ChainVersion
-from .store.chain_snapshot import ChainSnapshot
+from .store.chain_snapshot import ChainSnapshot, OpenChains
 from .store.chain_store import chain_store_names
 from .store.formats import StoreFormat, store_format
 from .store.inputs import is_up_to, offset_lag
@@ -122,6 +122,8 @@ class StateEngine:
         self._as_of = as_of
         self._stores: dict[str, _StoreView] = {}
         self._partitions = PartitionCache(partition_opener)
+        #: Chain stores' open partitions, bounded by the file-descriptor limit.
+        self._chains = OpenChains()
         self._closed = False
         if isinstance(as_of, Mapping):
             for name in as_of:
@@ -220,14 +222,16 @@ class StateEngine:
         pinned = self._as_of.get(store) if isinstance(self._as_of, Mapping) else self._as_of
         if self._objects is not None:
             assert self._cache is not None
-            view = _StoreView(ChainSnapshot(self._objects, store, pinned, self._cache))
+            view = _StoreView(
+                ChainSnapshot(self._objects, store, pinned, self._cache, self._chains)
+            )
         elif store_format(self.root, store) is StoreFormat.CHAIN:
             # A chain store under a local folder (one copied down from object storage):
             # read as on its object root, through the cache.
             if self._cache is None:
                 self._cache = reader_cache()
             objects = open_objects(self.root)
-            view = _StoreView(ChainSnapshot(objects, store, pinned, self._cache))
+            view = _StoreView(ChainSnapshot(objects, store, pinned, self._cache, self._chains))
         else:
             layout = StoreLayout.of(self.root, store)
             if not layout.manifest.is_file():
@@ -240,6 +244,14 @@ class StateEngine:
     def query(self, request: StateQueryRequest) -> StateQueryResult:
         """Execute ``request`` on each targeted partition; results stand alone."""
         view = self._view(request.store_name)
+        snapshot = view.snapshot
+        if isinstance(snapshot, ChainSnapshot):
+            # Once one partition finds the endpoint unreachable, the others fail at once.
+            with snapshot.objects.failing_fast():
+                return self._query(view, request)
+        return self._query(view, request)
+
+    def _query(self, view: _StoreView, request: StateQueryRequest) -> StateQueryResult:
         record = view.snapshot.served()
         query = request.query
         n = view.manifest.partitions

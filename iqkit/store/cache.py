@@ -11,8 +11,13 @@ Beside them, ``dbs/`` holds the RocksDB databases readers build from those files
   cached files *and* databases together; past it the least recently used entries go
   first, an entry being one cached file or one whole database folder. Recency is the
   file's or the database folder's mtime, touched on every hit or open, so every process
-  sees the same order. Eviction runs after each fetch and each database build, so the
-  cache is over the limit only by what was pinned then, until the next one.
+  sees the same order. Counting the cache walks all of it, so it is not done after every
+  fetch and database build (with one database per partition, a fan-out over 1,000
+  partitions spent most of its time counting): each process keeps a running count (its
+  last count plus what it added since) and counts again, evicting, when that passes the
+  limit or is older than ``RECOUNT_SECONDS`` (so what other processes added is seen).
+  The cache is over the limit by what is pinned, and for at most that long by what
+  other processes added.
 - **Bytes are counted once per inode.** A database's SSTs are hard links of the cached
   files (same inode, no copy), so the cache counts each ``(st_dev, st_ino)`` once
   whatever its number of names in ``objects/`` and ``dbs/`` (``st_nlink`` > 1), and a
@@ -87,6 +92,8 @@ DEFAULT_LIMIT = 10 * 2**30
 #: A temporary download older than this was left by a process that died; eviction
 #: removes it.
 STALE_TMP_SECONDS = 3600.0
+#: A process's running count of the cache is trusted for this long (module docstring).
+RECOUNT_SECONDS = 5.0
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
           "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
@@ -393,6 +400,10 @@ class FileCache:
         #: Why this cache is not the folder configured (one trace line), else ``None``.
         self.note: str | None = None
         self.stats = CacheStats()
+        #: Bytes in the cache as last counted plus what this process added since (None:
+        #: not counted yet), and when that count was made (``time.monotonic``).
+        self._running: int | None = None
+        self._counted_at = 0.0
 
     @functools.cached_property
     def limit(self) -> int:
@@ -484,7 +495,7 @@ class FileCache:
             os.close(fd)  # evicted between open and lock: fetch it again
         size = os.fstat(fd).st_size
         if fetched:
-            self.evict()  # after pinning, so the file just fetched cannot be the victim
+            self.added(size)  # after pinning, so the file just fetched cannot be the victim
         else:
             self.stats.hits += 1
             self.stats.hit_bytes += size
@@ -616,6 +627,17 @@ class FileCache:
                 if name.startswith(CACHE_EVICTING_PREFIX):
                     shutil.rmtree(here / name, ignore_errors=True)
 
+    def added(self, size: int) -> int:
+        """``size`` new bytes are in the cache (a fetch or a database build, pinned):
+        ``evict`` when the running count says the cache may be over its limit, or is
+        too old to trust (module docstring); returns the bytes that freed."""
+        if self._running is not None:
+            self._running += size
+            fresh = time.monotonic() - self._counted_at < RECOUNT_SECONDS
+            if fresh and self._running <= self.limit:
+                return 0
+        return self.evict()
+
     def evict(self, *, down_to: int | None = None) -> int:
         """Remove least recently used, unpinned files and databases until the cache
         fits its limit (or ``down_to`` bytes: ``0`` when the disk is full); returns the
@@ -624,6 +646,7 @@ class FileCache:
         the entries holding the same bytes are gone."""
         limit = self.limit if down_to is None else down_to
         census = self._census()
+        self._counted_at = time.monotonic()
         total = census.total()
         freed = 0
         waiting: list[_Entry] = []  # in recency order, like the entries
@@ -656,6 +679,7 @@ class FileCache:
                         break
                     waiting.remove(older)
                     take(older)
+        self._running = total
         return freed
 
 

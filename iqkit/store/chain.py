@@ -24,7 +24,9 @@ bound is refused (``VersionLimitError``, before anything is uploaded); reading o
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,7 @@ from .versions import PublishedVersion, no_such_version
 
 __all__ = [
     "MAX_CHAIN_VERSION",
+    "ROWS_AT_MOST",
     "ChainFile",
     "ChainVersion",
     "PartitionChain",
@@ -55,6 +58,11 @@ __all__ = [
 
 #: The highest version number a record name holds (module docstring).
 MAX_CHAIN_VERSION = 10**CHAIN_RECORD_DIGITS - 1
+
+
+#: The commit record's upper bound on the rows of the chain (chain_write sets it when
+#: the commit knows its puts): 0 says the partition is empty without opening it.
+ROWS_AT_MOST = "rows_at_most"
 
 
 @dataclass(frozen=True)
@@ -89,7 +97,19 @@ class PartitionChain:
         """The decoded commit record (position as a ``Position``)."""
         return parse_commit_record(self.commit, f"the chain of version {self.written_by}")
 
+    @staticmethod
+    def holds_no_rows(commit_record: dict[str, Any]) -> bool:
+        """Whether a chain with this decoded commit record is known to hold no rows (its
+        ``ROWS_AT_MOST`` is 0): readers answer it as empty, opening nothing."""
+        return commit_record.get(ROWS_AT_MOST) == 0
+
     def to_json(self) -> dict[str, Any]:
+        # A chain read from a record keeps that record's JSON of it (``from_json``): the
+        # next version carries most chains unchanged, and decoding each one's commit
+        # again was most of a commit's time with 10,000 partitions.
+        kept = self.__dict__.get("_json")
+        if kept is not None:
+            return kept  # type: ignore[no-any-return]
         return {
             "files": [{"name": f.name, "size": f.size} for f in self.files],
             "commit": json.loads(self.commit),
@@ -98,11 +118,13 @@ class PartitionChain:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PartitionChain:
-        return cls(
+        chain = cls(
             files=tuple(ChainFile(str(f["name"]), int(f["size"])) for f in data["files"]),
             commit=json.dumps(data["commit"], sort_keys=True).encode(),
             written_by=int(data["written_by"]),
         )
+        object.__setattr__(chain, "_json", data)  # not a field: see ``to_json``
+        return chain
 
 
 @dataclass(frozen=True)
@@ -158,6 +180,14 @@ def list_versions(objects: ObjectStore, store: str) -> list[int]:
     return sorted(n for n in found if n is not None)
 
 
+#: Records parsed lately, by their bytes: parsing a record of 10,000 partitions takes a
+#: fraction of a second, and a writer reads the same ones on every commit (the latest,
+#: and retention's). Keyed by content, so a record damaged since is parsed (and refused)
+#: again. Records are immutable once published, and so are the parsed ones.
+_PARSED: OrderedDict[tuple[str, int, bytes], ChainVersion] = OrderedDict()
+_PARSED_KEPT = 8
+
+
 def read_version(objects: ObjectStore, store: str, version: int) -> ChainVersion:
     """Version ``version`` of ``store``; ``LookupError`` naming the retained versions when
     it is not there (never published, removed by retention, or a number no record can
@@ -169,8 +199,17 @@ def read_version(objects: ObjectStore, store: str, version: int) -> ChainVersion
         raw = objects.read_bytes(key)
     except FileNotFoundError:
         raise LookupError(no_such_version(store, version, list_versions(objects, store))) from None
-    where = objects.where(key)
-    return _check_files(ChainVersion.parse(raw, version, where), store, where)
+    memo = (store, version, hashlib.sha256(raw).digest())
+    record = _PARSED.get(memo)
+    if record is None:
+        where = objects.where(key)
+        record = _check_files(ChainVersion.parse(raw, version, where), store, where)
+        _PARSED[memo] = record
+        while len(_PARSED) > _PARSED_KEPT:
+            _PARSED.popitem(last=False)
+    else:
+        _PARSED.move_to_end(memo)
+    return record
 
 
 def _check_files(record: ChainVersion, store: str, where: str) -> ChainVersion:

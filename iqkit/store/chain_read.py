@@ -158,6 +158,13 @@ class ChainPartition(RocksDBPartition):
             line = f"{self.fetch.line()}; {files}"
         return line if self.note is None else f"{line}\n{self.note}"
 
+    @property
+    def descriptors(self) -> int:
+        """File descriptors this open partition may hold, counted high: one per pin (its
+        ``flock``), one per SST RocksDB opens as it reads, one for RocksDB's info log.
+        What the reader's bound on open partitions adds up (chain_snapshot.OpenChains)."""
+        return len(self._pins) + len(self.chain.files) + 1
+
     def _release(self) -> None:
         pins, self._pins = self._pins, []
         for pin in pins:
@@ -238,7 +245,7 @@ def _open_partition(
             database, built = _build_in_place(cache, folder, sources, names)
             pins.append(database)
             if built:
-                cache.evict()  # the new database counts against the limit (it is pinned)
+                cache.added(database.size)  # counts against the limit (it is pinned)
         fetch = cache.stats.since(before)
         read_in_place = len(sources) if in_place else 0
         note = cache.note

@@ -12,30 +12,280 @@ An open partition is keyed by its chain's file names, so a new version that left
 partition unchanged keeps it open; the ones a newer version no longer names are closed
 once the scans reading them end. Nothing is leased: the root's retention keeps files
 for a grace period instead (chain_retention.py), and the cache pins what is open.
+
+How many partitions are open at once is bounded (``OpenChains``, one per reader, shared
+by its stores): each open partition holds a few file descriptors (its pins, its
+RocksDB's files), and a fan-out over a store of 1,000 partitions ran out of them under
+the usual limit of 1,024. Past the bound the least recently used partitions are closed,
+never one a started scan is still reading; a closed one opens again, from its database
+in the cache, when it is next read (``ReopenablePartition``).
 """
 
 from __future__ import annotations
 
 import os
+import resource
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-from ..errors import IqkitError
+from ..errors import IqkitError, StoreCorruptedError
 from .cache import FileCache
 from .chain import (
     MAX_CHAIN_VERSION,
     ChainVersion,
+    PartitionChain,
     latest_version,
     list_versions,
     read_version,
     record_key,
     record_name,
 )
-from .chain_read import open_partition
+from .chain_read import ChainPartition, database_folder, open_partition, place_on_root
 from .chain_store import read_chain_manifest
 from .layers import ReadCache, build_layers
+from .memory import MemoryPartition
+from .names import CHAIN_SST_DIR
 from .objects import ObjectStore
-from .snapshot import OpenPartition, empty_partition
+from .rocks import FIRST_CHUNK_ROWS, MAX_CHUNK_ROWS, database_exists
+from .snapshot import MAX_OPEN_PARTITIONS, OpenPartition, empty_partition
 
-__all__ = ["ChainSnapshot"]
+__all__ = ["ChainSnapshot", "OpenChains", "ReopenablePartition", "descriptor_budget"]
+
+#: The share of the process's file-descriptor limit a reader's open partitions may hold
+#: (the rest is for everything else the process opens: sockets, Spark, Jupyter).
+DESCRIPTOR_SHARE = 4
+#: The budget never goes below this many descriptors (a few partitions stay open).
+MIN_DESCRIPTORS = 16
+#: A chain this small (its SSTs' bytes) is read into memory when opened and its RocksDB
+#: closed at once: with many partitions of few rows, opening RocksDB again each time a
+#: fan-out reads one (past the descriptor bound) cost ~5 ms a partition.
+SMALL_CHAIN_BYTES = 64 * 1024
+#: Bytes of rows a reader keeps in memory copies of small chains (least recently used
+#: dropped first, read again from the cache's database when next needed).
+MEMORY_BUDGET = 64 * 2**20
+#: What one row of a memory copy costs beyond its key and value bytes (Python objects).
+_ROW_OVERHEAD = 100
+
+
+def descriptor_budget() -> int:
+    """File descriptors a reader's open partitions may hold: a quarter of the soft
+    ``RLIMIT_NOFILE`` (read when the reader starts), at least ``MIN_DESCRIPTORS``."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(MIN_DESCRIPTORS, soft // DESCRIPTOR_SHARE)
+
+
+class OpenChains:
+    """The chain partitions one reader has open, across its stores: least recently used
+    first, bounded by ``descriptors`` (their summed ``ChainPartition.descriptors``) and
+    by ``count``. Opening or reading a partition marks it used; past either bound the
+    least recently used idle ones (no started scan) are closed until both hold again, or
+    until only busy ones are left."""
+
+    def __init__(
+        self,
+        descriptors: int | None = None,
+        count: int = MAX_OPEN_PARTITIONS,
+        memory: int = MEMORY_BUDGET,
+    ):
+        self.descriptors = descriptor_budget() if descriptors is None else descriptors
+        self.count = count
+        self.memory = memory
+        self._lru: OrderedDict[int, ReopenablePartition] = OrderedDict()
+        self._held = 0  # descriptors of the open partitions, as counted when they opened
+        self._databases = 0  # open partitions reading a RocksDB (the rest: memory copies)
+        self._bytes = 0  # bytes of the memory copies
+
+    @property
+    def held(self) -> int:
+        """Descriptors the open partitions hold (counted high)."""
+        return self._held
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def opened(self, part: ReopenablePartition) -> None:
+        self._lru[id(part)] = part
+        self._count(part, 1)
+        self._shrink(part)
+
+    def used(self, part: ReopenablePartition) -> None:
+        self._lru.move_to_end(id(part))
+
+    def closed(self, part: ReopenablePartition) -> None:
+        if self._lru.pop(id(part), None) is not None:
+            self._count(part, -1)
+
+    def _count(self, part: ReopenablePartition, sign: int) -> None:
+        self._held += sign * part.descriptors
+        self._bytes += sign * part.memory_bytes
+        if not part.memory_bytes:
+            self._databases += sign
+
+    def _within(self) -> bool:
+        return (
+            self._held <= self.descriptors
+            and self._databases <= self.count
+            and self._bytes <= self.memory
+        )
+
+    def _shrink(self, keep: ReopenablePartition) -> None:
+        if self._within():
+            return
+        for part in list(self._lru.values()):
+            if self._within():
+                return
+            if part is not keep and part.idle:
+                part.suspend()
+
+
+class ReopenablePartition:
+    """A chain partition as the query layers read it (a ``BytesPartition``), whose
+    RocksDB ``OpenChains`` may close while nothing reads it: the next read opens it
+    again (``opener``: from its database in the cache, built again if evicted).
+
+    Scans handed out before a suspension are generators that have not started: they open
+    the partition when first read. A started scan keeps it open until it ends."""
+
+    def __init__(
+        self,
+        opener: Callable[[], ChainPartition],
+        chain: PartitionChain,
+        bound: OpenChains,
+        where: str,
+    ) -> None:
+        self._opener = opener
+        self._bound = bound
+        self._part: ChainPartition | MemoryPartition | None = None
+        self._small = chain.size <= SMALL_CHAIN_BYTES
+        self._scans = 0  # started scans not yet ended
+        self._generators: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._closed = False
+        self._commit = chain.commit_record()
+        self._trace: str | None = None
+        #: Descriptors counted for it while open, and the bytes of its memory copy (a
+        #: small chain's: ``SMALL_CHAIN_BYTES``), for ``OpenChains``.
+        self.descriptors = 0
+        self.memory_bytes = 0
+        self.written_by_version = chain.written_by
+        self.location = where
+
+    def open(self) -> ChainPartition | MemoryPartition:
+        """The open partition (opened now if it was not); raises ``IqkitError`` when it
+        cannot be."""
+        if self._closed:
+            raise StoreCorruptedError(f"partition {self.location} is closed")
+        part = self._part
+        if part is None:
+            opened = self._opener()
+            self._trace = opened.trace_line()
+            if self._small:
+                part = self._part = _memory_copy(opened)
+                self.descriptors, self.memory_bytes = 0, _copy_bytes(part)
+            else:
+                part = self._part = opened
+                self.descriptors, self.memory_bytes = opened.descriptors, 0
+            self._bound.opened(self)
+        else:
+            self._bound.used(self)
+        return part
+
+    @property
+    def is_open(self) -> bool:
+        return self._part is not None
+
+    @property
+    def idle(self) -> bool:
+        """Open, and no started scan reads it (closing it loses nothing; a memory copy's
+        scans read lists of their own)."""
+        return self._part is not None and (self._scans == 0 or self.memory_bytes > 0)
+
+    def suspend(self) -> None:
+        """Close the RocksDB and unpin its files until the next read."""
+        part, self._part = self._part, None
+        self._bound.closed(self)
+        if part is not None:
+            part.close()
+
+    # -- BytesPartition ------------------------------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        return self.open().get(key)
+
+    def multi_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return self.open().multi_get(keys)
+
+    def scan_chunks(
+        self, lower: bytes, upper: bytes | None, *, reverse: bool = False
+    ) -> Iterator[list[tuple[bytes, bytes]]]:
+        gen = self._scan(lower, upper, reverse)
+        self._generators.add(gen)
+        return gen
+
+    def _scan(
+        self, lower: bytes, upper: bytes | None, reverse: bool
+    ) -> Iterator[list[tuple[bytes, bytes]]]:
+        part = self.open()
+        self._scans += 1
+        try:
+            if isinstance(part, MemoryPartition):
+                for rows in part.scan_chunks(lower, upper, reverse=reverse):
+                    yield from _as_rocks_chunks(rows)
+            else:
+                yield from part.scan_chunks(lower, upper, reverse=reverse)
+        finally:
+            self._scans -= 1
+
+    @property
+    def open_iterators(self) -> int:
+        return sum(1 for gen in self._generators if gen.gi_frame is not None)
+
+    def commit_record(self) -> dict[str, Any]:
+        return self._commit
+
+    def approximate_rows(self) -> int:
+        return self.open().approximate_rows()
+
+    def close(self) -> None:
+        for gen in list(self._generators):
+            gen.close()  # ends scans before their database closes
+        self._closed = True
+        self.suspend()
+
+    def trace_line(self) -> str | None:
+        """What the last open cost (the ``ChainPartition``'s line)."""
+        return self._trace
+
+
+def _memory_copy(part: ChainPartition) -> MemoryPartition:
+    """Every row of the small chain ``part`` (commit record included) in memory; ``part``
+    is closed (its database unpinned: eviction may take it, a later open builds it)."""
+    try:
+        rows = [row for chunk in part.scan_chunks(b"", None) for row in chunk]
+    finally:
+        part.close()
+    return MemoryPartition(rows, written_by_version=part.written_by_version, location=part.location)
+
+
+def _as_rocks_chunks(rows: list[tuple[bytes, bytes]]) -> Iterator[list[tuple[bytes, bytes]]]:
+    """``rows`` in the chunks a RocksDB scan hands out (``rocks.scan_chunks``): a small
+    first one, so "the first rows" and a scan closed early stay cheap with a memory copy."""
+    size, start = FIRST_CHUNK_ROWS, 0
+    while start < len(rows):
+        yield rows[start : start + size]
+        start += size
+        size = min(size * 2, MAX_CHUNK_ROWS)
+
+
+def _copy_bytes(part: MemoryPartition) -> int:
+    return sum(len(k) + len(v) + _ROW_OVERHEAD for chunk in part.scan_chunks(b"", None)
+               for k, v in chunk)  # fmt: skip
+
+
+#: The trace's line for a partition the version record says holds no rows.
+KNOWN_EMPTY = "version record: no rows (its commits put none); nothing fetched or opened"
 
 
 def already_open_line(objects: ObjectStore) -> str | None:
@@ -53,12 +303,19 @@ class ChainSnapshot:
     that version (``ValueError`` naming the versions on the root if it is not there)."""
 
     def __init__(
-        self, objects: ObjectStore, store: str, pinned: int | None, cache: FileCache
+        self,
+        objects: ObjectStore,
+        store: str,
+        pinned: int | None,
+        cache: FileCache,
+        bound: OpenChains | None = None,
     ) -> None:
         self.objects = objects
         self.name = store
         self.manifest = read_chain_manifest(objects, store)
         self.cache = cache
+        #: The reader's bound on open partitions (shared by its stores).
+        self.bound = bound if bound is not None else OpenChains()
         self.pinned = pinned
         self.record: ChainVersion | None = None
         self._open: dict[tuple[int, tuple[str, ...]], OpenPartition] = {}
@@ -166,15 +423,40 @@ class ChainSnapshot:
         key = (p, tuple(f.name for f in chain.files))
         entry = self._open.get(key)
         if entry is not None:
+            handle = entry.partition
+            if not isinstance(handle, ReopenablePartition):
+                return entry  # known to hold no rows (below): nothing to open
+            if not handle.is_open and not database_exists(
+                database_folder(self.cache, self.objects, self.name, p, chain)
+            ):
+                # Closed to stay under the bound and its database evicted since: open it
+                # now, so a failure to fetch or build is this query's result.
+                handle.open()
             entry.fetched = already_open_line(self.objects)
             return entry
-        part = open_partition(self.cache, self.objects, self.name, p, chain)
+        commit = chain.commit_record()
+        if PartitionChain.holds_no_rows(commit):
+            # Its commits put nothing (deletes only): no rows, nothing to fetch or build;
+            # its position still counts for bounds and lag.
+            entry = empty_partition(self.manifest)
+            entry.never_written = False  # written (by deletes): the trace must not say so
+            entry.position = commit.get("position") or entry.position
+            entry.fetched = KNOWN_EMPTY
+            self._open[key] = entry
+            return entry
+        handle = ReopenablePartition(
+            lambda: open_partition(self.cache, self.objects, self.name, p, chain),
+            chain,
+            self.bound,
+            place_on_root(self.objects, f"{self.name}/{CHAIN_SST_DIR}/{p}"),
+        )
+        handle.open()  # the first open: its cost is in the trace, its failure a result
         try:
-            entry = OpenPartition(part, build_layers(self.manifest, part, ReadCache()), 0)
+            entry = OpenPartition(handle, build_layers(self.manifest, handle, ReadCache()), 0)
         except BaseException:
-            part.close()
+            handle.close()
             raise
-        entry.fetched = part.trace_line()
+        entry.fetched = handle.trace_line()
         self._open[key] = entry
         return entry
 

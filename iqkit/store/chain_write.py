@@ -51,7 +51,14 @@ from ..errors import ObjectMissingError
 from ..query.position import Position
 from . import rocks
 from .cache import FileCache
-from .chain import ChainFile, ChainVersion, PartitionChain, check_next_version, publish_version
+from .chain import (
+    ROWS_AT_MOST,
+    ChainFile,
+    ChainVersion,
+    PartitionChain,
+    check_next_version,
+    publish_version,
+)
 from .chain_read import build_database, place_on_root
 from .names import CHAIN_SST_DIR, CHAIN_WORK_PREFIX, COMMIT_KEY, META_PREFIX
 from .objects import ObjectStore
@@ -174,20 +181,37 @@ def remove_dead_work_folders(parent: str) -> list[str]:
     return removed
 
 
+def _rows_at_most(previous: dict[str, Any] | None, counts: Mapping[str, int] | None) -> int | None:
+    """An upper bound on the rows of the chain a commit leaves: the previous chain's
+    bound plus this commit's puts (deletes and overwrites only lower the truth). None
+    when either is unknown (a task's commit counts nothing; chains of earlier iqkits).
+    Readers skip a chain whose bound is 0 without building its database."""
+    puts = (counts or {}).get("puts")
+    before = 0 if previous is None else previous.get(ROWS_AT_MOST)
+    if puts is None or before is None:
+        return None
+    return int(before) + int(puts)
+
+
 def _commit_record(
     previous: PartitionChain | None,
     version: int,
     position: Position | None,
     counts: Mapping[str, int] | None,
 ) -> bytes:
-    """The partition's commit record: ``position`` merged into the previous one."""
-    before = previous.commit_record().get("position") if previous is not None else None
+    """The partition's commit record: ``position`` merged into the previous one, and
+    the bound on the chain's rows when it is known (``_rows_at_most``)."""
+    last = previous.commit_record() if previous is not None else None
+    before = last.get("position") if last is not None else None
     record: dict[str, Any] = {
         "version": version,
         "position": (position or Position.empty()).merge(before),
         "committed_at": writer_clock(),
     }
     record.update(counts or {})
+    bound = _rows_at_most(last, counts)
+    if bound is not None:
+        record[ROWS_AT_MOST] = bound
     return encode_commit_record(record)
 
 

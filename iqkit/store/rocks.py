@@ -74,6 +74,10 @@ __all__ = [
     "write_sst",
 ]
 
+#: A scan's chunks: this many rows first, doubling up to ``MAX_CHUNK_ROWS`` (scan_chunks).
+FIRST_CHUNK_ROWS = 64
+MAX_CHUNK_ROWS = 1024
+
 #: One block cache shared by every partition a process reads: with one RocksDB per
 #: partition per store, a cache per database would multiply memory by the number of
 #: open partitions (Kafka Streams users hit exactly this with per-store caches).
@@ -362,12 +366,12 @@ def scan_chunks(
     # else no bounds at all: rocksdict's iterator with a lower bound and no upper bound
     # yields nothing (quirk); ``from_key`` seeks to ``lower`` and the reverse loop below
     # stops at it by hand anyway.
-    size = 64
+    size = FIRST_CHUNK_ROWS
     if not reverse:
         items = db.items(from_key=lower, read_opt=read_opts)
         while chunk := list(islice(items, size)):
             yield chunk
-            size = min(size * 2, 1024)
+            size = min(size * 2, MAX_CHUNK_ROWS)
         return
     # Reverse: seek_for_prev(upper) lands on ``upper`` itself when it exists: skip it.
     # rocksdict's backward iteration ignores the lower bound (quirk): stop by hand.
@@ -383,7 +387,7 @@ def scan_chunks(
             return
         if chunk:
             yield chunk
-        size = min(size * 2, 1024)
+        size = min(size * 2, MAX_CHUNK_ROWS)
 
 
 def scan(

@@ -29,7 +29,16 @@ from urllib.parse import urlsplit
 
 from ..errors import RootError
 
-__all__ = ["SCHEMES", "StoreRoot", "local_root", "parse_root"]
+__all__ = ["S3_MAX_ATTEMPTS", "SCHEMES", "StoreRoot", "local_root", "parse_root"]
+
+#: Tries per request to S3 (README "Object storage"): botocore's standard retry mode,
+#: unless AWS_MAX_ATTEMPTS / AWS_RETRY_MODE or storage_options say otherwise.
+S3_MAX_ATTEMPTS = 3
+#: Seconds to wait for a connection to S3, and for a read once connected (s3fs's own
+#: defaults, stated here so the README's bound holds whatever s3fs ships).
+S3_CONNECT_TIMEOUT = 5
+S3_READ_TIMEOUT = 15
+_RETRY_VARIABLES = ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE")
 
 
 @dataclass(frozen=True)
@@ -117,7 +126,28 @@ class StoreRoot:
             # abfs://container@account.dfs.core.windows.net/...: adlfs takes the account
             # as an option, and the container alone as the first path part.
             options.setdefault("account_name", self.bucket.split("@", 1)[1].split(".", 1)[0])
-        return fsspec.filesystem(scheme.protocol, skip_instance_cache=True, **options)
+        if scheme.protocol != "s3":
+            return fsspec.filesystem(scheme.protocol, skip_instance_cache=True, **options)
+        fs = fsspec.filesystem("s3", skip_instance_cache=True, **_bounded_s3(options))
+        fs.retries = 1  # s3fs's own loop around botocore's: one pass (``_bounded_s3``)
+        return fs
+
+
+def _bounded_s3(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with iqkit's bound on retries and timeouts where the user set none.
+
+    Two retry loops are stacked by default (quirk): s3fs retries a request up to 5
+    times around botocore, which itself tries up to 5 times (legacy mode) with backoff,
+    so an endpoint that went away mid-query cost a fetch minutes. iqkit keeps one loop,
+    botocore's standard mode with ``S3_MAX_ATTEMPTS`` tries (s3fs ``retries=1`` is one
+    pass of its loop; an attribute, not an option), and the stated timeouts.
+    AWS_MAX_ATTEMPTS / AWS_RETRY_MODE and explicit ``storage_options`` win."""
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("connect_timeout", S3_CONNECT_TIMEOUT)
+    config.setdefault("read_timeout", S3_READ_TIMEOUT)
+    if "retries" not in config and not any(os.environ.get(v) for v in _RETRY_VARIABLES):
+        config["retries"] = {"max_attempts": S3_MAX_ATTEMPTS, "mode": "standard"}
+    return {**options, "config_kwargs": config}
 
 
 def parse_root(
