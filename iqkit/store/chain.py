@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -186,6 +187,8 @@ def list_versions(objects: ObjectStore, store: str) -> list[int]:
 #: again. Records are immutable once published, and so are the parsed ones.
 _PARSED: OrderedDict[tuple[str, int, bytes], ChainVersion] = OrderedDict()
 _PARSED_KEPT = 8
+#: Writers on several threads of one process share the memo (an engine's fan-out too).
+_PARSED_LOCK = threading.Lock()
 
 
 def read_version(objects: ObjectStore, store: str, version: int) -> ChainVersion:
@@ -200,15 +203,17 @@ def read_version(objects: ObjectStore, store: str, version: int) -> ChainVersion
     except FileNotFoundError:
         raise LookupError(no_such_version(store, version, list_versions(objects, store))) from None
     memo = (store, version, hashlib.sha256(raw).digest())
-    record = _PARSED.get(memo)
-    if record is None:
-        where = objects.where(key)
-        record = _check_files(ChainVersion.parse(raw, version, where), store, where)
+    with _PARSED_LOCK:
+        record = _PARSED.get(memo)
+        if record is not None:
+            _PARSED.move_to_end(memo)
+            return record
+    where = objects.where(key)
+    record = _check_files(ChainVersion.parse(raw, version, where), store, where)
+    with _PARSED_LOCK:
         _PARSED[memo] = record
         while len(_PARSED) > _PARSED_KEPT:
             _PARSED.popitem(last=False)
-    else:
-        _PARSED.move_to_end(memo)
     return record
 
 
