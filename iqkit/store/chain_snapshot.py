@@ -438,9 +438,12 @@ class ChainSnapshot:
         if PartitionChain.holds_no_rows(commit):
             # Its commits put nothing (deletes only): no rows, nothing to fetch or build;
             # its position still counts for bounds and lag.
-            entry = empty_partition(self.manifest)
-            entry.never_written = False  # written (by deletes): the trace must not say so
-            entry.position = commit.get("position") or entry.position
+            empty = MemoryPartition(
+                written_by_version=chain.written_by,
+                position=commit.get("position"),
+                location=place_on_root(self.objects, f"{self.name}/{CHAIN_SST_DIR}/{p}"),
+            )
+            entry = OpenPartition(empty, build_layers(self.manifest, empty, ReadCache()), 0)
             entry.fetched = KNOWN_EMPTY
             self._open[key] = entry
             return entry

@@ -211,6 +211,11 @@ def test_a_partition_known_empty_opens_nothing(root):
         assert list(empty.result) == []
         assert empty.position == iqkit.Position.from_map({"clicks": {3: 9}})
         assert any("version record: no rows" in line for line in empty.execution_info)
+        # It was written (by deletes) at version 2: the trace names that and its place,
+        # never "never written" nor version 0.
+        trace = "\n".join(empty.execution_info)
+        assert "never written" not in trace and "on version 0" not in trace, trace
+        assert f"on version 2 ({root}/{STORE}/sst/3)" in trace, trace
         assert [kv.value for kv in result.partition_results[0].result] == ["1"]
     built = {p.parent.parent.name for p in cache.dbs_dir.rglob("CURRENT")}
     assert built == {"0"}
