@@ -7,6 +7,7 @@ import contextlib
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 
 import pytest
 
@@ -55,16 +56,31 @@ def new_bucket(endpoint: str) -> str:
 class CuttingProxy:
     """A TCP proxy on 127.0.0.1 in front of the server that can die mid-request.
 
-    After ``cut_after`` bytes from the client it closes every connection and stops
-    listening, as a server that went away in the middle of an upload: later requests
-    find nothing on the port. Real sockets, so the client's own retries and errors run.
+    After ``cut_after`` bytes from the client, or at the first chunk of a request for
+    which ``cut_when(chunk)`` is true, it closes every connection and stops listening,
+    as a server that went away in the middle of an upload: later requests find nothing
+    on the port. With ``keep_refusing`` it goes on accepting after the cut and closes
+    each new connection at once, counting them (``attempts``: each is a request try of
+    the client's), as an endpoint that drops everything. Real sockets, so the client's
+    own retries and errors run.
     """
 
-    def __init__(self, target: str, cut_after: int | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        cut_after: int | None = None,
+        *,
+        cut_when: Callable[[bytes], bool] | None = None,
+        keep_refusing: bool = False,
+    ) -> None:
         host, port = target.removeprefix("http://").split(":")
         self.target = (host, int(port))
         self.cut_after = cut_after
+        self.cut_when = cut_when
+        self.keep_refusing = keep_refusing
         self.sent = 0
+        #: Connections the client opened after the cut (``keep_refusing``).
+        self.attempts = 0
         self.cut = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
@@ -73,11 +89,16 @@ class CuttingProxy:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        while not self.cut.is_set():
+        while True:
             try:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.cut.is_set():
+                with self._lock:
+                    self.attempts += 1
+                client.close()
+                continue
             upstream = socket.create_connection(self.target)
             with self._lock:
                 self._sockets += [client, upstream]
@@ -91,8 +112,8 @@ class CuttingProxy:
                     with self._lock:
                         self.sent += len(data)
                         over = self.cut_after is not None and self.sent > self.cut_after
-                    if over:
-                        self.stop()
+                    if over or (self.cut_when is not None and self.cut_when(data)):
+                        self.drop() if self.keep_refusing else self.stop()
                         return
                 dst.sendall(data)
         except OSError:
@@ -105,13 +126,17 @@ class CuttingProxy:
                     with contextlib.suppress(OSError):
                         s.shutdown(socket.SHUT_RDWR)
 
-    def stop(self) -> None:
-        """Stop listening and drop every connection (the server "went away")."""
+    def drop(self) -> None:
+        """Drop every connection; the listener stays (``keep_refusing``)."""
         self.cut.set()
-        self._listener.close()
         with self._lock:
             sockets, self._sockets = self._sockets, []
         for s in sockets:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
             s.close()
+
+    def stop(self) -> None:
+        """Stop listening and drop every connection (the server "went away")."""
+        self._listener.close()
+        self.drop()

@@ -6,14 +6,11 @@ waiting for its own timeouts."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
-import threading
 
 import pytest
 from faults import child_env
@@ -102,57 +99,9 @@ def test_full_range_over_1000_partitions_under_a_low_fd_limit(root, wide):
     assert out["most_fds"] < 256
 
 
-class DroppingProxy(CuttingProxy):
-    """A proxy in front of the S3 server that passes every request until the first
-    download of an SST, then drops every connection: the one in flight and each new one,
-    accepted and closed at once and counted (``attempts``), as an endpoint that went
-    away mid-fetch. Real sockets, so the client's own retries run."""
-
-    def __init__(self, target: str) -> None:
-        #: Connections the client opened after the cut (each is a request attempt).
-        self.attempts = 0
-        super().__init__(target)
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if self.cut.is_set():
-                with self._lock:
-                    self.attempts += 1
-                client.close()
-                continue
-            upstream = socket.create_connection(self.target)
-            with self._lock:
-                self._sockets += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
-
-    def _pump(self, src, dst, counts):
-        if not counts:
-            return super()._pump(src, dst, counts)
-        try:
-            while data := src.recv(65536):
-                if b"GET " in data and f"/{STORE}/sst/".encode() in data:
-                    self.drop()
-                    return
-                dst.sendall(data)
-        except OSError:
-            pass
-
-    def drop(self) -> None:
-        self.cut.set()
-        with self._lock:
-            sockets, self._sockets = self._sockets, []
-        for s in sockets:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-
-    def close(self) -> None:
-        self._listener.close()
+def first_sst_download(chunk: bytes) -> bool:
+    """The first chunk of a GET of one of the store's SSTs."""
+    return b"GET " in chunk and f"/{STORE}/sst/".encode() in chunk
 
 
 def test_endpoint_cut_mid_fetch_fails_every_partition_fast(
@@ -162,7 +111,8 @@ def test_endpoint_cut_mid_fetch_fails_every_partition_fast(
     with iqkit.StoreWriter(s3_root, STORE) as w:
         for i in range(200):
             w.put(f"k{i:03d}", f"v{i}")
-    proxy = DroppingProxy(s3_endpoint)
+    # Every request passes until the first SST download; then every connection drops.
+    proxy = CuttingProxy(s3_endpoint, cut_when=first_sst_download, keep_refusing=True)
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         monkeypatch.setenv("IQKIT_CACHE", os.fspath(tmp_path / "cold-cache"))
@@ -170,7 +120,7 @@ def test_endpoint_cut_mid_fetch_fails_every_partition_fast(
             query = iqkit.RangeQuery.with_no_bounds()
             result = engine.query(request(STORE, query))
     finally:
-        proxy.close()
+        proxy.stop()
     assert proxy.cut.is_set()
     assert sorted(result.partition_results) == list(range(16))
     messages = []

@@ -98,8 +98,9 @@ def test_a_version_past_the_bound_is_never_published_nor_read(objects):
             read_version(objects, STORE, bad)
 
 
-def test_a_job_on_a_store_at_the_highest_version_is_refused_before_its_tasks_run(tmp_path):
-    root = os.fspath(tmp_path / "root")
+def new_job_store(root: str):
+    """A 2-partition chain store of strings at ``root``, made as a Spark job makes one;
+    returns the root's objects."""
     objects = open_objects(root)
     manifest = StoreManifest(
         name=STORE,
@@ -110,6 +111,12 @@ def test_a_job_on_a_store_at_the_highest_version_is_refused_before_its_tasks_run
         partitioner="murmur2",
     )
     ensure_chain_store(objects, manifest)
+    return objects
+
+
+def test_a_job_on_a_store_at_the_highest_version_is_refused_before_its_tasks_run(tmp_path):
+    root = os.fspath(tmp_path / "root")
+    objects = new_job_store(root)
     publish_version(objects, STORE, ChainVersion(MAX_CHAIN_VERSION, {}))
     with pytest.raises(VersionLimitError, match="highest"):
         ChainJobCommit(root, STORE)
@@ -322,16 +329,7 @@ def test_a_commit_conflict_is_still_a_version_conflict(objects, tmp_path):
 
 def test_a_job_publish_compacts_a_long_chain_it_does_not_touch(tmp_path):
     root = os.fspath(tmp_path / "root")
-    objects = open_objects(root)
-    manifest = StoreManifest(
-        name=STORE,
-        kind="kv",
-        partitions=2,
-        key_serde="string",
-        value_serde="string",
-        partitioner="murmur2",
-    )
-    ensure_chain_store(objects, manifest)
+    objects = new_job_store(root)
     cache = FileCache(tmp_path / "c")
     record = commit_version(objects, STORE, None, {1: [(key(0), b"p1")]}, cache=cache)
     for i in range(1, 2 * COMPACT_AFTER_DELTAS):
