@@ -47,6 +47,7 @@ __all__ = [
     "ROWS_AT_MOST",
     "ChainFile",
     "ChainVersion",
+    "checked_partitions",
     "PartitionChain",
     "check_next_version",
     "latest_version",
@@ -245,8 +246,12 @@ def _is_file_name(name: str) -> bool:
     return True
 
 
-def latest_version(objects: ObjectStore, store: str) -> ChainVersion | None:
-    """The newest published version of ``store``, or None when none was published.
+def latest_version(
+    objects: ObjectStore, store: str, *, partitions: int | None = None
+) -> ChainVersion | None:
+    """The newest published version of ``store``, or None when none was published;
+    ``partitions``: the manifest's count, which every partition the record lists must be
+    within (``checked_partitions``).
 
     The newest record listed is read; if retention removed it between the listing and
     the read (only possible for a record that is no longer the newest), list again."""
@@ -255,10 +260,24 @@ def latest_version(objects: ObjectStore, store: str) -> ChainVersion | None:
         if not numbers:
             return None
         try:
-            return read_version(objects, store, numbers[-1])
+            record = read_version(objects, store, numbers[-1])
         except LookupError:
             if list_versions(objects, store)[-1:] == numbers[-1:]:
                 raise
+            continue
+        return (
+            record if partitions is None else checked_partitions(objects, store, record, partitions)
+        )
+
+
+def checked_partitions(
+    objects: ObjectStore, store: str, record: ChainVersion, partitions: int
+) -> ChainVersion:
+    """``record`` when it lists only partitions ``0 .. partitions - 1`` (the manifest's),
+    else ``StoreCorruptedError`` naming the record: readers never serve such a record and
+    writers never build on it (a forged partition number must not be carried forward)."""
+    where = objects.where(record_key(store, record.version))
+    return record.check_partitions(partitions, where)
 
 
 def publish_version(objects: ObjectStore, store: str, record: ChainVersion) -> None:

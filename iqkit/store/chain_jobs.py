@@ -244,7 +244,9 @@ class ChainJobCommit:
             if create is None:
                 raise UnknownStoreError(store, chain_store_names(self._objects)) from None
             manifest = self._create = create
-        self._base: ChainVersion | None = latest_version(self._objects, store)
+        self._base: ChainVersion | None = latest_version(
+            self._objects, store, partitions=manifest.partitions
+        )
         # Past the highest version number: refused before any task uploads a file.
         check_next_version(store, self._base.version + 1 if self._base is not None else 1)
         self._who = who

@@ -36,6 +36,7 @@ from .chain import (
     MAX_CHAIN_VERSION,
     ChainVersion,
     PartitionChain,
+    checked_partitions,
     latest_version,
     list_versions,
     read_version,
@@ -390,8 +391,7 @@ class ChainSnapshot:
 
     def _checked(self, record: ChainVersion) -> ChainVersion:
         """``record`` if it lists only the manifest's partitions (else damage)."""
-        where = self.objects.where(record_key(self.name, record.version))
-        return record.check_partitions(self.manifest.partitions, where)
+        return checked_partitions(self.objects, self.name, record, self.manifest.partitions)
 
     def _serve(self, record: ChainVersion) -> None:
         self.record = record

@@ -160,7 +160,7 @@ class ChainPublisher:
         metadata: Mapping[str, Any],
         who: str,
     ) -> int:
-        previous = latest_version(self.objects, self.store)
+        previous = latest_version(self.objects, self.store, partitions=self.manifest.partitions)
         record = commit_version(
             self.objects,
             self.store,

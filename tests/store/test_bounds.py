@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -266,6 +267,34 @@ def test_a_chain_record_naming_partitions_the_manifest_lacks_is_damage(tmp_path,
             engine.approximate_rows("s")
         with pytest.raises(StoreCorruptedError):
             engine.lags()
+
+
+@pytest.mark.parametrize("partition", [2, 10**9])
+def test_writers_never_build_on_a_record_naming_partitions_the_manifest_lacks(
+    tmp_path, partition
+):
+    """A forged partition whose files sit in its own folder (so every name is well
+    formed) is still damage to a writer: nothing is published on top of it."""
+    iqkit.create_store(tmp_path, "s", partitions=2)
+    with iqkit.StoreWriter(tmp_path, "s") as w:
+        w.put("a", "a")
+    (record_file,) = sorted((tmp_path / "s" / "chain").iterdir())
+    data = json.loads(record_file.read_text())
+    chain = next(iter(data["partitions"].values()))
+    moved = []
+    for f in chain["files"]:
+        name = f"s/sst/{partition}/{f['name'].rsplit('/', 1)[1]}"
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tmp_path / f["name"], tmp_path / name)
+        moved.append({**f, "name": name})
+    data["partitions"][str(partition)] = {**chain, "files": moved}
+    os.chmod(record_file, 0o644)
+    record_file.write_text(json.dumps(data))
+    writer = iqkit.StoreWriter(tmp_path, "s")
+    writer.put("g", "g")
+    with pytest.raises(StoreCorruptedError, match=f"lists partition {partition}"):
+        writer.commit()
+    assert sorted(p.name for p in (tmp_path / "s" / "chain").iterdir()) == [record_file.name]
 
 
 # -- item 15: a missing bucket ---------------------------------------------------------------------
