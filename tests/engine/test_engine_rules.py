@@ -364,6 +364,27 @@ def test_second_lookup_hits_the_cache_and_skip_cache_bypasses_it(totals, open_en
     assert any("RocksDBLayer" in line for line in skipped)  # really went to RocksDB
 
 
+def test_skip_cache_reaches_every_partition_a_multi_key_query_is_routed_to(totals, open_engine):
+    keys = ["user-1", "user-2", "user-3", "user-9"]
+    owners = {murmur2_partition(k.encode(), 4) for k in keys}
+    assert len(owners) > 1  # routed to several partitions, each with a query of its own
+    with open_engine(totals) as engine:
+
+        def traces(query):
+            r = engine.query(request("totals", query).enable_execution_info())
+            assert sorted(r.partition_results) == sorted(owners)
+            return {p: qr.execution_info for p, qr in r.partition_results.items()}
+
+        traces(iqkit.MultiKeyQuery.with_keys(keys))  # every key now in the cache
+        cached = traces(iqkit.MultiKeyQuery.with_keys(keys))
+        skipped = traces(iqkit.MultiKeyQuery.with_keys(keys).skip_cache())
+    for p in owners:
+        assert any(re.search(r"CachingLayer.*: \d+ cache hits, 0 misses", x) for x in cached[p])
+        assert not any("RocksDBLayer" in line for line in cached[p])  # all from the cache
+        assert any("skipped (skip_cache)" in line for line in skipped[p]), skipped[p]
+        assert any("RocksDBLayer" in line for line in skipped[p])  # really went to RocksDB
+
+
 def test_scan_traces_name_the_bounded_iterator(totals, open_engine):
     with open_engine(totals) as engine:
         r = engine.query(
@@ -426,13 +447,14 @@ def test_lags_with_given_end_and_unknown_end(root, totals, open_engine):
         given = engine.lags(Position.from_map({"orders": {0: 100, 1: 100}}))["totals"]
         per_store = engine.lags({"totals": Position.from_map({"orders": {0: 50}})})["totals"]
     assert all(li.offset_lag is None and li.end_position is None for li in unknown.values())
-    for p, li in given.items():
-        cur = li.current_position.partition_positions("orders")
-        expected = sum(max(0, 100 - cur.get(ip, -1) - 1) for ip in (0, 1))
-        assert li.offset_lag == expected, p
-    for li in per_store.values():
-        cur = li.current_position.partition_positions("orders").get(0, -1)
-        assert li.offset_lag == max(0, 50 - cur - 1)
+    # The last offset of each input partition each store partition applied (where
+    # murmur2 puts "user-<i>", fed from orders partition i % 2 at offset i):
+    applied = {0: {0: 38, 1: 39}, 1: {0: 34, 1: 35}, 2: {0: 32, 1: 25}, 3: {0: 36, 1: 37}}
+    assert {p: li.current_position.to_map()["orders"] for p, li in given.items()} == applied
+    # End offsets 100 and 100 (the next offsets): partition 0 is 100-38-1 + 100-39-1 behind.
+    assert {p: li.offset_lag for p, li in given.items()} == {0: 121, 1: 129, 2: 141, 3: 125}
+    # End offset 50 of orders partition 0 only: partition 0 is 50-38-1 behind.
+    assert {p: li.offset_lag for p, li in per_store.items()} == {0: 11, 1: 15, 2: 17, 3: 13}
 
 
 def test_lag_of_a_partition_with_no_data_counts_everything(root, open_engine):
@@ -444,3 +466,23 @@ def test_lag_of_a_partition_with_no_data_counts_everything(root, open_engine):
         lags = engine.lags()["s"]
     assert lags[1].current_position.is_empty
     assert lags[1].offset_lag == 7  # offsets 0..6 of in[1], none applied
+
+
+def test_a_partition_past_an_older_recorded_end_lags_by_zero(root, open_engine):
+    """An end recorded before later commits applied more (the source moved on, no new end
+    recorded yet) is behind the partition: nothing is missing, the lag is 0, never
+    5 - 15 - 1 = -11."""
+    iqkit.create_store(root, "s", partitions=2, partitioner="explicit")
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 1, partition=0, source=("in", 0, 4))
+        w.put("b", 1, partition=1, source=("in", 1, 2))
+        w.record_source_end({"in": {0: 5, 1: 5}})
+    with iqkit.StoreWriter(root, "s") as w:
+        w.put("a", 2, partition=0, source=("in", 0, 15))
+    with open_engine(root) as engine:
+        lags = engine.lags()["s"]
+        given = engine.lags(Position.from_map({"in": {0: 5, 1: 5}}))["s"]
+    assert lags[0].current_position.to_map() == {"in": {0: 15}}
+    assert lags[0].end_position.to_map() == {"in": {0: 5, 1: 5}}  # the older end, kept
+    assert {p: li.offset_lag for p, li in lags.items()} == {0: 0, 1: 2}  # 1: 5 - 2 - 1
+    assert {p: li.offset_lag for p, li in given.items()} == {0: 0, 1: 2}

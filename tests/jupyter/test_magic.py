@@ -124,7 +124,15 @@ def test_scan_of_a_window_store_reads_every_window_start_the_store_can_hold(shel
 def test_assignment_semicolon_and_as(shell):
     shell.run_cell("x = %iq get totals bob")
     assert shell.user_ns["x"].rows["total"].tolist() == [13]
-    assert shell.run_cell("%iq get totals bob;").result is None
+    # a trailing ';' silences the display only: the command still ran, on the store
+    # named without the ';' (else "unknown store 'totals;'"), into the session's last
+    session = magics(shell)[0].session
+    silenced = shell.run_cell("%iq get totals bob;")
+    assert silenced.success and silenced.result is None
+    assert session.last.rows["total"].tolist() == [13]
+    silenced = shell.run_cell("%iq scan totals;")
+    assert silenced.success and silenced.result is None
+    assert len(session.last.rows) == len(NOTEBOOK_TOTALS)
     run(shell, "%iq scan totals --as everyone")
     assert len(shell.user_ns["everyone"].rows) == len(NOTEBOOK_TOTALS)
 

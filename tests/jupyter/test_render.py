@@ -233,12 +233,13 @@ def test_partitions_table_highlights_failures_and_draws_bars(totals):
         assert body[p]["cells"][2] == str(n)
         rows_bar = body[p]["bars"][0]
         assert f"width:{round(render.BAR_PX * n / largest)}px" in rows_bar
-    lag_by_p = {p: info.offset_lag for p, info in lags.items()}
-    top = max(lag_by_p.values())
-    for p in (0, 1, 2):
-        assert body[p]["cells"][3] == f"{lag_by_p[p]:,}"
-        width = 0 if top == 0 else max(1 if lag_by_p[p] else 0, round(80 * lag_by_p[p] / top))
-        assert f"width:{width}px" in body[p]["bars"][1]
+    # Partition p applied offsets 0 to size-1 of orders partition p (12, 3, 6 rows), whose
+    # ends are 20, 10, 6: lags 20-11-1, 10-2-1, 6-5-1; bars scaled to the largest (80px).
+    lag_cells = {p: body[p]["cells"][3] for p in (0, 1, 2)}
+    assert lag_cells == {0: "8", 1: "7", 2: "0"}
+    widths = {0: 80, 1: round(80 * 7 / 8), 2: 0}
+    for p, width in widths.items():
+        assert f"width:{width}px" in body[p]["bars"][1], p
     assert body[0]["cells"][5] == "orders[0]=11"
 
 

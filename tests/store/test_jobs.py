@@ -1,8 +1,9 @@
 """Job commits: partitions staged by task attempts, published once by the driver.
 
 The tests that use ``open_job_commit`` and ``spec.stage`` run in whichever format new
-local stores get; those marked ``folder_format`` look at the folder format's staging
-folders (``partitions/<p>/.job-*``) on purpose."""
+local stores get (``job_leftovers`` looks where either format leaves a job's files);
+those marked ``folder_format`` look at the folder format's staging folders
+(``partitions/<p>/.job-*``) on purpose."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from iqkit.store.jobs import (
 )
 from iqkit.store.keyspace import kv_key
 from iqkit.store.layout import StoreLayout
+from iqkit.store.names import CHAIN_SST_DIR, PARTITIONS_DIR
 from iqkit.store.partitioners import murmur2_partition
 from iqkit.store.serdes import get_serde
 
@@ -47,12 +49,13 @@ def get(engine, key):
     return None if only is None else only.result
 
 
-def job_folders(root):
-    return (
-        [f for f in (root / "s" / "partitions").rglob(".job-*")]
-        if (root / "s" / "partitions").exists()
-        else []
-    )
+def job_leftovers(root):
+    """What job commits left in store ``s``, in either format: the folder format's
+    staging folders (``partitions/<p>/.job-*``), the chain format's SSTs (``sst/<p>/*``;
+    a store with no published version lists none, so every one there is left over)."""
+    folders = (root / "s" / PARTITIONS_DIR).glob("*/.job-*")
+    ssts = (root / "s" / CHAIN_SST_DIR).glob("*/*")
+    return sorted(str(p.relative_to(root)) for p in (*folders, *ssts))
 
 
 @pytest.fixture
@@ -119,7 +122,7 @@ def test_only_the_published_attempt_survives(store):
         first = stage_partition(job.spec, 0, rows_for(0, ITEMS), attempt="0")
         retry = stage_partition(job.spec, 0, rows_for(0, ITEMS), attempt="1")  # speculative
         job.publish([retry])
-    assert job_folders(store) == []
+    assert job_leftovers(store) == []
     assert not os.path.exists(first.path)
     assert (StoreLayout.of(store, "s").partition_version_dir(0, 1)).is_dir()
 
@@ -139,9 +142,13 @@ def test_a_commit_during_the_job_is_a_conflict_and_nothing_is_published(store):
 
 def test_an_aborted_job_leaves_nothing(store):
     with pytest.raises(RuntimeError, match="task failed"), open_job_commit(store, "s") as job:
-        job.spec.stage(1, rows_for(1, ITEMS), attempt="0")
+        staged = job.spec.stage(1, rows_for(1, ITEMS), attempt="0")
+        # what a task sends back, the driver takes charge of (as the Spark driver does);
+        # a chain SST no driver was handed is an orphan for retention (test_chain_jobs)
+        job.adopt([staged])
+        assert job_leftovers(store) != []  # the task's work is there until the abort
         raise RuntimeError("task failed")
-    assert job_folders(store) == []
+    assert job_leftovers(store) == []
     assert latest_published(store, "s") is None
 
 
@@ -152,7 +159,7 @@ def test_folders_of_a_dead_job_are_collected(store):
     (dead.parent / ".job-deadbeef-1.sst").write_bytes(b"x")
     with iqkit.StoreWriter(store, "s") as w:
         w.put("a", 1)
-    assert job_folders(store) == []
+    assert job_leftovers(store) == []
 
 
 def test_sorted_rows_are_bulk_loaded_through_an_sst_file(store):
@@ -173,7 +180,7 @@ def test_unsorted_rows_for_the_sst_path_fail_cleanly(store):
         # writer checks the order first (ValueError naming the keys)
         with pytest.raises((iqkit.IqkitError, ValueError)):
             job.spec.stage(0, rows, attempt="0", sorted_unique=True)
-    assert job_folders(store) == []
+    assert job_leftovers(store) == []
     assert latest_published(store, "s") is None
 
 

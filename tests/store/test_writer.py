@@ -11,10 +11,32 @@ import pytest
 from helpers import request, tree_digest
 
 import iqkit
+from iqkit.store.formats import StoreFormat, store_format
 from iqkit.store.jobs import latest_published
 from iqkit.store.layout import StoreLayout
-from iqkit.store.names import STAGING_PREFIX
+from iqkit.store.names import (
+    CHAIN_RECORDS_DIR,
+    CHAIN_SST_DIR,
+    PARTITIONS_DIR,
+    STAGING_PREFIX,
+    VERSIONS_DIR,
+)
 from iqkit.store.partitioners import murmur2_partition
+
+
+def published_files(root, store: str) -> dict[str, str]:
+    """Path -> sha256 of the files a store's versions publish, in the store's format: a
+    chain store's SSTs and version records (``sst/``, ``chain/``), a folder store's
+    partition folders and version records (``partitions/``, ``versions/``)."""
+    if store_format(root, store) is StoreFormat.CHAIN:
+        folders = (CHAIN_SST_DIR, CHAIN_RECORDS_DIR)
+    else:
+        folders = (PARTITIONS_DIR, VERSIONS_DIR)
+    return {
+        f"{folder}/{path}": digest
+        for folder in folders
+        for path, digest in tree_digest(root / store / folder).items()
+    }
 
 
 def get(engine: iqkit.StateEngine, store: str, key: object) -> object:
@@ -249,7 +271,8 @@ def test_an_empty_writer_publishes_nothing(root):
     with iqkit.StoreWriter(root, "s") as w:
         pass
     assert w.version is None
-    assert not (root / "s" / "LATEST").exists()
+    assert latest_published(root, "s") is None  # no version record, in either format
+    assert published_files(root, "s") == {}  # and no data files
 
 
 def test_a_writer_cannot_be_used_after_its_commit(root):
@@ -409,7 +432,8 @@ def test_queries_do_not_modify_published_files(root):
     with iqkit.StoreWriter(root, "s") as w:
         for i in range(50):
             w.put(f"k{i}", i)
-    before = tree_digest(root / "s" / "partitions")
+    before = published_files(root, "s")
+    assert before  # a chain store's sst/ and chain/ files (the folder format's partitions/)
     with iqkit.open(root) as engine:
         assert get(engine, "s", "k1") == 1
         with (
@@ -418,4 +442,4 @@ def test_queries_do_not_modify_published_files(root):
             .result as it
         ):
             list(it)
-    assert tree_digest(root / "s" / "partitions") == before
+    assert published_files(root, "s") == before
