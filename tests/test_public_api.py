@@ -1,4 +1,6 @@
-"""Every name SPEC §1–2 makes public is importable from ``iqkit`` and is what it says."""
+"""iqkit's public API: the IQv2 model's names (Kafka Streams' ``StateQueryRequest``,
+queries, results, positions, iterators), the store writer and the engine are importable
+from ``iqkit``, listed in ``iqkit.__all__``, and have the signatures users call."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import inspect
 
 import iqkit
 
-SPEC_NAMES = [
+PUBLIC_NAMES = [
     "Position", "PositionBound", "FailureReason", "ResultOrder", "KeyQuery", "MultiKeyQuery",
     "RangeQuery", "PrefixScanQuery", "WindowKeyQuery", "WindowRangeQuery", "RawKeyQuery",
     "RawScanQuery", "StateQueryRequest", "QueryResult", "StateQueryResult", "KeyValue",
@@ -16,13 +18,13 @@ SPEC_NAMES = [
 ]  # fmt: skip
 
 
-def test_spec_names_are_exported():
-    missing = [n for n in SPEC_NAMES if not hasattr(iqkit, n)]
+def test_public_names_are_exported():
+    missing = [n for n in PUBLIC_NAMES if not hasattr(iqkit, n)]
     assert missing == []
-    assert set(SPEC_NAMES) <= set(iqkit.__all__)
+    assert set(PUBLIC_NAMES) <= set(iqkit.__all__)
 
 
-def test_spec_signatures():
+def test_public_signatures():
     params = inspect.signature(iqkit.create_store).parameters
     assert list(params)[:2] == ["root", "name"]
     for keyword, default in {

@@ -1,8 +1,9 @@
 """Serdes by name: how keys and values become the bytes stored in RocksDB.
 
 Why byte-compatible with Kafka: a store written by Spark from a Kafka topic should hold
-the same key bytes a Kafka producer would send, so ``murmur2`` over those bytes puts
-each key in the partition Kafka would (SPEC §2), and raw bytes read with a Kafka client's
+the same key bytes a Kafka producer would send, so a murmur2 store puts each key in the
+partition Kafka's default partitioner would (``toPositive(murmur2(key bytes)) %
+partitions`` over those very bytes), and raw bytes read with a Kafka client's
 deserializer mean the same thing. ``string``, ``bytes``, ``int32``, ``int64`` and
 ``double`` match Kafka's ``StringSerializer`` (UTF-8), ``ByteArraySerializer``,
 ``IntegerSerializer``, ``LongSerializer`` and ``DoubleSerializer``; ``json`` is compact

@@ -1,0 +1,38 @@
+"""Rules about the repository's own text, checked over every file they cover.
+
+- No citation of a document the repository does not hold ("SPEC §2", "the SPEC"): a
+  reader cannot follow it, so the rule it stood for is written out where it applies."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import iqkit
+
+REPO = Path(iqkit.__file__).resolve().parents[1]
+
+#: "SPEC" as a document's name: "SPEC §2", "the SPEC", "SPEC's" (not FSSPEC_*, SPECIFIC).
+_SPEC_CITATION = re.compile(r"(?<![A-Za-z_])SPEC(?![A-Za-z_])")
+
+
+def _texts() -> list[Path]:
+    found = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    for folder in ("iqkit", "pyspark_iqkit", "tests", "bench"):
+        found += sorted((REPO / folder).rglob("*.py"))
+    found += sorted((REPO / "notebooks").glob("*.py"))
+    return found
+
+
+def test_nothing_cites_a_document_outside_the_repository():
+    files = _texts()
+    assert any(p.name == "DECISIONS.md" for p in files)  # the docs were read
+    citing = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in files
+        if path.name != "test_source_rules.py"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if _SPEC_CITATION.search(line) or "§" in line
+    ]
+    assert not citing, "cites a document the repository does not hold:\n" + "\n".join(citing)
+
