@@ -36,3 +36,21 @@ def test_nothing_cites_a_document_outside_the_repository():
     ]
     assert not citing, "cites a document the repository does not hold:\n" + "\n".join(citing)
 
+
+
+#: What a work log writes and a decision does not: test counts, measurements, tables.
+_WORK_LOG = re.compile(
+    r"\b\d[\d,]* (?:of about [\d,]+ )?(?:tests?|passed|failed|errored)\b"
+    r"|\bMeasured\b|^\s*\|\s*-+\s*\|"
+)
+
+
+def test_decisions_of_issue_13_hold_decisions_not_a_work_log():
+    # docs/DECISIONS.md states each decision and its reason; test counts and session
+    # stories are not reasons, and figures live in BENCHMARKS.md (faults in RELIABILITY.md).
+    text = (REPO / "docs" / "DECISIONS.md").read_text(encoding="utf-8")
+    start = text.index("## Object storage (issue 13")
+    stretch = text[start : text.index("\n## Issue 20", start)]
+    assert "## Spark jobs on object roots" in stretch  # the stretch was found
+    log = [line.strip() for line in stretch.splitlines() if _WORK_LOG.search(line)]
+    assert not log, "work log in DECISIONS.md:\n" + "\n".join(log)
