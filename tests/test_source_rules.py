@@ -1,7 +1,9 @@
 """Rules about the repository's own text, checked over every file they cover.
 
 - No citation of a document the repository does not hold ("SPEC §2", "the SPEC"): a
-  reader cannot follow it, so the rule it stood for is written out where it applies."""
+  reader cannot follow it, so the rule it stood for is written out where it applies.
+- Every ``iqkit`` module stays within ``MAX_MODULE_LINES``: past it a module holds more
+  than one concept and is split along its seam (docs/ARCHITECTURE.md's tree)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 import iqkit
 
 REPO = Path(iqkit.__file__).resolve().parents[1]
+MAX_MODULE_LINES = 800
 
 #: "SPEC" as a document's name: "SPEC §2", "the SPEC", "SPEC's" (not FSSPEC_*, SPECIFIC).
 _SPEC_CITATION = re.compile(r"(?<![A-Za-z_])SPEC(?![A-Za-z_])")
@@ -54,3 +57,13 @@ def test_decisions_of_issue_13_hold_decisions_not_a_work_log():
     assert "## Spark jobs on object roots" in stretch  # the stretch was found
     log = [line.strip() for line in stretch.splitlines() if _WORK_LOG.search(line)]
     assert not log, "work log in DECISIONS.md:\n" + "\n".join(log)
+
+
+def test_every_module_stays_within_the_line_bound():
+    lengths = {
+        path.relative_to(REPO).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+        for path in (REPO / "iqkit").rglob("*.py")
+    }
+    assert "iqkit/engine.py" in lengths  # the package was read
+    over = {name: n for name, n in lengths.items() if n > MAX_MODULE_LINES}
+    assert not over, f"modules over {MAX_MODULE_LINES} lines (split along a seam): {over}"
