@@ -11,6 +11,7 @@ stores written by Spark, from Python and Jupyter.
         r.only_partition_result().result   # {'total': 42}
 """
 
+from . import query
 from .engine import StateEngine, open
 from .errors import (
     EngineClosedError,
@@ -22,28 +23,10 @@ from .errors import (
     StoreNotFoundError,
     UnknownStoreError,
 )
-from .query import (
-    FailureReason,
-    KeyQuery,
-    KeyValue,
-    KeyValueIterator,
-    LagInfo,
-    MultiKeyQuery,
-    Position,
-    PositionBound,
-    PrefixScanQuery,
-    Query,
-    QueryResult,
-    RangeQuery,
-    RawKeyQuery,
-    RawScanQuery,
-    ResultOrder,
-    StateQueryRequest,
-    StateQueryResult,
-    Windowed,
-    WindowKeyQuery,
-    WindowRangeQuery,
-)
+
+# The query model's public names, whose one list is iqkit.query.__all__ (added to this
+# __all__ below). ruff cannot tell which names a star import brings (F403): it is this one.
+from .query import *  # noqa: F403
 from .sqlsession import SQLError, SQLSession, sql
 from .store.manifest import StoreManifest
 from .store.partitioners import murmur2
@@ -75,27 +58,10 @@ def unload_ipython_extension(ipython: object) -> None:
 
 __all__ = [
     "EngineClosedError",
-    "FailureReason",
     "IqkitError",
-    "KeyQuery",
-    "KeyValue",
-    "KeyValueIterator",
-    "LagInfo",
-    "MultiKeyQuery",
-    "Position",
-    "PositionBound",
-    "PrefixScanQuery",
-    "Query",
-    "QueryResult",
-    "RangeQuery",
-    "RawKeyQuery",
-    "RawScanQuery",
     "SQLError",
     "SQLSession",
-    "ResultOrder",
     "StateEngine",
-    "StateQueryRequest",
-    "StateQueryResult",
     "StoreCorruptedError",
     "StoreExistsError",
     "StoreIOError",
@@ -104,9 +70,6 @@ __all__ = [
     "StoreNotFoundError",
     "StoreWriter",
     "UnknownStoreError",
-    "WindowKeyQuery",
-    "WindowRangeQuery",
-    "Windowed",
     "__version__",
     "create_store",
     "get_serde",
@@ -117,3 +80,4 @@ __all__ = [
     "sql",
     "unload_ipython_extension",
 ]
+__all__ += query.__all__  # the query model's public names (listed there once)

@@ -29,10 +29,11 @@ LAYERS: dict[str, set[str]] = {
     "store": {"errors", "query"},
     "engine": {"errors", "query", "store"},
     "rows": {"errors", "query", "store"},
-    "tables": {"errors", "query", "store", "rows"},
-    "sqlsession": {"errors", "query", "store", "engine", "rows", "tables"},
+    "shaping": {"errors", "query", "store", "rows"},
+    "tables": {"errors", "query", "store", "rows", "shaping"},
+    "sqlsession": {"errors", "query", "store", "engine", "rows", "shaping", "tables"},
     "spark": {"errors", "query", "store", "rows"},
-    "jupyter": {"errors", "query", "store", "engine", "rows", "tables", "sqlsession"},
+    "jupyter": {"errors", "query", "store", "engine", "rows", "shaping", "tables", "sqlsession"},
 }
 TOP = {"__init__", "__main__", "demo"}
 

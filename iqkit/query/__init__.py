@@ -14,13 +14,19 @@ from .order import ResultOrder
 from .position import Position, PositionBound
 from .range import PrefixScanQuery, RangeQuery
 from .raw import RawKeyQuery, RawScanQuery
-from .request import InStore, StateQueryRequest, validate_store_name
+from .request import InStore as InStore
+from .request import StateQueryRequest
+from .request import validate_store_name as validate_store_name
 from .results import FailureReason, QueryResult, StateQueryResult
-from .window import WindowKeyQuery, WindowRangeQuery, to_epoch_millis
+from .window import WindowKeyQuery, WindowRangeQuery
+from .window import to_epoch_millis as to_epoch_millis
 
+# __all__ is the query model's public API and its one list: ``iqkit`` re-exports exactly
+# these names (a star import, and ``__all__ += query.__all__``). ``InStore``,
+# ``to_epoch_millis`` and ``validate_store_name`` stay importable from here (the ``as``
+# form marks them re-exported) but serve iqkit's own layers, so they are not listed.
 __all__ = [
     "FailureReason",
-    "InStore",
     "KeyQuery",
     "KeyValue",
     "KeyValueIterator",
@@ -40,6 +46,4 @@ __all__ = [
     "WindowKeyQuery",
     "WindowRangeQuery",
     "Windowed",
-    "to_epoch_millis",
-    "validate_store_name",
 ]

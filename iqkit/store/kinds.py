@@ -1,6 +1,7 @@
 """Store kinds: what a key-value store and a window store each are, in one place.
 
-A manifest names its store's kind (``"kv"`` or ``"window"``, SPEC §2). Everything that
+A manifest names its store's kind: ``"kv"`` (one value per key) or ``"window"`` (one
+value per key and window start, windows of the manifest's ``window_size_ms``). Everything that
 behaves differently per kind asks the :class:`StoreKind` rather than comparing that name:
 the IQv2 query types the store runs (anything else is ``UNKNOWN_QUERY_TYPE``), the ``%iq``
 commands that read it (the magic's kind check, the panel's buttons, completion), the

@@ -1,8 +1,9 @@
 """Serdes by name: how keys and values become the bytes stored in RocksDB.
 
 Why byte-compatible with Kafka: a store written by Spark from a Kafka topic should hold
-the same key bytes a Kafka producer would send, so ``murmur2`` over those bytes puts
-each key in the partition Kafka would (SPEC §2), and raw bytes read with a Kafka client's
+the same key bytes a Kafka producer would send, so a murmur2 store puts each key in the
+partition Kafka's default partitioner would (``toPositive(murmur2(key bytes)) %
+partitions`` over those very bytes), and raw bytes read with a Kafka client's
 deserializer mean the same thing. ``string``, ``bytes``, ``int32``, ``int64`` and
 ``double`` match Kafka's ``StringSerializer`` (UTF-8), ``ByteArraySerializer``,
 ``IntegerSerializer``, ``LongSerializer`` and ``DoubleSerializer``; ``json`` is compact
@@ -49,6 +50,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from iqkit.store.ordered import decode as _ordered_decode
 from iqkit.store.ordered import encode as _ordered_encode
 from iqkit.store.ordered import short_repr
+from iqkit.store.serde_arrow import (
+    arrow_errors,
+    arrow_numbers,
+    binary_after,
+    decode_fixed_arrow,
+    fixed_width_binary,
+    unpack_fixed,
+    valid_mask,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -73,120 +83,6 @@ _INT64 = struct.Struct(">q")
 _DOUBLE = struct.Struct(">d")
 _pack_f64, _unpack_f64 = _DOUBLE.pack, _DOUBLE.unpack
 
-
-def _unpack_fixed(
-    serde: Serde, datas: Sequence[bytes], offset: int, code: str, width: int
-) -> list[Any]:
-    """Decode equal-width big-endian values with one ``struct.unpack`` call (``x`` pad
-    bytes skip the ``offset`` prefix)."""
-    if not datas:
-        return []
-    if set(map(len, datas)) != {width + offset}:
-        return [serde.deserialize(d[offset:]) for d in datas]  # raises the serde's message
-    fmt = f">{len(datas)}{code}" if not offset else ">" + ("x" * offset + code) * len(datas)
-    return list(struct.unpack(fmt, b"".join(datas)))
-
-
-def _arrow_numbers(values: pa.Array) -> Any:
-    """The numpy view of a primitive Arrow column's values (null slots hold anything)."""
-    import numpy as np
-
-    dtype = np.dtype(values.type.to_pandas_dtype())
-    raw = np.frombuffer(values.buffers()[1], dtype=dtype)
-    return raw[values.offset : values.offset + len(values)]
-
-
-def _valid_mask(values: pa.Array) -> Any:
-    import pyarrow.compute as pc
-
-    return pc.is_valid(values).to_numpy(zero_copy_only=False)
-
-
-def _fixed_width_binary(values: pa.Array, big_endian: Any, width: int) -> pa.Array:
-    """A ``binary`` array of ``width``-byte values from a numpy array, with the nulls of
-    ``values`` (one buffer of bytes, offsets every ``width``)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    n = len(values)
-    offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
-    validity = pc.is_valid(values).buffers()[1] if values.null_count else None
-    return pa.Array.from_buffers(
-        pa.binary(),
-        n,
-        [validity, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(big_endian))],
-        null_count=values.null_count,
-    )
-
-
-def _arrow_errors() -> tuple[type[Exception], ...]:
-    """What Arrow raises on values it cannot take (invalid UTF-8 in a string cast...)."""
-    import pyarrow as pa
-
-    return (pa.ArrowException, OverflowError, TypeError, ValueError)
-
-
-def _binary_buffers(datas: Sequence[bytes]) -> tuple[pa.Array, Any, Any] | None:
-    """``datas`` as an Arrow ``binary`` array, plus numpy views of its offsets and bytes
-    (``None`` past 2 GiB, where ``pa.array`` returns chunks)."""
-    import numpy as np
-    import pyarrow as pa
-
-    array = pa.array(datas, pa.binary())
-    if not isinstance(array, pa.BinaryArray):
-        return None
-    _, offsets_buf, data_buf = array.buffers()
-    offsets = np.frombuffer(offsets_buf, np.int32, len(datas) + 1)
-    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.empty(0, np.uint8)
-    return array, offsets, data
-
-
-def _binary_after(datas: Sequence[bytes], offset: int) -> pa.Array | None:
-    """``data[offset:]`` of every ``data`` as one ``binary`` array, without a Python
-    slice per value (``None`` when a value is shorter than ``offset``, or past 2 GiB)."""
-    import numpy as np
-    import pyarrow as pa
-
-    binary = _binary_buffers(datas)
-    if binary is None:
-        return None
-    array, offsets, data = binary
-    if not offset:
-        return array
-    n = len(datas)
-    if (np.diff(offsets) < offset).any():
-        return None
-    keep = np.ones(int(offsets[-1]), dtype=bool)
-    for i in range(offset):
-        keep[offsets[:-1] + i] = False
-    stripped = offsets - np.arange(0, offset * (n + 1), offset, dtype=np.int32)
-    return pa.Array.from_buffers(
-        pa.binary(),
-        n,
-        [None, pa.py_buffer(stripped), pa.py_buffer(data[: int(offsets[-1])][keep])],
-    )
-
-
-def _decode_fixed_arrow(
-    datas: Sequence[bytes], offset: int, dtype: str, arrow_type: pa.DataType
-) -> pa.Array | None:
-    """``data[offset:]`` of equal-width big-endian numbers (numpy ``dtype``, e.g.
-    ``">i4"``) as one Arrow column, or ``None`` when some value has another width."""
-    import numpy as np
-    import pyarrow as pa
-
-    binary = _binary_buffers(datas)
-    if binary is None:
-        return None
-    _, offsets, data = binary
-    n = len(datas)
-    width = offset + np.dtype(dtype).itemsize
-    if not (np.diff(offsets) == width).all():
-        return None
-    numbers = data[: n * width].reshape(n, width)[:, offset:].copy().view(dtype)
-    # astype to native order swaps bytes (NaN payloads and -0.0 kept, as struct does)
-    return pa.array(numbers.reshape(n).astype(dtype.replace(">", "=")), arrow_type)
 
 
 # Java's Double.doubleToLongBits collapses every NaN to this one bit pattern.
@@ -357,12 +253,12 @@ class StringSerde(Serde):
         return values.cast(pa.binary())  # UTF-8 bytes as they are: no copy
 
     def decode_arrow(self, datas: Sequence[bytes], offset: int = 0) -> pa.Array | None:
-        array = _binary_after(datas, offset)
+        array = binary_after(datas, offset)
         if array is None:
             return None
         try:
             return array.cast(self.arrow_type())  # validates UTF-8, as bytes.decode does
-        except _arrow_errors():
+        except arrow_errors():
             return None
 
     def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
@@ -424,7 +320,7 @@ class BytesSerde(Serde):
         return values.cast(pa.binary())
 
     def decode_arrow(self, datas: Sequence[bytes], offset: int = 0) -> pa.Array | None:
-        return _binary_after(datas, offset)
+        return binary_after(datas, offset)
 
     def deserialize(self, data: bytes) -> bytes:
         if type(data) is bytes:
@@ -500,17 +396,17 @@ class _BigEndianIntSerde(Serde):
 
         if not pa.types.is_integer(values.type):
             return None
-        ints = _arrow_numbers(values)
-        valid = ints if not values.null_count else ints[_valid_mask(values)]
+        ints = arrow_numbers(values)
+        valid = ints if not values.null_count else ints[valid_mask(values)]
         if len(valid) and (valid.min() < self.MIN or valid.max() > self.MAX):
             return None  # serialize raises the out-of-range message
-        return _fixed_width_binary(values, ints.astype(f">i{self.WIDTH}"), self.WIDTH)
+        return fixed_width_binary(values, ints.astype(f">i{self.WIDTH}"), self.WIDTH)
 
     def decode_arrow(self, datas: Sequence[bytes], offset: int = 0) -> pa.Array | None:
-        return _decode_fixed_arrow(datas, offset, f">i{self.WIDTH}", self.arrow_type())
+        return decode_fixed_arrow(datas, offset, f">i{self.WIDTH}", self.arrow_type())
 
     def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
-        return _unpack_fixed(self, datas, offset, self.CODE, self.WIDTH)
+        return unpack_fixed(self, datas, offset, self.CODE, self.WIDTH)
 
     def deserialize(self, data: bytes) -> int:
         try:
@@ -611,18 +507,18 @@ class DoubleSerde(Serde):
         if not (pa.types.is_integer(t) or pa.types.is_float32(t) or pa.types.is_float64(t)):
             return None
         # float32 -> float64 is exact; int64 -> float64 rounds to nearest like float(int).
-        floats = _arrow_numbers(values).astype(np.float64)
+        floats = arrow_numbers(values).astype(np.float64)
         big = floats.astype(">f8")
         nan = np.isnan(floats)
         if nan.any():
             big[nan] = np.frombuffer(_JAVA_NAN, dtype=">f8")[0]  # Java's canonical NaN bits
-        return _fixed_width_binary(values, big, 8)
+        return fixed_width_binary(values, big, 8)
 
     def decode_arrow(self, datas: Sequence[bytes], offset: int = 0) -> pa.Array | None:
-        return _decode_fixed_arrow(datas, offset, ">f8", self.arrow_type())
+        return decode_fixed_arrow(datas, offset, ">f8", self.arrow_type())
 
     def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
-        return _unpack_fixed(self, datas, offset, "d", 8)
+        return unpack_fixed(self, datas, offset, "d", 8)
 
     def deserialize(self, data: bytes) -> float:
         try:

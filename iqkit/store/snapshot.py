@@ -304,8 +304,9 @@ class StoreSnapshot:
         """Partition ``p`` as ``record`` (from ``current()``) has it; raises ``IqkitError``
         when it cannot be read.
 
-        A partition no commit has touched is an empty partition, not a failure (SPEC §2).
-        A Kafka Streams user reads NOT_PRESENT as "not hosted here"; this one is here.
+        A partition no commit has touched is an empty partition, not a failure: it answers
+        every query with no rows. A Kafka Streams user reads NOT_PRESENT as "not hosted
+        here"; this one is here.
         """
         if record is None or p not in record.partitions:
             return self._empty_partition()

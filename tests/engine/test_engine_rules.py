@@ -1,4 +1,7 @@
-"""The execution rules of SPEC §2, each against real stores on disk."""
+"""The engine's execution rules, each against real stores on disk: which partitions a
+request reaches (owner of a key, requested partitions, fan-out), the per-partition checks
+in order (DOES_NOT_EXIST, UNKNOWN_QUERY_TYPE, NOT_ACTIVE, NOT_UP_TO_BOUND, then
+STORE_EXCEPTION), a never-written partition read as empty, and lags."""
 
 from __future__ import annotations
 

@@ -1,0 +1,135 @@
+"""Whole Arrow columns of serialized keys and values, decoded and encoded at once.
+
+The serdes' bulk paths (``Serde.decode_arrow`` and ``serialize_arrow`` in
+:mod:`iqkit.store.serdes`) share these: Arrow ``binary`` arrays built over many byte
+strings in one call, numpy views of their buffers, fixed-width big-endian numbers read
+without a Python object per value. Each serde keeps the facts about its own values; this
+module only moves bytes. pyarrow and numpy are imported inside the functions, so
+importing the serdes (every store operation does) never imports them.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from .serdes import Serde
+
+
+def unpack_fixed(
+    serde: Serde, datas: Sequence[bytes], offset: int, code: str, width: int
+) -> list[Any]:
+    """Decode equal-width big-endian values with one ``struct.unpack`` call (``x`` pad
+    bytes skip the ``offset`` prefix)."""
+    if not datas:
+        return []
+    if set(map(len, datas)) != {width + offset}:
+        return [serde.deserialize(d[offset:]) for d in datas]  # raises the serde's message
+    fmt = f">{len(datas)}{code}" if not offset else ">" + ("x" * offset + code) * len(datas)
+    return list(struct.unpack(fmt, b"".join(datas)))
+
+
+def arrow_numbers(values: pa.Array) -> Any:
+    """The numpy view of a primitive Arrow column's values (null slots hold anything)."""
+    import numpy as np
+
+    dtype = np.dtype(values.type.to_pandas_dtype())
+    raw = np.frombuffer(values.buffers()[1], dtype=dtype)
+    return raw[values.offset : values.offset + len(values)]
+
+
+def valid_mask(values: pa.Array) -> Any:
+    import pyarrow.compute as pc
+
+    return pc.is_valid(values).to_numpy(zero_copy_only=False)
+
+
+def fixed_width_binary(values: pa.Array, big_endian: Any, width: int) -> pa.Array:
+    """A ``binary`` array of ``width``-byte values from a numpy array, with the nulls of
+    ``values`` (one buffer of bytes, offsets every ``width``)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(values)
+    offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
+    validity = pc.is_valid(values).buffers()[1] if values.null_count else None
+    return pa.Array.from_buffers(
+        pa.binary(),
+        n,
+        [validity, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(big_endian))],
+        null_count=values.null_count,
+    )
+
+
+def arrow_errors() -> tuple[type[Exception], ...]:
+    """What Arrow raises on values it cannot take (invalid UTF-8 in a string cast...)."""
+    import pyarrow as pa
+
+    return (pa.ArrowException, OverflowError, TypeError, ValueError)
+
+
+def _binary_buffers(datas: Sequence[bytes]) -> tuple[pa.Array, Any, Any] | None:
+    """``datas`` as an Arrow ``binary`` array, plus numpy views of its offsets and bytes
+    (``None`` past 2 GiB, where ``pa.array`` returns chunks)."""
+    import numpy as np
+    import pyarrow as pa
+
+    array = pa.array(datas, pa.binary())
+    if not isinstance(array, pa.BinaryArray):
+        return None
+    _, offsets_buf, data_buf = array.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int32, len(datas) + 1)
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+    return array, offsets, data
+
+
+def binary_after(datas: Sequence[bytes], offset: int) -> pa.Array | None:
+    """``data[offset:]`` of every ``data`` as one ``binary`` array, without a Python
+    slice per value (``None`` when a value is shorter than ``offset``, or past 2 GiB)."""
+    import numpy as np
+    import pyarrow as pa
+
+    binary = _binary_buffers(datas)
+    if binary is None:
+        return None
+    array, offsets, data = binary
+    if not offset:
+        return array
+    n = len(datas)
+    if (np.diff(offsets) < offset).any():
+        return None
+    keep = np.ones(int(offsets[-1]), dtype=bool)
+    for i in range(offset):
+        keep[offsets[:-1] + i] = False
+    stripped = offsets - np.arange(0, offset * (n + 1), offset, dtype=np.int32)
+    return pa.Array.from_buffers(
+        pa.binary(),
+        n,
+        [None, pa.py_buffer(stripped), pa.py_buffer(data[: int(offsets[-1])][keep])],
+    )
+
+
+def decode_fixed_arrow(
+    datas: Sequence[bytes], offset: int, dtype: str, arrow_type: pa.DataType
+) -> pa.Array | None:
+    """``data[offset:]`` of equal-width big-endian numbers (numpy ``dtype``, e.g.
+    ``">i4"``) as one Arrow column, or ``None`` when some value has another width."""
+    import numpy as np
+    import pyarrow as pa
+
+    binary = _binary_buffers(datas)
+    if binary is None:
+        return None
+    _, offsets, data = binary
+    n = len(datas)
+    width = offset + np.dtype(dtype).itemsize
+    if not (np.diff(offsets) == width).all():
+        return None
+    numbers = data[: n * width].reshape(n, width)[:, offset:].copy().view(dtype)
+    # astype to native order swaps bytes (NaN payloads and -0.0 kept, as struct does)
+    return pa.array(numbers.reshape(n).astype(dtype.replace(">", "=")), arrow_type)

@@ -1,0 +1,69 @@
+"""Rules about the repository's own text, checked over every file they cover.
+
+- No citation of a document the repository does not hold ("SPEC §2", "the SPEC"): a
+  reader cannot follow it, so the rule it stood for is written out where it applies.
+- Every ``iqkit`` module stays within ``MAX_MODULE_LINES``: past it a module holds more
+  than one concept and is split along its seam (docs/ARCHITECTURE.md's tree)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import iqkit
+
+REPO = Path(iqkit.__file__).resolve().parents[1]
+MAX_MODULE_LINES = 800
+
+#: "SPEC" as a document's name: "SPEC §2", "the SPEC", "SPEC's" (not FSSPEC_*, SPECIFIC).
+_SPEC_CITATION = re.compile(r"(?<![A-Za-z_])SPEC(?![A-Za-z_])")
+
+
+def _texts() -> list[Path]:
+    found = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    for folder in ("iqkit", "pyspark_iqkit", "tests", "bench"):
+        found += sorted((REPO / folder).rglob("*.py"))
+    found += sorted((REPO / "notebooks").glob("*.py"))
+    return found
+
+
+def test_nothing_cites_a_document_outside_the_repository():
+    files = _texts()
+    assert any(p.name == "DECISIONS.md" for p in files)  # the docs were read
+    citing = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in files
+        if path.name != "test_source_rules.py"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if _SPEC_CITATION.search(line) or "§" in line
+    ]
+    assert not citing, "cites a document the repository does not hold:\n" + "\n".join(citing)
+
+
+
+#: What a work log writes and a decision does not: test counts, measurements, tables.
+_WORK_LOG = re.compile(
+    r"\b\d[\d,]* (?:of about [\d,]+ )?(?:tests?|passed|failed|errored)\b"
+    r"|\bMeasured\b|^\s*\|\s*-+\s*\|"
+)
+
+
+def test_decisions_of_issue_13_hold_decisions_not_a_work_log():
+    # docs/DECISIONS.md states each decision and its reason; test counts and session
+    # stories are not reasons, and figures live in BENCHMARKS.md (faults in RELIABILITY.md).
+    text = (REPO / "docs" / "DECISIONS.md").read_text(encoding="utf-8")
+    start = text.index("## Object storage (issue 13")
+    stretch = text[start : text.index("\n## Issue 20", start)]
+    assert "## Spark jobs on object roots" in stretch  # the stretch was found
+    log = [line.strip() for line in stretch.splitlines() if _WORK_LOG.search(line)]
+    assert not log, "work log in DECISIONS.md:\n" + "\n".join(log)
+
+
+def test_every_module_stays_within_the_line_bound():
+    lengths = {
+        path.relative_to(REPO).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+        for path in (REPO / "iqkit").rglob("*.py")
+    }
+    assert "iqkit/engine.py" in lengths  # the package was read
+    over = {name: n for name, n in lengths.items() if n > MAX_MODULE_LINES}
+    assert not over, f"modules over {MAX_MODULE_LINES} lines (split along a seam): {over}"
