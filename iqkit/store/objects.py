@@ -144,6 +144,24 @@ def check_key(path: str) -> str:
     return path
 
 
+class _FailingFast:
+    """``ObjectStore.failing_fast``'s block."""
+
+    __slots__ = ("_objects",)
+
+    def __init__(self, objects: ObjectStore) -> None:
+        self._objects = objects
+
+    def __enter__(self) -> None:
+        self._objects._fast_blocks += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        objects = self._objects
+        objects._fast_blocks -= 1
+        if not objects._fast_blocks:
+            objects._unreachable = None
+
+
 class ObjectStore(ABC):
     """The calls the store format makes on a root; see the module docstring."""
 
@@ -224,19 +242,13 @@ class ObjectStore(ABC):
         clock (chain_retention.py). One listing request on object storage."""
         raise NotImplementedError
 
-    @contextlib.contextmanager
-    def failing_fast(self) -> Iterator[None]:
+    def failing_fast(self) -> _FailingFast:
         """A block (one query's fan-out) in which, once a request found the endpoint
         unreachable (after its own bounded retries), every later request fails at once
         with the same reason instead of waiting for its own retries and timeouts: 16
-        partitions' fetches took 100 s to fail one by one. The next block tries again."""
-        self._fast_blocks += 1
-        try:
-            yield
-        finally:
-            self._fast_blocks -= 1
-            if not self._fast_blocks:
-                self._unreachable = None
+        partitions' fetches took 100 s to fail one by one. The next block tries again.
+        A plain class, not a generator: it wraps every query, key lookups included."""
+        return _FailingFast(self)
 
     @contextlib.contextmanager
     def _classified(self, action: str, path: str = "") -> Iterator[None]:
