@@ -127,10 +127,15 @@ def work_folder(parent: str | os.PathLike[str] | None = None) -> Iterator[Path]:
     remove_dead_work_folders(where)
     while True:
         path = tempfile.mkdtemp(prefix=CHAIN_WORK_PREFIX, dir=where)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        # Until it is locked the new folder looks like a dead writer's to another
+        # writer's sweep (another process, or another thread of this one), which may
+        # remove it before it is opened, or between the open and the lock: then make
+        # another.
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            continue
         fcntl.flock(fd, fcntl.LOCK_EX)
-        # Another writer's sweep may have taken the lock between mkdtemp and flock, and
-        # removed the folder as a dead writer's: then make another.
         if _same_folder(path, fd):
             break
         os.close(fd)

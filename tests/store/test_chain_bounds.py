@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -225,6 +226,32 @@ chain_write.commit_version(
     cache=FileCache(os.path.join(work, "cache")), work=work,
 )
 """
+
+
+def test_writers_making_working_folders_at_once_never_take_each_others(tmp_path):
+    """Each writer's sweep for dead writers' folders runs while other writers (threads
+    here, as racing StoreWriters in one process) are making theirs: a folder not yet
+    locked looks dead to a sweep, which may remove it; its maker makes another instead
+    of failing (before: FileNotFoundError out of the commit), and no live (locked)
+    folder is ever removed under its writer."""
+    errors: list[str] = []
+
+    def writer() -> None:
+        for _ in range(100):
+            try:
+                with chain_write.work_folder(tmp_path) as folder:
+                    (folder / "sst").write_bytes(b"x")
+                    assert (folder / "sst").read_bytes() == b"x"
+            except Exception as exc:  # each failure, whatever it is, is reported below
+                errors.append(repr(exc))
+
+    threads = [threading.Thread(target=writer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert [n for n in os.listdir(tmp_path) if n.startswith(CHAIN_WORK_PREFIX)] == []
 
 
 def test_the_next_writer_removes_a_killed_writers_working_folder_only(tmp_path):
