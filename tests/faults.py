@@ -30,7 +30,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from helpers import in_private_mount_namespace, kv_rows, mount_namespaces_work
+from helpers import (
+    folder_for_other_users,
+    in_private_mount_namespace,
+    kv_rows,
+    mount_namespaces_work,
+)
 
 import iqkit
 from iqkit.store.layout import StoreLayout
@@ -219,8 +224,7 @@ def read_only_copy(root: Path) -> Iterator[tuple[Path, list[str], dict[str, Any]
     ``nobody`` over a copy without write permission. A non-root user just gets a copy
     without write permission. The child proves the copy is read-only before reading.
     """
-    base = Path(tempfile.mkdtemp(prefix="iqkit-ro-"))
-    os.chmod(base, 0o755)
+    base = folder_for_other_users("iqkit-ro-")
     copy = base / "stores"
     shutil.copytree(root, copy, symlinks=True)
     try:

@@ -7,9 +7,23 @@ import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import iqkit
+
+
+def folder_for_other_users(prefix: str) -> Path:
+    """A new folder (0755) that another user (``nobody``, in the hostile-store and
+    read-only tests) can reach: in the test scratch folder (TMPDIR) when every folder
+    above it lets others through, else in ``/tmp`` (a clone inside a folder others cannot
+    enter, such as root's home: nothing there is reachable by another user). The caller
+    removes it."""
+    scratch = Path(tempfile.gettempdir()).resolve()
+    reachable = all(os.stat(p).st_mode & 0o001 for p in [scratch, *scratch.parents])
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=None if reachable else "/tmp"))
+    os.chmod(folder, 0o755)
+    return folder
 
 
 def request(store: str, query: iqkit.Query) -> iqkit.StateQueryRequest:

@@ -15,12 +15,11 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import in_private_mount_namespace, mount_namespaces_work
+from helpers import folder_for_other_users, in_private_mount_namespace, mount_namespaces_work
 
 import iqkit
 from iqkit.store.cache import FileCache
@@ -48,8 +47,7 @@ def write_values(root: Path, prefix: str) -> None:
 def world() -> Iterator[Path]:
     """A folder every user can reach (pytest's own tmp folders are root's only), with a
     true store ``stores`` and a sticky world-writable ``tmp`` (other users' TMPDIR)."""
-    base = Path(tempfile.mkdtemp(prefix="iqkit-hostile-"))
-    os.chmod(base, 0o755)
+    base = folder_for_other_users("iqkit-hostile-")
     write_values(base / "stores", "true")
     (base / "tmp").mkdir()
     os.chmod(base / "tmp", 0o1777)
@@ -167,7 +165,10 @@ def guarded(fn):
         return {"raised": traceback.format_exc(), "lines": len(traceback.format_exc().splitlines())}
 
 
-# Everything imported and warmed up as root (lazy imports included), in a cache of its own.
+# Everything imported and warmed up as root (lazy imports included), in a cache of its own:
+# after setuid the other user may not reach this interpreter's files (a venv under root's
+# home). traitlets imports its logging module only when it first logs.
+import traitlets.log
 warm = tempfile.mkdtemp()
 os.environ["IQKIT_CACHE"] = warm
 engine_read(); cli(); magic()

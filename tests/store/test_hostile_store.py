@@ -12,12 +12,11 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import kv_rows, tree_digest
+from helpers import folder_for_other_users, kv_rows, tree_digest
 
 import iqkit
 from iqkit.store.chain_retention import collect_chain_garbage
@@ -239,8 +238,7 @@ def test_a_record_naming_a_folder_of_its_partition_fails_that_partition(root):
 def shared_root() -> Iterator[Path]:
     """A root every user can reach (pytest's tmp folders are root's only), as on a shared
     cluster or notebook server; removed afterwards."""
-    base = Path(tempfile.mkdtemp(prefix="iqkit-cotenant-"))
-    os.chmod(base, 0o755)
+    base = folder_for_other_users("iqkit-cotenant-")
     try:
         yield base
     finally:
