@@ -231,6 +231,15 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def folder_files(root: Path) -> dict[str, str]:
+    """``contents`` of the folder format's files of 'totals'."""
+    return {
+        rel: digest
+        for rel, digest in contents(root / "totals").items()
+        if rel.split("/")[0] in (*FOLDER_FILES, "manifest.json")
+    }
+
+
 def steps_of_a_run(root: Path, store: str) -> list[str]:
     steps: list[str] = []
     migrate.step_hook = steps.append
@@ -279,6 +288,8 @@ def test_a_kill_at_each_step_then_a_rerun_gives_the_same_store(tmp_path):
         assert run.returncode == -signal.SIGKILL, (step, run.stdout, run.stderr)
         switched = i >= steps.index("switched")
         assert manifest_format(root, "totals") == (2 if switched else 1), step
+        if not switched:  # the folder files as they were: read, never written to
+            assert folder_files(root) == folder_files(FROZEN), step
         # A reader now sees the folder store (whole, or refused in one line naming the
         # command, once the folder reader is gone) or the whole chain store.
         try:
@@ -429,6 +440,13 @@ def test_unknown_store_and_root(folder_root, tmp_path):
         migrate_store(folder_root, "nope")
     with pytest.raises(StoreNotFoundError, match="no iqkit root folder"):
         migrate_store(tmp_path / "missing", "totals")
+
+
+def test_stores_on_an_object_root_are_chain_stores_already(s3_root):
+    iqkit.create_store(s3_root, "totals", partitions=2)
+    assert [r.line() for r in migrate_root(s3_root)] == ["totals: already in the chain format"]
+    with pytest.raises(UnknownStoreError, match="stores: totals"):
+        migrate_store(s3_root, "nope")
 
 
 # -- a migrated store takes commits --------------------------------------------------------
