@@ -96,14 +96,14 @@ def _migrate(root: str, stores: list[str]) -> int:
     is damaged, it is not there) is one ``error:`` line, the others go on; exit 1 then."""
     try:
         stores = stores or store_names(root)
-    except IqkitError as exc:
+    except (IqkitError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     failed = False
     for store in stores:
         try:
             print(migrate_store(root, store).line(), flush=True)
-        except IqkitError as exc:
+        except (IqkitError, ValueError) as exc:  # ValueError: not a store name
             print(f"error: {exc}", file=sys.stderr, flush=True)
             failed = True
     return 1 if failed else 0

@@ -37,7 +37,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +102,7 @@ class MigrationReport:
     #: Folder files removed from a store that was already switched (a run killed then).
     finished_cleanup: bool = False
     #: Versions an old-format reader still has open: their folder files stay (for now).
-    leased: tuple[int, ...] = field(default=())
+    leased: tuple[int, ...] = ()
 
     def line(self) -> str:
         """One line for people: ``totals: 4 versions migrated (3..6)``."""
@@ -462,9 +462,7 @@ def _finish(store: str, folder: Path, report: MigrationReport) -> MigrationRepor
     reader still has a version open (then they stay, and the report says so)."""
     leased = _leased_versions(folder)
     if leased:
-        return MigrationReport(
-            store, report.outcome, report.versions, report.finished_cleanup, leased
-        )
+        return replace(report, leased=leased)
     try:
         _clean(folder, _leftovers(folder))
     except OSError as exc:
