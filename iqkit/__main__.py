@@ -5,6 +5,7 @@ python -m iqkit stores ROOT            list stores with kind, partitions, versio
 python -m iqkit get ROOT STORE KEY     a KeyQuery (KEY parsed by the key serde)
 python -m iqkit scan ROOT STORE [--prefix P] [--limit N] [--desc]
 python -m iqkit lag ROOT
+python -m iqkit migrate ROOT [STORE...]   folder-format stores into chain stores, in place
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from . import (
 )
 from . import open as open_engine
 from .query.lag import NO_SOURCE
+from .store.migrate import migrate_store, store_names
 from .store.serdes import get_serde
 
 
@@ -89,6 +91,24 @@ def _lag(root: str) -> int:
     return 0
 
 
+def _migrate(root: str, stores: list[str]) -> int:
+    """One line per store; a store that cannot be migrated (a writer holds its lock, it
+    is damaged, it is not there) is one ``error:`` line, the others go on; exit 1 then."""
+    try:
+        stores = stores or store_names(root)
+    except (IqkitError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    failed = False
+    for store in stores:
+        try:
+            print(migrate_store(root, store).line(), flush=True)
+        except (IqkitError, ValueError) as exc:  # ValueError: not a store name
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            failed = True
+    return 1 if failed else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m iqkit", description="Query iqkit state stores."
@@ -115,6 +135,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     scan.add_argument("--limit", type=int, default=20, help="rows in all (default 20)")
     scan.add_argument("--desc", action="store_true")
     sub.add_parser("lag", help="lag per store partition").add_argument("root")
+    migrate = sub.add_parser(
+        "migrate",
+        help="turn stores in the folder format of earlier iqkits into chain stores, in place",
+        description=(
+            "Turn stores in the folder format of earlier iqkit versions into chain stores, "
+            "in place, keeping every retained version with its number, positions and "
+            "commit records. Safe to interrupt and run again; readers see the old store or "
+            "the new one. Refused while a writer holds a store's commit lock (exit code 1)."
+        ),
+    )
+    migrate.add_argument("root")
+    migrate.add_argument("stores", nargs="*", metavar="STORE", help="default: every store")
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
@@ -129,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _get(args.root, args.store, args.key)
         if args.command == "scan":
             return _scan(args.root, args.store, args.prefix, args.limit, args.desc)
+        if args.command == "migrate":
+            return _migrate(args.root, args.stores)
         return _lag(args.root)
     except (IqkitError, ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

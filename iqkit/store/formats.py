@@ -12,8 +12,9 @@ Two formats exist:
 
 A store's format is told by what is in it, never by a setting a reader must know: on an
 object root every store is a chain store; under a local root the manifest says which
-(a manifest of format 1 whose folder holds the chain's ``chain/`` or ``sst/`` folder is
-a chain store an earlier iqkit made on object storage and someone copied down). A new
+(a manifest of format 1 whose folder holds the chain's ``chain/`` or ``sst/`` folder and
+neither ``LATEST`` nor ``versions/`` is a chain store an earlier iqkit made on object
+storage and someone copied down). A new
 store takes ``new_store_format(root)``: the chain format everywhere, unless
 ``IQKIT_LOCAL_FORMAT=folder`` asks for the folder format on a local root (stores made
 by earlier iqkits keep opening and taking commits in their own format; see
@@ -28,7 +29,14 @@ import json
 import os
 
 from .manifest import StoreManifest
-from .names import CHAIN_FORMAT_VERSION, CHAIN_RECORDS_DIR, CHAIN_SST_DIR, MANIFEST_FILE
+from .names import (
+    CHAIN_FORMAT_VERSION,
+    CHAIN_RECORDS_DIR,
+    CHAIN_SST_DIR,
+    LATEST_FILE,
+    MANIFEST_FILE,
+    VERSIONS_DIR,
+)
 from .roots import StoreRoot, parse_root
 
 __all__ = ["StoreFormat", "as_chain_manifest", "new_store_format", "store_format"]
@@ -85,8 +93,13 @@ def store_format(root: str | os.PathLike[str] | StoreRoot, store: str) -> StoreF
         return new_store_format(parsed)
     except (OSError, ValueError, AttributeError):
         return StoreFormat.FOLDER
-    if version == CHAIN_FORMAT_VERSION or any(
-        os.path.isdir(os.path.join(folder, d)) for d in (CHAIN_RECORDS_DIR, CHAIN_SST_DIR)
-    ):
+    if version == CHAIN_FORMAT_VERSION:
+        return StoreFormat.CHAIN
+    # A folder store being migrated (store/migrate.py) holds the chain's files beside its
+    # own until its manifest says 2: while ``LATEST`` or ``versions/`` is there, it is
+    # still a folder store (readers must not see a chain written half-way).
+    if any(os.path.exists(os.path.join(folder, n)) for n in (LATEST_FILE, VERSIONS_DIR)):
+        return StoreFormat.FOLDER
+    if any(os.path.isdir(os.path.join(folder, d)) for d in (CHAIN_RECORDS_DIR, CHAIN_SST_DIR)):
         return StoreFormat.CHAIN
     return StoreFormat.FOLDER
