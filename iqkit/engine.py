@@ -68,6 +68,8 @@ from .store.versions import VersionRecord
 #: for the text format, so notebooks never parse it themselves).
 _SERVED_AT = "at version"
 _SERVED_VERSION = re.compile(rf"\b{_SERVED_AT} (\d+)\b")
+#: The disabled trace the key-lookup path hands the layers (inert: it records nothing).
+_NO_TRACE = Trace(False)
 
 
 class _StoreView:
@@ -81,6 +83,16 @@ class _StoreView:
         self.partitioner = get_partitioner(self.manifest.partitioner)
         self.routes_keys = self.partitioner.routes_keys
         self.query_types = self.manifest.kind.query_types
+        #: Routed KeyQueries with default options take ``StateEngine._look_up``: a
+        #: key-value store whose partitioner routes keys, read from a local root (on an
+        #: object root every query lists the records anyway, and a fetch must fail fast
+        #: inside ``failing_fast``).
+        self.looks_up_keys = (
+            self.routes_keys
+            and KeyQuery in self.query_types
+            and isinstance(snapshot, ChainSnapshot)
+            and snapshot.objects.root.is_local
+        )
 
 
 class StateEngine:
@@ -243,13 +255,45 @@ class StateEngine:
     # -- queries -------------------------------------------------------------------------
     def query(self, request: StateQueryRequest) -> StateQueryResult:
         """Execute ``request`` on each targeted partition; results stand alone."""
-        view = self._view(request.store_name)
+        view = self._stores.get(request.store_name)
+        if view is None or self._closed:
+            view = self._view(request.store_name)
+        if view.looks_up_keys and type(request.query) is KeyQuery and request.uses_defaults:
+            result = self._look_up(view, request.query)
+            if result is not None:
+                return result
         snapshot = view.snapshot
         if isinstance(snapshot, ChainSnapshot):
             # Once one partition finds the endpoint unreachable, the others fail at once.
             with snapshot.objects.failing_fast():
                 return self._query(view, request)
         return self._query(view, request)
+
+    def _look_up(self, view: _StoreView, query: KeyQuery) -> StateQueryResult | None:
+        """A routed KeyQuery with default options, on the path that runs most often in a
+        notebook: the served version's freshness check, the key serialized once (for the
+        owner and the read), the owner's open partition by number, its layers' key
+        lookup. ``None`` whenever anything is not the plain case (the partition not yet
+        opened by this engine, a key the serde refuses, a read that fails): ``_query``
+        then runs it and makes any failure the partition's result."""
+        snapshot = view.snapshot
+        try:
+            record = snapshot.current()
+            if record is None:
+                return None
+            key_bytes = view.key_serde.serialize(query.key)
+            p = view.partitioner.partition(key_bytes, view.manifest.partitions)
+            entry = snapshot.hot_partition(p)
+            if entry is None:
+                return None
+            layers = entry.layers
+            assert isinstance(layers, TypedKeyValueLayer)
+            value = layers.execute_key(key_bytes, query.is_skip_cache, _NO_TRACE)
+        except (IqkitError, TypeError, ValueError):
+            return None
+        result: StateQueryResult = StateQueryResult()
+        result.add_result(p, QueryResult.for_result(value, position=entry.position))
+        return result
 
     def _query(self, view: _StoreView, request: StateQueryRequest) -> StateQueryResult:
         record = view.snapshot.served()

@@ -133,7 +133,7 @@ class StateQueryRequest(Generic[R]):
     no execution info.  Each builder method returns a new request.
     """
 
-    __slots__ = tuple("_" + f for f in _FIELDS)
+    __slots__ = (*("_" + f for f in _FIELDS), "_uses_defaults")
     _store_name: str
     _query: Query[R]
     _partitions: frozenset[int] | None
@@ -154,6 +154,14 @@ class StateQueryRequest(Generic[R]):
         obj = object.__new__(cls)
         for name in _FIELDS:
             object.__setattr__(obj, "_" + name, values[name])
+        object.__setattr__(
+            obj,
+            "_uses_defaults",
+            values["partitions"] is None
+            and values["position_bound"].is_unbounded
+            and not values["require_active"]
+            and not values["execution_info"],
+        )
         return obj
 
     def _replace(self, **changes: Any) -> StateQueryRequest[R]:
@@ -236,6 +244,13 @@ class StateQueryRequest(Generic[R]):
                 "reading partitions"
             )
         return self._partitions
+
+    @property
+    def uses_defaults(self) -> bool:
+        """True when the request asks nothing beyond its query: all partitions, no
+        position bound, any version, no execution info (the engine's key-lookup path
+        takes only such requests). Worked out once, when the request is built."""
+        return self._uses_defaults
 
     @property
     def is_require_active(self) -> bool:

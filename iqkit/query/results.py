@@ -48,8 +48,13 @@ class FailureReason(Enum):
     """Reading the partition failed (I/O error, corruption); the message has details."""
 
 
+_set_attribute = object.__setattr__
+
+
 def _lines(execution_info: str | Iterable[str]) -> tuple[str, ...]:
     """Execution info as a tuple of str; a single str is one line, not its characters."""
+    if execution_info == ():  # the usual case (no execution info): nothing to check
+        return ()
     if isinstance(execution_info, str):
         return (execution_info,)
     lines = tuple(execution_info)
@@ -60,6 +65,8 @@ def _lines(execution_info: str | Iterable[str]) -> tuple[str, ...]:
 
 
 def _position(position: Position | None) -> Position:
+    if type(position) is Position:  # the usual case, first
+        return position
     if position is None:
         return Position.empty()
     if not isinstance(position, Position):
@@ -107,11 +114,12 @@ class QueryResult(Generic[R]):
         execution_info: str | Iterable[str],
     ) -> QueryResult[Any]:
         obj = object.__new__(cls)
-        object.__setattr__(obj, "_result", result)
-        object.__setattr__(obj, "_failure_reason", reason)
-        object.__setattr__(obj, "_failure_message", message)
-        object.__setattr__(obj, "_position", _position(position))
-        object.__setattr__(obj, "_execution_info", _lines(execution_info))
+        set_ = _set_attribute  # every key lookup makes one: bound once, not looked up
+        set_(obj, "_result", result)
+        set_(obj, "_failure_reason", reason)
+        set_(obj, "_failure_message", message)
+        set_(obj, "_position", _position(position))
+        set_(obj, "_execution_info", _lines(execution_info))
         return obj
 
     # -- factories -------------------------------------------------------------------

@@ -99,8 +99,11 @@ class RocksDBPartition:
         return self._db
 
     def get(self, key: bytes) -> bytes | None:
+        db = self._db  # not ``_open_db``: a key lookup's every step counts
+        if db is None:
+            raise StoreCorruptedError(f"partition {self.location} is closed")
         try:
-            return self._open_db.get(key)
+            return db.get(key)
         except Exception as exc:
             raise rocks.classify(exc, self.location) from exc
 
