@@ -19,6 +19,7 @@ the script checks that ``iqkit`` and ``pyspark_iqkit`` come from the fresh insta
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -87,15 +88,20 @@ print("RESULT" + json.dumps({
 
 @pytest.fixture(scope="module")
 def project_copy(tmp_path_factory) -> Path:
-    """The project's files (what git tracks, plus new files it does not ignore), copied."""
+    """The project's files (what git tracks, plus new files it does not ignore), copied;
+    without git (an unpacked archive), the tree less the venv, scratch and build folders."""
+    copy = tmp_path_factory.mktemp("project") / "iqkit"
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
         cwd=REPO,
         capture_output=True,
-        check=True,
-    ).stdout.decode()
-    copy = tmp_path_factory.mktemp("project")
-    for name in filter(None, listed.split("\0")):
+        check=False,
+    )
+    if listed.returncode != 0:
+        skip = shutil.ignore_patterns(".git", ".venv", ".test-tmp", "build", "*.egg-info")
+        shutil.copytree(REPO, copy, ignore=skip)
+        return copy
+    for name in filter(None, listed.stdout.decode().split("\0")):
         source = REPO / name
         if source.is_file():  # a tracked file deleted in the work tree is skipped
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
@@ -142,8 +148,10 @@ def test_format_iqkit_is_found_without_registration(mode, project_copy, tmp_path
     project = tmp_path / "project"
     shutil.copytree(project_copy, project)  # each mode builds in a copy of its own
     python = _offline_venv(tmp_path / "venv")
-    # No PYTHONPATH: the venv alone decides what is imported (a test run sets it).
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON")}
+    # No PYTHONPATH: the venv alone decides what is imported (a test run sets it), and
+    # no Spark interpreter of this process's (the session fixture sets them).
+    unset = ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     if MODES[mode] is None:
         _run([python, "-m", "pip", "wheel", *OFFLINE, "-w", tmp_path / "dist", "."], project, env)
         (wheel,) = (tmp_path / "dist").glob("iqkit-*.whl")
@@ -152,7 +160,6 @@ def test_format_iqkit_is_found_without_registration(mode, project_copy, tmp_path
         _run([python, "-m", "pip", *MODES[mode], *OFFLINE], project, env)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    # The script runs under the fresh venv's python: pass it as the interpreter.
     result = _run_script(python, elsewhere, env, tmp_path / "stores")
     installed = project if mode.startswith("editable") else tmp_path / "venv"
     for module in ("iqkit", "pyspark_iqkit"):
@@ -163,8 +170,6 @@ def test_format_iqkit_is_found_without_registration(mode, project_copy, tmp_path
 
 
 def _run_script(python: Path, cwd: Path, env: dict[str, str], root: Path) -> dict:
-    import json
-
     done = subprocess.run(
         [python, "-c", SCRIPT, root],
         cwd=cwd,
