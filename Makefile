@@ -76,7 +76,7 @@ $(VENV)/bin/python:
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --config-settings editable_mode=compat -e '.[dev,lab]'
+	$(PY) -m pip install --quiet -e '.[dev,lab]'
 	touch $(STAMP)
 
 # Java 17+ for PySpark: installed from Debian's packages when missing and we are root

@@ -14,9 +14,9 @@ The job, end to end:
    of an ``int32``/``int64`` key as plain integer arithmetic, or of a ``string`` key by
    commons-codec's ``MurmurHash2.hash32(String)`` (Kafka's function over the UTF-8 bytes,
    checked once per session against Kafka's test vectors). Otherwise in Python
-   (``_encode_fn``, ``mapInArrow``): keys and values serialized, murmur2 over the key
-   bytes, RocksDB key bytes made — whole Arrow columns at a time where the serdes allow
-   (``Serde.serialize_arrow``, ``murmur2_many``), row by row for the others.
+   (``_encode_fn``, ``mapInArrow``, with ``write_encode``'s encoder, which the data source
+   shares): keys and values serialized, murmur2 over the key bytes, RocksDB key bytes
+   made — whole Arrow columns at a time where the serdes allow, row by row for the others.
 3. One shuffle (``repartitionById``: store partition ``p`` goes to Spark partition
    ``p % tasks``; none with ``mark_as_partitioned``). No Spark sort: keys sharing a long
    prefix defeat Spark's prefix sort, and ``pyarrow`` sorts them several times faster.
@@ -55,7 +55,6 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..query.position import Position
-from ..store import keyspace
 from ..store.chain_jobs import ChainJobSpec, StagedChain
 from ..store.jobs import JobSpec, StagedPartition, open_job_commit
 from ..store.manifest import StoreManifest
@@ -75,7 +74,15 @@ from .schema import (
 )
 from .worker_python import require_workers_can_import_iqkit
 from .workers import consume_marker, keep_spark_archive_indexes, spill_dir
+from .write_encode import (
+    encoded_batch,
+    null_keys_error,
+    route,
+    serialize_column,
+    serialize_keys,
+)
 
+#: ``write_encode.ENCODED`` as Spark's schema of the encoding ``mapInArrow``.
 _ENCODED_SCHEMA = "__p int, __k binary, __v binary, __seq long"
 #: Arrow bytes of rows a write task holds before it spills them, sorted, to local disk
 #: (see ``SortedRows``).
@@ -187,7 +194,7 @@ def write_store(
             if r["partition"] is not None and r["partition"] >= 0 and r["staged"]
         )
         if any(r["null_keys"] for r in rows):  # nothing is published: the job aborts
-            raise _null_keys_error(store, plan.key_columns[0])
+            raise null_keys_error(store, plan.key_columns[0])
         staged = _one_per_partition(job.spec, rows, plan, store)
         # Partitions no row reached: an overwrite empties them; and in a murmur2 store,
         # whose every partition reads every input partition, they applied this input
@@ -240,11 +247,7 @@ def _store_manifest(
 def _check_no_null_keys(df: DataFrame, plan: ColumnPlan, store: str) -> None:
     for column in plan.key_columns:
         if df.where(F.col(column).isNull()).limit(1).count():
-            raise _null_keys_error(store, column)
-
-
-def _null_keys_error(store: str, column: str) -> ValueError:
-    return ValueError(f"store {store!r}: key column {column!r} holds null keys")
+            raise null_keys_error(store, column)
 
 
 def _check_partition_column(df: DataFrame, column: str, partitions: int, store: str) -> None:
@@ -456,119 +459,35 @@ def _values_fn(plan: ColumnPlan, serde: Serde, store: str) -> Callable[[pa.Array
         if plan.value_column is None:
             return lambda values: values.cast(pa.binary())  # UTF-8 text: no copy
         return lambda values: pc.binary_slice(values.cast(pa.binary()), 1, -1)  # "[v]" -> "v"
-
-    def values_bytes(values: pa.Array) -> pa.Array:
-        out = serde.serialize_arrow(values)
-        return out if out is not None else _serialize_each(serde, values, store, "value")
-
-    return values_bytes
-
-
-def _serialize_each(serde: Serde, values: pa.Array, store: str, role: str) -> pa.Array:
-    """Row-by-row ``serialize`` (serdes or values with no vectorized path); errors name
-    the store as the row-by-row encoder always did."""
-    out: list[bytes | None] = []
-    for v in values.to_pylist():
-        if v is None:
-            out.append(None)
-            continue
-        try:
-            out.append(serde.serialize(v))
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"store {store!r}: {role} {exc}") from None
-    return pa.array(out, pa.binary())
+    name = plan.value_column
+    assert name is not None  # only JSON values are records
+    return lambda values: serialize_column(serde, values, store, "value", name)
 
 
 def _encode_fn(
     manifest: StoreManifest, plan: ColumnPlan
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function that serializes and routes each Arrow batch in Python:
-    ``(__p, __k, __v, __seq)`` batches, ``__k`` the RocksDB key. Whole columns at once
-    (``serialize_arrow``, ``murmur2_many``) for one-column keys of a key-value store whose
-    serde has a vectorized path; row by row otherwise (composite and window keys, json and
-    ordered serdes, strings Arrow holds as invalid UTF-8)."""
+    """The ``mapInArrow`` function that serializes and routes each Arrow batch in Python
+    (``write_encode``): ``(__p, __k, __v, __seq)`` batches, ``__k`` the RocksDB key."""
     key_serde = get_serde(manifest.key_serde)
-    value_serde = get_serde(manifest.value_serde)
     partitioner = get_partitioner(manifest.partitioner)
     n = manifest.partitions
-    n_keys = len(plan.key_columns)
-    window = plan.window_column is not None
-    explicit = plan.partition_column is not None
-    value_is_json_bytes = plan.value_serde == "json"
-    single_json_value = plan.value_column is not None and value_is_json_bytes
+    key_names = [f"__key{i}" for i in range(len(plan.key_columns))]
     store = manifest.name
-    values_bytes = _values_fn(plan, value_serde, store)
-    schema = pa.schema(
-        [("__p", pa.int32()), ("__k", pa.binary()), ("__v", pa.binary()), ("__seq", pa.int64())]
-    )
-
-    def encode_columns(batch: pa.RecordBatch) -> pa.RecordBatch | None:
-        if window or n_keys != 1:
-            return None
-        kb = key_serde.serialize_arrow(batch.column("__key0"))
-        if kb is None:
-            return None
-        if explicit:
-            p = batch.column("__pin").cast(pa.int32())
-        else:
-            p = pa.array(partitioner.partition_many(kb, n), pa.int32())
-        k = keyspace.kv_keys_arrow(kb)
-        v = values_bytes(batch.column("__value"))
-        return pa.RecordBatch.from_arrays([p, k, v, batch.column("__seq")], schema=schema)
-
-    def encode_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
-        if value_is_json_bytes:  # JSON text from Spark: bytes, as the rows below expect
-            i = batch.schema.get_field_index("__value")
-            batch = batch.set_column(i, "__value", batch.column(i).cast(pa.binary()))
-        data = batch.to_pydict()
-        keys = [data[f"__key{i}"] for i in range(n_keys)]
-        key_values = keys[0] if n_keys == 1 else [tuple(t) for t in zip(*keys, strict=True)]
-        values = data["__value"]
-        out_p: list[int] = []
-        out_k: list[bytes] = []
-        out_v: list[bytes | None] = []
-        out_s: list[int] = []
-        starts = data.get("__wstart")
-        pins = data.get("__pin")
-        for i, k in enumerate(key_values):
-            try:
-                kb = key_serde.serialize(k)
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"store {store!r}: key {exc}") from None
-            v = values[i]
-            if v is None:
-                vb = None
-            elif value_is_json_bytes:
-                # Spark's to_json made the record; a single json column was wrapped
-                # in an array (to_json needs a struct/array/map): unwrap it.
-                vb = v[1:-1] if single_json_value else v
-            else:
-                try:
-                    vb = value_serde.serialize(v)
-                except (TypeError, ValueError) as exc:
-                    raise type(exc)(f"store {store!r}: value {exc}") from None
-            p = pins[i] if explicit else partitioner.partition(kb, n)
-            seq = data["__seq"][i]
-            if window:
-                start = starts[i]
-                out_p += (p, p)
-                out_k += (keyspace.window_key(kb, start), keyspace.window_time_key(kb, start))
-                out_v += (vb, None if vb is None else b"")
-                out_s += (seq, seq)
-            else:
-                out_p.append(p)
-                out_k.append(keyspace.kv_key(kb))
-                out_v.append(vb)
-                out_s.append(seq)
-        return pa.RecordBatch.from_pydict(
-            {"__p": out_p, "__k": out_k, "__v": out_v, "__seq": out_s}, schema=schema
-        )
+    values_bytes = _values_fn(plan, get_serde(manifest.value_serde), store)
 
     def encode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         keep_spark_archive_indexes()
         for batch in batches:
-            out = encode_columns(batch)
-            yield out if out is not None else encode_rows(batch)
+            keys = [batch.column(name) for name in key_names]
+            kb = serialize_keys(key_serde, keys, plan.key_columns, store)
+            if plan.partition_column is not None:
+                p = batch.column("__pin").cast(pa.int32())
+            else:
+                p = route(partitioner, kb, n)
+            starts = batch.column("__wstart").to_pylist() if plan.window_column else None
+            v = values_bytes(batch.column("__value"))
+            yield encoded_batch(p, kb, v, batch.column("__seq"), starts)
 
     return encode
 
@@ -580,8 +499,8 @@ def _finish_fn(
     manifest: StoreManifest, plan: ColumnPlan, *, raw: bool
 ) -> Callable[[pa.RecordBatch], _Finished]:
     """What a write task does to each batch it receives: ``(partitions, RocksDB keys,
-    value bytes, sequences)``. With ``raw`` input (JVM-routed) the key and value columns
-    are serialized here, a whole column at a time where the serde allows."""
+    value bytes, sequences)``. With ``raw`` input (JVM-routed: one key column, a
+    key-value store) the key and value columns are serialized here (``write_encode``)."""
     if not raw:
         return lambda b: (b.column(0), b.column(1), b.column(2), b.column(3))
     store = manifest.name
@@ -590,19 +509,10 @@ def _finish_fn(
     key_column = plan.key_columns[0]
 
     def finish(b: pa.RecordBatch) -> _Finished:
-        keys = b.column(1)
-        kb = key_serde.serialize_arrow(keys)
-        if kb is None:
-            if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
-                try:
-                    keys.validate(full=True)
-                except pa.ArrowInvalid:
-                    raise ValueError(
-                        f"store {store!r}: key column {key_column!r} holds a string that is "
-                        "not valid UTF-8"
-                    ) from None
-            kb = _serialize_each(key_serde, keys, store, "key")
-        return b.column(0), keyspace.kv_keys_arrow(kb), values_bytes(b.column(2)), b.column(3)
+        kb = serialize_column(key_serde, b.column(1), store, "key", key_column)
+        encoded = encoded_batch(b.column(0), kb, values_bytes(b.column(2)), b.column(3))
+        p, k, v, seq = encoded.columns
+        return p, k, v, seq
 
     return finish
 

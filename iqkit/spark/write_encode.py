@@ -1,12 +1,19 @@
-"""The tasks' encoding for ``df.write.format("iqkit")``: each Arrow batch of the DataFrame
-becomes (store partition, RocksDB key, value, sequence) rows — serdes (vectorized where
-the serde can), murmur2 or the named partition column, RocksDB key bytes, JSON values as
-Spark's ``to_json`` writes them — buffered, then sorted by (store partition, key, input
-order) in Arrow, keeping the last row of each key."""
+"""Spark's writes encode here: Arrow columns of a DataFrame become (store partition,
+RocksDB key, value, sequence) batches through the store's serdes and partitioner — the one
+home of that encoding for ``write_store`` (batch.py, inside ``mapInArrow``) and for
+``df.write.format("iqkit")`` (``RowEncoder``, in each write task).
+
+Whole Arrow columns at a time where the serde has a vectorized path
+(``Serde.serialize_arrow``, ``Partitioner.partition_many``, ``keyspace.kv_keys_arrow``);
+value by value otherwise, each error prefixed with the store. ``RowEncoder`` also makes
+the data source's JSON values as Spark's ``to_json`` writes them, buffers its encoded
+batches, then sorts them by (store partition, key, input order) in Arrow, keeping the last
+row of each key."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,13 +23,98 @@ from ..store.partitioners import Partitioner, get_partitioner
 from ..store.serdes import Serde, get_serde
 from .schema import arrow_has_non_finite, non_finite_message
 from .to_json import json_records, json_texts
-from .write_options import WriteJob
 
+if TYPE_CHECKING:  # write_store encodes here too, and needs none of the data source's jobs
+    from .write_options import WriteJob
+
+#: An encoded batch: store partition, RocksDB key, value bytes (null: a delete), sequence
+#: (duplicate keys: the highest wins). ``write_store``'s Spark schema spells the same.
 ENCODED = pa.schema(
-    [("p", pa.int32()), ("k", pa.binary()), ("v", pa.binary()), ("seq", pa.int64())]
+    [("__p", pa.int32()), ("__k", pa.binary()), ("__v", pa.binary()), ("__seq", pa.int64())]
 )
 
 
+# -- the encoding both writes share ----------------------------------------------------------
+def null_keys_error(store: str, column: str) -> ValueError:
+    return ValueError(f"store {store!r}: key column {column!r} holds null keys")
+
+
+def serialize_column(serde: Serde, col: pa.Array, store: str, role: str, name: str) -> pa.Array:
+    """``serde.serialize`` of every value of column ``name`` (nulls stay null), as a
+    ``binary`` array: the serde's vectorized ``serialize_arrow`` when it has one for the
+    column's type, else value by value (which raises the serde's message, prefixed with
+    the store). ``role``: ``"key"`` or ``"value"``, for the messages."""
+    out = serde.serialize_arrow(col)
+    if out is not None:
+        return out
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        # Spark strings may hold bytes that are not UTF-8 (a cast from binary); Arrow
+        # takes them as they are, and only a full validation finds them.
+        try:
+            col.validate(full=True)
+        except pa.ArrowInvalid:
+            raise ValueError(
+                f"store {store!r}: {role} column {name!r} holds a string that is not valid UTF-8"
+            ) from None
+    serialize = serde.serialize
+    try:
+        return pa.array([None if v is None else serialize(v) for v in col.to_pylist()], pa.binary())
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"store {store!r}: {role} {exc}") from None
+
+
+def serialize_keys(
+    serde: Serde, columns: Sequence[pa.Array], names: Sequence[str], store: str
+) -> pa.Array:
+    """The serialized keys of a batch (a ``binary`` array): one key column through
+    :func:`serialize_column`, a composite key as tuples of its columns; null keys are
+    refused."""
+    for name, col in zip(names, columns, strict=True):
+        if col.null_count:
+            raise null_keys_error(store, name)
+    if len(columns) == 1:
+        return serialize_column(serde, columns[0], store, "key", names[0])
+    tuples = zip(*(c.to_pylist() for c in columns), strict=True)
+    serialize = serde.serialize
+    try:
+        return pa.array([serialize(k) for k in tuples], pa.binary())
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"store {store!r}: key {exc}") from None
+
+
+def route(partitioner: Partitioner, key_bytes: pa.Array, n: int) -> pa.Array:
+    """The store partition of every serialized key (an ``int32`` array)."""
+    return pa.array(partitioner.partition_many(key_bytes, n), pa.int32())
+
+
+def encoded_batch(
+    parts: pa.Array,
+    key_bytes: pa.Array,
+    values: pa.Array,
+    seq: pa.Array,
+    window_starts: Sequence[int] | None = None,
+) -> pa.RecordBatch:
+    """An ``ENCODED`` batch: a key-value row per key, or for a window store (its windows'
+    starts in epoch ms given) two rows per key, the window's and its time index entry
+    (``b""``, a delete when the window's value is deleted)."""
+    if window_starts is None:
+        arrays = [parts, keyspace.kv_keys_arrow(key_bytes), values, seq]
+        return pa.RecordBatch.from_arrays(arrays, schema=ENCODED)
+    wk, tk = keyspace.window_key, keyspace.window_time_key
+    kbs = key_bytes.to_pylist()
+    keys = [wk(kb, s) for kb, s in zip(kbs, window_starts, strict=True)]
+    keys += [tk(kb, s) for kb, s in zip(kbs, window_starts, strict=True)]
+    index_values = pc.if_else(pc.is_null(values), pa.scalar(None, pa.binary()), b"")
+    arrays = [
+        pa.concat_arrays([parts, parts]),
+        pa.array(keys, pa.binary()),
+        pa.concat_arrays([values, index_values]),
+        pa.concat_arrays([seq, seq]),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=ENCODED)
+
+
+# -- the data source's tasks -------------------------------------------------------------------
 class RowEncoder:
     """Arrow batches of the DataFrame → (store partition, RocksDB key, value, sequence),
     buffered until :meth:`drain` sorts them and keeps the last row of each key. What the
@@ -30,8 +122,10 @@ class RowEncoder:
     Kafka ``offsets`` per (topic, partition), and the smallest and largest
     ``window_sizes``.
 
-    The per-row work matches ``write_store``'s encoder (batch.py), which encodes inside
-    ``mapInArrow`` after its own shuffle; this one encodes what each task is given."""
+    Keys, partitions and encoded rows come from the functions above, as in
+    ``write_store``; what differs is the input: each task encodes the DataFrame's own
+    columns as it is given them, making JSON values here (``write_store`` has Spark's
+    ``to_json`` make them in the JVM, then shuffles before it encodes)."""
 
     def __init__(self, job: WriteJob) -> None:
         assert job.plan is not None
@@ -56,11 +150,12 @@ class RowEncoder:
     def add(self, batch: pa.RecordBatch) -> None:
         plan, n = self.plan, batch.num_rows
         self.rows += n
-        key_bytes = self._keys(batch)
+        keys = [batch.column(name) for name in plan.key_columns]
+        key_bytes = serialize_keys(self.key_serde, keys, plan.key_columns, self.store)
         if plan.partition_column is not None:
             parts = self._explicit_partitions(batch)
         else:
-            parts = _partitions(self.partitioner, key_bytes, self.n)
+            parts = route(self.partitioner, key_bytes, self.n)
         values = self._values(batch)
         if self.kafka:
             seq = pc.fill_null(batch.column("offset").cast(pa.int64()), -1)
@@ -68,6 +163,7 @@ class RowEncoder:
         else:
             seq = pa.array(range(self.seq, self.seq + n), pa.int64())
             self.seq += n
+        starts = None
         if plan.window_column is not None:
             window = batch.column(plan.window_column)
             if window.null_count:
@@ -76,46 +172,11 @@ class RowEncoder:
                 )
             starts, sizes = _window_starts(window)
             self.window_sizes = _widen(self.window_sizes, sizes)
-            wk, tk = keyspace.window_key, keyspace.window_time_key
-            kbs = key_bytes.to_pylist()
-            keys = [wk(kb, s) for kb, s in zip(kbs, starts, strict=True)]
-            keys += [tk(kb, s) for kb, s in zip(kbs, starts, strict=True)]
-            # The time index entry is b"" (a delete when the window's value is deleted).
-            index_values = pc.if_else(pc.is_null(values), pa.scalar(None, pa.binary()), b"")
-            encoded = pa.RecordBatch.from_arrays(
-                [
-                    pa.concat_arrays([parts, parts]),
-                    pa.array(keys, pa.binary()),
-                    pa.concat_arrays([values, index_values]),
-                    pa.concat_arrays([seq, seq]),
-                ],
-                schema=ENCODED,
-            )
-        else:
-            encoded = pa.RecordBatch.from_arrays(
-                [parts, _kv_keys(key_bytes), values, seq], schema=ENCODED
-            )
+        encoded = encoded_batch(parts, key_bytes, values, seq, starts)
         self.buffer.append(encoded)
         self.buffered += encoded.num_rows
 
-    def _keys(self, batch: pa.RecordBatch) -> pa.Array:
-        """The serialized keys of a batch, a ``binary`` array (null keys refused)."""
-        columns = []
-        for name in self.plan.key_columns:
-            col = batch.column(name)
-            if col.null_count:
-                raise ValueError(f"store {self.store!r}: key column {name!r} holds null keys")
-            columns.append(col)
-        if len(columns) == 1:
-            return _serialize_column(self.key_serde, columns[0], self.store, "key")
-        tuples = zip(*(c.to_pylist() for c in columns), strict=True)
-        serialize = self.key_serde.serialize
-        try:
-            return pa.array([serialize(k) for k in tuples], pa.binary())
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"store {self.store!r}: key {exc}") from None
-
-    def _explicit_partitions(self, batch: pa.RecordBatch) -> list[int]:
+    def _explicit_partitions(self, batch: pa.RecordBatch) -> pa.Array:
         name = self.plan.partition_column
         col = batch.column(name)
         lo_hi = pc.min_max(col)
@@ -138,7 +199,7 @@ class RowEncoder:
         col = batch.column(plan.value_column)
         if plan.value_serde == "json":
             return json_texts(col).cast(pa.binary())  # a null value stays null: a delete
-        return _serialize_column(self.value_serde, col, self.store, "value")
+        return serialize_column(self.value_serde, col, self.store, "value", plan.value_column)
 
     # -- sorting ------------------------------------------------------------------------------
     def drain(self) -> Iterator[tuple[int, list[bytes], list[bytes | None]]]:
@@ -149,18 +210,18 @@ class RowEncoder:
         self.buffer, self.buffered = [], 0
         # Arrow's sort is stable: rows already in sequence order (input order, not Kafka
         # offsets) need no sequence key.
-        sort_keys = [("p", "ascending"), ("k", "ascending")]
+        sort_keys = [("__p", "ascending"), ("__k", "ascending")]
         if self.kafka:
-            sort_keys.append(("seq", "ascending"))
+            sort_keys.append(("__seq", "ascending"))
         order = pc.sort_indices(table, sort_keys=sort_keys)
         table = table.take(order).combine_chunks()
-        p, k = table.column("p").chunk(0), table.column("k").chunk(0)
+        p, k = table.column("__p").chunk(0), table.column("__k").chunk(0)
         if len(table) > 1:
             same_as_next = pc.and_(pc.equal(k[:-1], k[1:]), pc.equal(p[:-1], p[1:]))
             keep = pa.concat_arrays([pc.invert(same_as_next), pa.array([True])])
             table = table.filter(keep)
-        parts = table.column("p").to_numpy()
-        keys, values = table.column("k"), table.column("v")
+        parts = table.column("__p").to_numpy()
+        keys, values = table.column("__k"), table.column("__v")
         start = 0
         while start < len(parts):
             partition = int(parts[start])
@@ -173,41 +234,6 @@ class RowEncoder:
                 values.slice(start, end - start).to_pylist(),
             )
             start = end
-
-
-def _serialize_column(serde: Serde, col: pa.Array, store: str, role: str) -> pa.Array:
-    """``serde.serialize`` of every value of ``col`` (nulls stay null), as a ``binary``
-    array: the serde's vectorized ``serialize_arrow`` when it has one for the column's
-    type, else value by value (which raises the serde's message, prefixed with the store).
-    """
-    # serialize_arrow arrives with the batch.py speed rewrite; older serdes lack it.
-    fast = getattr(serde, "serialize_arrow", None)
-    out = fast(col) if fast is not None else None
-    if out is not None:
-        return out
-    serialize = serde.serialize
-    try:
-        return pa.array([None if v is None else serialize(v) for v in col.to_pylist()], pa.binary())
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"store {store!r}: {role} {exc}") from None
-
-
-def _partitions(partitioner: Partitioner, key_bytes: pa.Array, n: int) -> pa.Array:
-    """The store partition of every serialized key (an ``int32`` array)."""
-    many = getattr(partitioner, "partition_many", None)  # vectorized murmur2, if present
-    if many is not None:
-        return pa.array(many(key_bytes, n), pa.int32())
-    partition = partitioner.partition
-    return pa.array([partition(kb, n) for kb in key_bytes.to_pylist()], pa.int32())
-
-
-def _kv_keys(key_bytes: pa.Array) -> pa.Array:
-    """``keyspace.kv_key`` of every serialized key."""
-    many = getattr(keyspace, "kv_keys_arrow", None)
-    if many is not None:
-        return many(key_bytes)
-    kv_key = keyspace.kv_key
-    return pa.array([kv_key(kb) for kb in key_bytes.to_pylist()], pa.binary())
 
 
 def _max_offsets(batch: pa.RecordBatch, into: dict[str, dict[int, int]]) -> None:

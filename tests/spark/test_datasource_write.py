@@ -541,6 +541,21 @@ def test_nan_and_infinities_in_json_values_are_refused_like_write_store(spark, t
     assert debris(tmp_path) == []
 
 
+def test_string_keys_that_are_not_utf8_are_refused_naming_the_column_like_write_store(
+    spark, tmp_path
+):
+    # A cast from binary keeps bytes that are not UTF-8 in a Spark string.
+    df = spark.createDataFrame([(bytearray(b"ok\xff"), 1)], "b binary, v long").select(
+        F.col("b").cast("string").alias("k"), "v"
+    )
+    message = "store 's': key column 'k' holds a string that is not valid UTF-8"
+    with pytest.raises(Exception, match=message):
+        save(df, tmp_path, "s", key="k", value="v", partitions=2)
+    with pytest.raises(Exception, match=message):
+        write_store(df, tmp_path, "s", key="k", value="v", partitions=2, progress=False)
+    assert not (tmp_path / "s").exists()
+
+
 def test_a_first_write_that_fails_in_its_tasks_leaves_nothing(spark, tmp_path):
     # Spark partition 0 stages its fragment; partition 1 holds a null key and fails.
     bad = spread(spark, [[("b", 2)], [(None, 5)]], "k string, v long")
