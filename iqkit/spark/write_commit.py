@@ -43,7 +43,7 @@ def _publish(job: WriteJob, messages: list[IqkitCommitMessage]) -> tuple[int, fr
     """Publish; the version and the SST keys its staged chains list."""
     assert job.plan is not None
     plan = job.plan
-    fmt = job.store_format()
+    fmt = job.root_format()
     window_size = _window_size(job, fmt, messages) if plan.window_column else None
     manifest = _store_manifest(job, fmt, window_size)
     position = _merge_offsets(messages) if job.kafka else None

@@ -84,7 +84,7 @@ class WriteJob:
     #: tasks upload their runs with (``None``: a skipped write).
     uploads: Any = None
 
-    def store_format(self) -> StoreFormat:
+    def root_format(self) -> StoreFormat:
         """The root's format (the commit, in its own Python worker, asks it again)."""
         assert self.where is not None
         return format_for(self.where)
