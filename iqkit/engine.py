@@ -58,7 +58,7 @@ _SERVED_VERSION = re.compile(rf"\b{_SERVED_AT} (\d+)\b")
 
 class _StoreView:
     """One store as the engine routes to it: the facts requests are checked and routed
-    with, and the store's snapshot (served version, leases, open partitions)."""
+    with, and the store's snapshot (served version, open partitions)."""
 
     def __init__(self, snapshot: StoreSnapshot) -> None:
         self.snapshot = snapshot

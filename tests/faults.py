@@ -19,15 +19,22 @@ import json
 import os
 import random
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from helpers import (
+    folder_for_other_users,
+    in_private_mount_namespace,
     kv_rows,
+    mount_namespaces_work,
 )
 
 import iqkit
@@ -175,6 +182,93 @@ def open_store_files(folder: Path) -> list[str]:
     return out
 
 
+_READ_ONLY_CHILD = r"""
+import errno, json, os, sys
+import faults
+root = sys.argv[1]
+try:
+    open(os.path.join(root, "written-by-a-reader"), "w").close()
+except OSError as exc:
+    proof = errno.errorcode.get(exc.errno, str(exc.errno))
+else:
+    raise SystemExit("the folder is writable: this run would prove nothing")
+print(json.dumps({"proof": proof, "session": faults.read_session(root)}))
+"""
+
+
+@contextmanager
+def read_only_copy(root: Path) -> Iterator[tuple[Path, list[str], dict[str, Any], str]]:
+    """Copy ``root`` somewhere every user can reach; yield (copy, argv prefix, Popen
+    keyword arguments, how) for a child process that sees the copy read-only.
+
+    Root ignores permission bits, so for root the copy is made read-only with a
+    read-only bind mount inside a private mount namespace (``unshare --mount``) when the
+    kernel allows it (it does in this project's containers), else the child runs as user
+    ``nobody`` over a copy without write permission. A non-root user just gets a copy
+    without write permission. The child proves the copy is read-only before reading.
+    """
+    base = folder_for_other_users("iqkit-ro-")
+    copy = base / "stores"
+    shutil.copytree(root, copy, symlinks=True)
+    try:
+        if os.geteuid() != 0:
+            _chmod_tree(copy, writable=False)
+            yield copy, [], {}, "a copy without write permission (not root)"
+        elif mount_namespaces_work():
+            mount = 'mount --bind -o ro "$0" "$0" && exec "$@"'
+            prefix = in_private_mount_namespace(mount, str(copy))
+            yield copy, prefix, {}, "a read-only bind mount in a private mount namespace"
+        else:
+            _chmod_tree(copy, writable=False)
+
+            def become_nobody() -> None:
+                os.setgid(65534)
+                os.setuid(65534)
+
+            yield copy, [], {"preexec_fn": become_nobody}, "user nobody over a read-only copy"
+    finally:
+        _chmod_tree(copy, writable=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _chmod_tree(folder: Path, *, writable: bool) -> None:
+    for dirpath, _, filenames in os.walk(folder):
+        os.chmod(dirpath, 0o755 if writable else 0o555)
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o644 if writable else 0o444)
+
+
+def run_read_only(root: Path) -> tuple[dict[str, Any], str, str]:
+    """``read_session`` of a read-only copy of ``root``, run in a child process; returns
+    (session, the errno that proved the copy read-only, how it was made read-only)."""
+    with read_only_copy(root) as (copy, prefix, kwargs, how):
+        proc = subprocess.run(
+            [*prefix, sys.executable, "-c", _READ_ONLY_CHILD, str(copy)],
+            capture_output=True,
+            env=child_env(),
+            cwd=tempfile.gettempdir(),
+            timeout=300,
+            **kwargs,
+        )
+        if proc.returncode != 0:
+            raise AssertionError(
+                f"read-only reader ({how}) failed: rc={proc.returncode}\n"
+                f"{proc.stderr.decode()[-4000:]}"
+            )
+        out = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+        return out["session"], out["proof"], how
+
+
+# -- the generation store: crash consistency under SIGKILL ---------------------------------
+# Every commit writes a whole *generation* g: keys ``k0..k49`` (string keys, int64 values,
+# 4 partitions, murmur2) all get the value g with ``source=("in", 0, g)``, and the version
+# record gets ``metadata["generation"] = g``. A commit touches all four partitions and
+# publishes one version, so in every consistent version, each partition holds exactly its
+# keys, all with value g, at position ``{"in": {0: g}}``, and all four partitions have the
+# same g. Writers are separate processes running ``CHILD`` against real RocksDB folders,
+# killed with SIGKILL (no ``finally``, no ``atexit``, no RocksDB shutdown: open files, the
+# ``flock`` on ``writer.lock`` and RocksDB's LOCK go away only because the kernel cleans
+# them up). The probes using this are in ``tests/store/probes_store.py``.
 STORE = "gens"
 PARTITIONS = 4
 RETENTION = 2

@@ -293,8 +293,7 @@ KNOWN_EMPTY = "version record: no rows (its commits put none); nothing fetched o
 def already_open_line(objects: ObjectStore) -> str | None:
     """The trace's line for a partition this reader already has open: on an object root
     that nothing was fetched (what the trace promises to say of every read there); on a
-    local root none, as a folder store's reader shows none (the first open's line said
-    what was built)."""
+    local root none (the first open's line said what was built)."""
     if objects.root.local is not None:
         return None
     return "cache: fetched 0 files; partition already open in this reader"

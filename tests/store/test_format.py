@@ -44,7 +44,7 @@ MIGRATE = re.compile(
 
 
 def test_every_root_gets_the_chain_format_from_one_registry(root, s3_root):
-    assert FORMATS == {"chain": ChainFormat}
+    assert dict(FORMATS) == {"chain": ChainFormat}
     for where in (root, s3_root):
         fmt = format_for(parse_root(where))
         assert isinstance(fmt, ChainFormat) and not fmt.read_only
