@@ -32,6 +32,7 @@ from ..errors import (
     ObjectExistsError,
     ObjectMissingError,
     StoreCleanupWarning,
+    StoreCorruptedError,
     UnknownStoreError,
 )
 from ..query.position import Position
@@ -106,7 +107,14 @@ def read_chain_manifest(objects: ObjectStore, store: str) -> StoreManifest:
         text = objects.read_bytes(key)
     except ObjectMissingError:
         raise UnknownStoreError(store, chain_store_names(objects)) from None
-    manifest = StoreManifest.parse(text.decode(errors="replace"), store, objects.where(key))
+    try:
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StoreCorruptedError(
+            f"store {store!r}: {objects.where(key)} is damaged: byte {exc.start} "
+            f"({text[exc.start : exc.start + 1]!r}) is not UTF-8 text"
+        ) from None
+    manifest = StoreManifest.parse(decoded, store, objects.where(key))
     local = objects.root.local
     if (
         local is not None
