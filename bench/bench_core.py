@@ -29,7 +29,6 @@ from iqkit.store import rocks
 from iqkit.store.cache import FileCache
 from iqkit.store.chain import latest_version
 from iqkit.store.chain_read import database_folder
-from iqkit.store.formats import StoreFormat, store_format
 from iqkit.store.keyspace import kv_key, kv_prefix_range
 from iqkit.store.objects import open_objects
 
@@ -37,15 +36,13 @@ GROUP = 1000  # keys are f"{group:04d}-{i:04d}": a 5-char prefix selects 1,000 k
 
 
 def build(root: str, name: str, n: int) -> str:
-    """Write the store; the RocksDB folder its one partition is read from (the published
-    folder of a folder store; a chain store's database, built in the cache by a first
-    read), so raw rocksdict reads the very same database as iqkit."""
+    """Write the store; the RocksDB folder its one partition is read from (its database,
+    built in the cache by a first read), so raw rocksdict reads the very same database
+    as iqkit."""
     iqkit.create_store(root, name, partitions=1, key_serde="string", value_serde="int64")
     with iqkit.StoreWriter(root, name) as w:
         for i in range(n):
             w.put(f"{i // GROUP:04d}-{i % GROUP:04d}", i)
-    if store_format(root, name) is StoreFormat.FOLDER:
-        return os.path.join(root, name, "partitions", "0", "1")
     with iqkit.open(root) as engine:  # builds the database in the cache
         engine.query(StateQueryRequest.in_store(name).with_query(KeyQuery.with_key("0000-0000")))
     objects = open_objects(root)
@@ -242,43 +239,32 @@ def main() -> None:
 
 
 def first_open_row(root: str, partitions: int = 8, keys: int = 80_000) -> tuple[str, ...]:
-    """The first query of a version on a machine, over every partition of a store: a
-    chain store (each partition's database built in an empty cache) against the same
-    store in the folder format (its folders opened as they are)."""
-    for fmt in ("chain", "folder"):
-        os.environ["IQKIT_LOCAL_FORMAT"] = fmt
-        name = f"first_{fmt}"
-        iqkit.create_store(
-            root, name, partitions=partitions, key_serde="string", value_serde="int64"
-        )
-        with iqkit.StoreWriter(root, name) as w:
-            for i in range(keys):
-                w.put(f"k{i:07d}", i)
-    del os.environ["IQKIT_LOCAL_FORMAT"]
+    """The first query of a version on a machine, over every partition of a store (each
+    partition's database built in an empty cache)."""
+    name = "first"
+    iqkit.create_store(root, name, partitions=partitions, key_serde="string", value_serde="int64")
+    with iqkit.StoreWriter(root, name) as w:
+        for i in range(keys):
+            w.put(f"k{i:07d}", i)
+    query = RangeQuery.with_range("k0000000", "k0000009")
+    req = StateQueryRequest.in_store(name).with_query(query)
 
-    def first_query(name: str) -> Callable[[], None]:
-        query = RangeQuery.with_range("k0000000", "k0000009")
-        req = StateQueryRequest.in_store(name).with_query(query)
+    def run() -> None:
+        with tempfile.TemporaryDirectory(dir=os.environ["IQKIT_CACHE"]) as cache:
+            os.environ["IQKIT_CACHE"], outer = cache, os.environ["IQKIT_CACHE"]
+            try:
+                with iqkit.open(root) as engine:
+                    result = engine.query(req)
+                    assert len(result.partition_results) == partitions
+            finally:
+                os.environ["IQKIT_CACHE"] = outer
 
-        def run() -> None:
-            with tempfile.TemporaryDirectory(dir=os.environ["IQKIT_CACHE"]) as cache:
-                os.environ["IQKIT_CACHE"], outer = cache, os.environ["IQKIT_CACHE"]
-                try:
-                    with iqkit.open(root) as engine:
-                        result = engine.query(req)
-                        assert len(result.partition_results) == partitions
-                finally:
-                    os.environ["IQKIT_CACHE"] = outer
-
-        return run
-
-    t_chain = best(first_query("first_chain"), 7)
-    t_folder = best(first_query("first_folder"), 7)
+    t_first = best(run, 7)
     return (
-        f"First query of a version, {partitions} partitions: chain (databases built) vs folder",
-        f"{t_chain * 1e3:.1f} ms",
-        f"{t_folder * 1e3:.1f} ms",
-        f"{t_chain / t_folder:.1f}×",
+        f"First query of a version, {partitions} partitions (databases built)",
+        f"{t_first * 1e3:.1f} ms",
+        "",
+        "",
         "(info)",
     )
 

@@ -3,11 +3,11 @@
     .venv/bin/python bench/bench_object_store.py [--keys 1000000] [--share 0.01]
 
 Starts moto's S3 server on 127.0.0.1 (a free port; only the standard AWS variables point
-the client at it), then builds the same ``--keys`` rows three ways: today's local store
-(``StoreWriter``), an SST chain on a local root, and an SST chain on S3. It measures
+the client at it), then builds the same ``--keys`` rows two ways: an SST chain on a local
+root and an SST chain on S3. It measures
 
-1. a key lookup on S3 with a warm cache vs the same lookup on the local-root chain and on
-   today's local store (target: within 1.5x);
+1. a key lookup on S3 with a warm cache vs the same lookup on the local-root chain
+   (target: within 1.5x);
 2. the first lookup of a new version that changed ``--share`` of the keys, the previous
    version cached: bytes fetched and time, against the change's size;
 3. the bytes a commit changing ``--share`` of the keys uploads, against the store's bytes
@@ -29,14 +29,12 @@ from pathlib import Path
 
 from bench_core import best, print_table
 
-import iqkit
 from iqkit.store.cache import FileCache
 from iqkit.store.chain import list_versions, record_key
 from iqkit.store.chain_read import open_partition
 from iqkit.store.chain_write import commit_version
 from iqkit.store.keyspace import kv_key
 from iqkit.store.objects import open_objects
-from iqkit.store.partition import RocksDBPartition
 
 STORE = "bench"
 
@@ -85,12 +83,6 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             t0 = time.perf_counter()
-            os.environ["IQKIT_LOCAL_FORMAT"] = "folder"  # "today's local store": the folder format
-            iqkit.create_store(folder / "local", STORE, partitions=1, key_serde="string",
-                               value_serde="string")  # fmt: skip
-            with iqkit.StoreWriter(folder / "local", STORE) as w:
-                for i in range(n):
-                    w.put(name(i), f"value-{i}")
             local_chain = open_objects(folder / "chain-root")
             s3 = open_objects(s3_root)
             w_cache = FileCache(folder / "writer-cache")
@@ -106,7 +98,6 @@ def main() -> None:
             opened = [
                 open_partition(cache, s3, STORE, 0, v1.partitions[0]),
                 open_partition(cache, local_chain, STORE, 0, v1_local.partitions[0]),
-                RocksDBPartition(folder / "local" / STORE / "partitions" / "0" / "1", 1),
             ]
             keys = [kv_key(name(rnd.randrange(n)).encode()) for _ in range(20_000)]
             assert len({p.get(keys[0]) for p in opened}) == 1
@@ -119,15 +110,12 @@ def main() -> None:
 
                 return run
 
-            t_s3, t_chain, t_local = (best(lookups(p), 5) / len(keys) for p in opened)
+            t_s3, t_chain = (best(lookups(p), 5) / len(keys) for p in opened)
             for p in opened:
                 p.close()
             table.append(("Key lookup, S3 chain (warm cache) vs local-root chain",
                           f"{t_s3 * 1e6:.2f} µs", f"{t_chain * 1e6:.2f} µs",
                           f"{t_s3 / t_chain:.2f}×", "≤ 1.5×"))  # fmt: skip
-            table.append(("Key lookup, S3 chain (warm cache) vs today's local store",
-                          f"{t_s3 * 1e6:.2f} µs", f"{t_local * 1e6:.2f} µs",
-                          f"{t_s3 / t_local:.2f}×", "≤ 1.5×"))  # fmt: skip
 
             # 2. a commit changing --share of the keys: upload, then a reader's first lookup
             picked = sorted(rnd.sample(range(n), max(1, int(n * args.share))))

@@ -79,8 +79,8 @@ def measure(folder: Path, partitions: int, keys: int) -> dict[str, float]:
         )
         engine.query(req)
         out["key"] = best(lambda: engine.query(req), 200)
-        out["open"] = float(len(engine._chains))  # partitions held at the end
-        out["fds"] = float(engine._chains.held)  # their descriptors (memory copies: none)
+        out["open"] = float(len(engine._format._bound))  # partitions held at the end
+        out["fds"] = float(engine._format._bound.held)  # their descriptors (memory copies: none)
     shutil.rmtree(root)
     shutil.rmtree(folder / f"cache-{partitions}", ignore_errors=True)
     return out

@@ -24,12 +24,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import (
-    EngineClosedError,
-    IqkitError,
-    StoreNotFoundError,
-    UnknownStoreError,
-)
+from .errors import EngineClosedError, IqkitError
 from .query import (
     FailureReason,
     KeyQuery,
@@ -40,28 +35,19 @@ from .query import (
     StateQueryRequest,
     StateQueryResult,
 )
-from .store.cache import FileCache, reader_cache
-from .store.chain import ChainVersion
-from .store.chain_snapshot import ChainSnapshot, OpenChains
-from .store.chain_store import chain_store_names
-from .store.formats import StoreFormat, store_format
+from .query.request import validate_store_name
+from .store.format import NEVER_WRITTEN, OpenPartition, PublishedVersion, StoreSnapshot
+from .store.formats import format_for
 from .store.inputs import is_up_to, offset_lag
 from .store.layers import Trace, TypedKeyValueLayer
-from .store.layout import StoreLayout, list_store_names, validate_store_name
 from .store.manifest import StoreManifest
-from .store.objects import ObjectStore, open_objects
 from .store.partitioners import get_partitioner
 from .store.roots import parse_root
 from .store.serdes import get_serde
-from .store.snapshot import (
-    NEVER_WRITTEN,
-    OpenPartition,
-    PartitionCache,
-    PartitionOpener,
-    Served,
-    StoreSnapshot,
-)
-from .store.versions import VersionRecord
+
+#: What a query runs against: the served version, None (nothing published), or why the
+#: published version cannot be established (every partition then fails with it).
+Served = PublishedVersion | IqkitError | None
 
 #: How a partition's ``StateEngine`` trace line names the version it read, written in
 #: :meth:`StateEngine._run_partition` and read back by :func:`served_version` (one home
@@ -74,9 +60,9 @@ _NO_TRACE = Trace(False)
 
 class _StoreView:
     """One store as the engine routes to it: the facts requests are checked and routed
-    with, and the store's snapshot (served version, leases, open partitions)."""
+    with, and the store's snapshot (served version, open partitions)."""
 
-    def __init__(self, snapshot: StoreSnapshot | ChainSnapshot) -> None:
+    def __init__(self, snapshot: StoreSnapshot) -> None:
         self.snapshot = snapshot
         self.manifest = snapshot.manifest
         self.key_serde = get_serde(self.manifest.key_serde)
@@ -84,27 +70,21 @@ class _StoreView:
         self.routes_keys = self.partitioner.routes_keys
         self.query_types = self.manifest.kind.query_types
         #: Routed KeyQueries with default options take ``StateEngine._look_up``: a
-        #: key-value store whose partitioner routes keys, read from a local root (on an
-        #: object root every query lists the records anyway, and a fetch must fail fast
-        #: inside ``failing_fast``).
+        #: key-value store whose partitioner routes keys, on a snapshot that serves them.
         self.looks_up_keys = (
-            self.routes_keys
-            and KeyQuery in self.query_types
-            and isinstance(snapshot, ChainSnapshot)
-            and snapshot.objects.root.is_local
+            self.routes_keys and KeyQuery in self.query_types and snapshot.serves_key_lookups
         )
 
 
 class StateEngine:
     """Runs IQv2 requests against the stores under one root: a local folder, or an
-    object-storage URL (``s3://``, ``gs://``, ``abfs://``) whose stores are in the
-    SST-chain format and read through the local file cache (``IQKIT_CACHE``).
+    object-storage URL (``s3://``, ``gs://``, ``abfs://``), read through the root's
+    storage format (``store.formats.format_for``; chain stores' files through the local
+    file cache, ``IQKIT_CACHE``).
 
     Use ``iqkit.open(root)``. Without ``as_of`` every query reads each store's latest
     published version; with ``as_of`` (an int for every store, or a dict store → version)
-    the engine is pinned to those versions, which stay on disk while it is open.
-    ``partition_opener`` opens a published partition folder (default: read-only
-    RocksDB); the query tests pass ``MemoryPartition.load`` to run over both backends.
+    the engine is pinned to those versions.
     """
 
     def __init__(
@@ -112,30 +92,14 @@ class StateEngine:
         root: str | os.PathLike[str],
         *,
         as_of: int | Mapping[str, int] | None = None,
-        partition_opener: PartitionOpener | None = None,
     ) -> None:
         parsed = parse_root(root)  # a URL is never a folder "s3:"
-        #: The object root's files (None: a local folder) and the cache they are read into.
-        self._objects: ObjectStore | None = None
-        self._cache: FileCache | None = None
-        self.root: Path | str
-        if parsed.local is not None:
-            self.root = parsed.local
-            if not self.root.is_dir():
-                # Never create anything for a reader: a typo must not make an empty root.
-                raise StoreNotFoundError(f"no iqkit root folder at {os.fspath(root)!r}")
-        else:
-            self.root = parsed.url
-            self._objects = open_objects(parsed)
-            self._cache = reader_cache()
-            # One listing now: a missing credential or an unreachable endpoint is one
-            # line at open, not a failure of every later query.
-            chain_store_names(self._objects)
+        #: The root's format: the one thing the engine asks about stores.
+        self._format = format_for(parsed)
+        self.root: Path | str = parsed.local if parsed.local is not None else parsed.url
+        self._format.check_root()
         self._as_of = as_of
         self._stores: dict[str, _StoreView] = {}
-        self._partitions = PartitionCache(partition_opener)
-        #: Chain stores' open partitions, bounded by the file-descriptor limit.
-        self._chains = OpenChains()
         self._closed = False
         if isinstance(as_of, Mapping):
             for name in as_of:
@@ -154,11 +118,10 @@ class StateEngine:
         self.close()
 
     def close(self) -> None:
-        """Close every open partition (ending live iterators first) and drop leases."""
+        """Close every open partition (ending live iterators first)."""
         if self._closed:
             return
         self._closed = True
-        self._partitions.close()
         for view in self._stores.values():
             view.snapshot.close()
         self._stores.clear()
@@ -175,9 +138,7 @@ class StateEngine:
     def store_names(self) -> list[str]:
         """Names of the stores under the root, sorted."""
         self._check_open()
-        if self._objects is not None:
-            return chain_store_names(self._objects)
-        return list_store_names(self.root)
+        return self._format.store_names()
 
     def manifest(self, store: str) -> StoreManifest:
         return self._view(store).manifest
@@ -232,23 +193,7 @@ class StateEngine:
             return view
         validate_store_name(store)
         pinned = self._as_of.get(store) if isinstance(self._as_of, Mapping) else self._as_of
-        if self._objects is not None:
-            assert self._cache is not None
-            view = _StoreView(
-                ChainSnapshot(self._objects, store, pinned, self._cache, self._chains)
-            )
-        elif store_format(self.root, store) is StoreFormat.CHAIN:
-            # A chain store under a local folder (one copied down from object storage):
-            # read as on its object root, through the cache.
-            if self._cache is None:
-                self._cache = reader_cache()
-            objects = open_objects(self.root)
-            view = _StoreView(ChainSnapshot(objects, store, pinned, self._cache, self._chains))
-        else:
-            layout = StoreLayout.of(self.root, store)
-            if not layout.manifest.is_file():
-                raise UnknownStoreError(store, list_store_names(self.root))
-            view = _StoreView(StoreSnapshot(layout, pinned, self._partitions))
+        view = _StoreView(self._format.open_snapshot(store, pinned))
         self._stores[store] = view
         return view
 
@@ -262,12 +207,8 @@ class StateEngine:
             result = self._look_up(view, request.query)
             if result is not None:
                 return result
-        snapshot = view.snapshot
-        if isinstance(snapshot, ChainSnapshot):
-            # Once one partition finds the endpoint unreachable, the others fail at once.
-            with snapshot.objects.failing_fast():
-                return self._query(view, request)
-        return self._query(view, request)
+        with view.snapshot.reading():
+            return self._query(view, request)
 
     def _look_up(self, view: _StoreView, query: KeyQuery) -> StateQueryResult | None:
         """A routed KeyQuery with default options, on the path that runs most often in a
@@ -350,8 +291,8 @@ class StateEngine:
         except IqkitError as exc:
             return self._store_exception(view, p, entry.position, exc, trace)
         if trace.enabled:
-            version = record.version if isinstance(record, (VersionRecord, ChainVersion)) else None
-            if entry.fetched is not None:  # a chain store: what opening the partition cost
+            version = record.version if record is not None else None  # type: ignore[union-attr]
+            if entry.fetched is not None:  # what opening the partition cost
                 for line in entry.fetched.split("\n"):  # and why the cache is elsewhere
                     trace.add("FileCache", started, line)
             detail = f"store {view.manifest.name!r} partition {p} {_SERVED_AT} {version}"
@@ -440,7 +381,7 @@ class StateEngine:
             store_end = _end_for_store(end, name, record)
             out[name] = {}
             for p in range(view.manifest.partitions):
-                current = _current_position(view, record, p)
+                current = view.snapshot.position(record, p)
                 lag = (
                     None
                     if store_end is None
@@ -482,22 +423,6 @@ def served_version(result: StateQueryResult) -> int | None:
     return None
 
 
-def _current_position(view: _StoreView, record: Any, p: int) -> Position:
-    """Partition ``p``'s position as the store's version ``record`` has it (empty when
-    unreadable). A chain version carries each partition's commit record, so lag never
-    opens a chain partition (no database built, nothing fetched); a folder partition's
-    commit record is in its RocksDB."""
-    try:
-        if isinstance(record, ChainVersion):
-            chain = record.partitions.get(p)
-            if chain is None:
-                return Position.empty()
-            return chain.commit_record().get("position") or Position.empty()
-        return view.snapshot.partition(record, p).position
-    except IqkitError:
-        return Position.empty()
-
-
 def _serialize_key(view: _StoreView, key: Any) -> bytes:
     try:
         return view.key_serde.serialize(key)
@@ -515,7 +440,7 @@ def _group_by_owner(view: _StoreView, keys: Iterable[Any]) -> dict[int, list[Any
 
 
 def _end_for_store(
-    end: Position | Mapping[str, Any] | None, store: str, record: VersionRecord | None
+    end: Position | Mapping[str, Any] | None, store: str, record: PublishedVersion | None
 ) -> Position | None:
     """``end`` is one Position for every store, or a dict store → Position (or map)."""
     if end is None:

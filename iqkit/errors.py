@@ -97,3 +97,13 @@ class VersionLimitError(IqkitError):
     """A chain store's version numbers are used up: its record names have a fixed number
     of digits (so a listing's order is numeric order), and a version past the highest
     would be published under a name no reader lists. The commit publishes nothing."""
+
+
+class ReadOnlyStoreError(IqkitError):
+    """A write (a commit, a new store, a job) was asked of a store whose format can only
+    be read (a format that reads what another program writes: iqkit never changes it)."""
+
+
+class FolderFormatStoreError(IqkitError):
+    """The store is in the folder format of earlier iqkit versions, which this iqkit no
+    longer reads or writes; the message names the command that converts it."""

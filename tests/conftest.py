@@ -16,18 +16,6 @@ import pytest
 from s3server import aws_env, new_bucket, spark_worker_env
 
 
-@pytest.fixture(autouse=True)
-def _local_format(request, monkeypatch) -> None:
-    """Tests marked ``folder_format`` test the folder format (the one local stores made
-    before the chain format keep): new local stores get it; tests marked ``chain_format``
-    (the chain format's reliability probes) get the chain format. Every other test runs
-    with the default, whatever it is."""
-    if request.node.get_closest_marker("folder_format") is not None:
-        monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "folder")
-    elif request.node.get_closest_marker("chain_format") is not None:
-        monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "chain")
-
-
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     """A root folder for stores (created by the writer side on first use)."""

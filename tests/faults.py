@@ -38,11 +38,8 @@ from helpers import (
 )
 
 import iqkit
-from iqkit.store.layout import StoreLayout
-from iqkit.store.names import STAGING_PREFIX
+from iqkit.store.names import LOCK_FILE
 from iqkit.store.partitioners import murmur2_partition
-from iqkit.store.rocks import database_exists
-from iqkit.store.versions import list_versions, read_latest_number, read_version
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -170,23 +167,10 @@ def read_session(root: str | os.PathLike[str]) -> dict[str, Any]:
     return json.loads(json.dumps(report))
 
 
-# -- what a store holds and what a process holds open --------------------------------------
-def folders_on_disk(layout: StoreLayout) -> set[tuple[int, int]]:
-    return {
-        (int(p), int(f))
-        for p in os.listdir(layout.partitions_dir)
-        for f in os.listdir(layout.partition_dir(int(p)))
-        if f.isdigit()
-    }
-
-
-def referenced_folders(layout: StoreLayout, versions: list[int]) -> set[tuple[int, int]]:
-    return {item for v in versions for item in read_version(layout, v).partitions.items()}
-
-
-def open_store_files(layout: StoreLayout) -> list[str]:
-    """Paths under the store this process holds open (from /proc/self/fd)."""
-    store = os.fspath(layout.store_dir) + os.sep
+# -- what a process holds open ----------------------------------------------------------------
+def open_store_files(folder: Path) -> list[str]:
+    """Paths under the store folder ``folder`` this process holds open (/proc/self/fd)."""
+    store = os.fspath(folder) + os.sep
     out = []
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -198,7 +182,6 @@ def open_store_files(layout: StoreLayout) -> list[str]:
     return out
 
 
-# -- read-only stores ----------------------------------------------------------------------
 _READ_ONLY_CHILD = r"""
 import errno, json, os, sys
 import faults
@@ -297,121 +280,15 @@ KEYS_BY_PARTITION = {
 
 # -- the writer process ------------------------------------------------------------------
 # argv: root, first generation, mode. Mode "loop" commits generations first, first+1, ...
-# until killed. Mode "kill:<point>" commits three generations, then arms <point> and
-# commits a fourth, which SIGKILLs the process at that point of the commit protocol.
-# Each commit that returns is reported as "committed <generation> <version>".
+# until killed. Each commit that returns is reported as "committed <generation> <version>".
 CHILD = r"""
-import os, signal, sys
+import sys
 root, first, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 import iqkit
-from iqkit.store import commit, layout, rocks, versions
 
 KEYS = [f"k{i}" for i in range(50)]
-armed = False
-counts = {}
-
-
-def die():
-    sys.stdout.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def nth(name, n):
-    # True on the n-th call (while armed) of the wrapped step called `name`.
-    if not armed:
-        return False
-    counts[name] = counts.get(name, 0) + 1
-    return counts[name] == n
-
-
-class Proxy:
-    # Delegates everything to `real`, except the attributes given as overrides.
-    def __init__(self, real, **overrides):
-        self.__dict__.update(overrides)
-        self.__dict__["_real"] = real
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-
-point = mode.partition(":")[2]
-if point == "mid-checkpoint":  # partition 2 checkpointed, its batch not written yet
-    real_checkpoint = rocks.checkpoint
-
-    def checkpoint(source, dest):
-        real_checkpoint(source, dest)
-        if nth("checkpoint", 3):
-            die()
-
-    rocks.checkpoint = checkpoint
-elif point == "before-flush":  # partition 3's batch is in the WAL, not flushed
-    real_open_for_write = rocks.open_for_write
-
-    def open_for_write(path, *, create):
-        db = real_open_for_write(path, create=create)
-
-        def flush(wait):
-            if nth("flush", 4):
-                die()
-            return db.flush(wait)
-
-        return Proxy(db, flush=flush)
-
-    rocks.open_for_write = open_for_write
-elif point == "mid-rename":  # partitions 0, 1 renamed to <version>/, 2, 3 still staging
-    real_rename = os.rename
-
-    def rename(src, dst):
-        if nth("rename", 3):
-            die()
-        real_rename(src, dst)
-
-    commit.os = Proxy(os, rename=rename)
-elif point == "before-latest":  # record <version>.json written, LATEST's temp file too
-    real_atomic_write_text = versions.atomic_write_text
-
-    def atomic_write_text(path, text):
-        if armed and path.name == "LATEST":
-            with open(path.with_name(f".{path.name}.{os.getpid()}.tmp"), "w") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            die()
-        real_atomic_write_text(path, text)
-
-    versions.atomic_write_text = atomic_write_text
-elif point == "before-gc":  # published, retention not run
-    real_collect_garbage = commit.collect_garbage
-
-    def collect_garbage(layout, retain):
-        if armed:
-            die()
-        return real_collect_garbage(layout, retain)
-
-    commit.collect_garbage = collect_garbage
-elif point == "mid-gc":  # expired records unlinked, their folders not removed
-    real_remove = versions._remove_unreferenced_folders
-
-    def remove_unreferenced_folders(layout, kept, cleanup):
-        if armed:
-            die()
-        return real_remove(layout, kept, cleanup)
-
-    versions._remove_unreferenced_folders = remove_unreferenced_folders
-elif point == "mid-rmtree":  # an expired folder half removed: its SST files gone
-    import shutil
-
-    def rmtree(path, ignore_errors=False):
-        if armed:
-            for name in sorted(os.listdir(path)):
-                if name.endswith(".sst"):
-                    os.unlink(os.path.join(path, name))
-            die()
-        shutil.rmtree(path, ignore_errors=ignore_errors)
-
-    layout.shutil = Proxy(shutil, rmtree=rmtree)
-elif point:
-    raise SystemExit(f"unknown kill point {point!r}")
+if mode != "loop":
+    raise SystemExit(f"unknown mode {mode!r}")
 
 
 def commit(g):
@@ -424,12 +301,6 @@ def commit(g):
 
 print("ready", flush=True)
 g = first
-if point:
-    for g in range(first, first + 3):
-        commit(g)
-    armed = True
-    commit(first + 3)
-    raise SystemExit(3)  # the kill point was never reached
 while True:
     commit(g)
     g += 1
@@ -491,7 +362,8 @@ def position(g: int) -> iqkit.Position:
     return iqkit.Position.from_map({"in": {0: g}})
 
 
-def new_store(root: Path) -> StoreLayout:
+def new_store(root: Path) -> Path:
+    """The generation store under ``root``; its folder."""
     iqkit.create_store(
         root,
         STORE,
@@ -501,7 +373,7 @@ def new_store(root: Path) -> StoreLayout:
         partitioner="murmur2",
         retention=RETENTION,
     )
-    return StoreLayout.of(root, STORE)
+    return root / STORE
 
 
 def commit_generation(root: Path, g: int) -> int:
@@ -564,7 +436,7 @@ def commit_one_key_and_read(
 
 
 def kill_at_random(
-    child: Child, rng: random.Random, layout: StoreLayout, label: str
+    child: Child, rng: random.Random, folder: Path, label: str
 ) -> list[tuple[int, int]]:
     """SIGKILL the writer ``child`` 0-300 ms after it is ready; check it died of the
     signal and left the commit lock free; the commits that returned in it."""
@@ -572,117 +444,20 @@ def kill_at_random(
     time.sleep(rng.uniform(0.0, 0.3))
     rc = child.kill()
     assert rc == -signal.SIGKILL, f"{label}: writer died on its own: {child.describe()}"
-    assert_lock_free(layout)
+    assert_lock_free(folder)
     return child.committed()
 
 
-def assert_lock_free(layout: StoreLayout) -> None:
-    """The dead writer's flock on writer.lock is gone (the kernel released it)."""
-    fd = os.open(layout.lock_file, os.O_RDWR)
+def assert_lock_free(folder: Path) -> None:
+    """The dead writer's flock on the store's ``writer.lock`` is gone (the kernel released
+    it)."""
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if still held
     finally:
         os.close(fd)
 
 
-def check_store(
-    root: Path, rng: random.Random, violations: list[str], label: str
-) -> tuple[int, int]:
-    """(a)+(b): the latest and every retained version are whole; nothing else is
-    readable. Returns (latest version, its generation)."""
-    layout = StoreLayout.of(root, STORE)
-    latest = read_latest_number(layout)
-    assert latest is not None, "LATEST vanished"
-    retained = list_versions(layout)
-    assert retained and retained[-1] == latest, f"retained {retained}, LATEST {latest}"
-    gens = []
-    for v in retained:
-        record = read_version(layout, v)
-        assert record.version == v
-        assert sorted(record.partitions) == list(range(PARTITIONS)), record.partitions
-        for p, m in record.partitions.items():
-            folder = layout.partition_version_dir(p, m)
-            assert m <= v and database_exists(folder), f"version {v} names missing {folder}"
-        with iqkit.open(root, as_of=v) as pinned:
-            g = query_generation(pinned, rng)
-        assert record.metadata["generation"] == g, f"version {v}: record says {record.metadata}"
-        gens.append(g)
-    assert gens == sorted(set(gens)), f"generations of versions {retained}: {gens}"
-    with iqkit.open(root) as engine:
-        assert engine.version(STORE) == latest
-        assert query_generation(engine, rng) == gens[-1]
-    # A version above LATEST was never published: no reader may open it. A killed commit
-    # can leave versions/<LATEST+1>.json behind (killed between the record and LATEST);
-    # if as_of serves it, the next commit rebuilds that version number under the reader.
-    try:
-        with iqkit.open(root, as_of=latest + 1) as engine:
-            engine.version(STORE)
-    except ValueError:
-        pass
-    else:
-        violations.append(
-            f"{label}: iqkit.open(root, as_of={latest + 1}) served the unpublished version "
-            f"{latest + 1} (LATEST is {latest}; versions/{latest + 1}.json was left by the "
-            "killed commit, and the next commit rebuilds that version number)"
-        )
-    return latest, gens[-1]
-
-
-def assert_no_debris(layout: StoreLayout) -> None:
-    """(c): after a successful commit, only the retained versions remain on disk."""
-    retained = list_versions(layout)
-    referenced = {(p, m) for v in retained for p, m in read_version(layout, v).partitions.items()}
-    on_disk = set()
-    for p in range(PARTITIONS):
-        for name in os.listdir(layout.partition_dir(p)):
-            assert not name.startswith(STAGING_PREFIX), f"staging debris {p}/{name}"
-            assert name.isdigit(), f"unexpected {p}/{name}"
-            on_disk.add((p, int(name)))
-    assert on_disk == referenced, f"folders {sorted(on_disk - referenced)} not referenced"
-    records = sorted(
-        int(n.split(".")[0]) for n in os.listdir(layout.versions_dir) if n[0].isdigit()
-    )
-    assert records == retained, f"records {records}, retained {retained}"
-    assert not layout.leases_dir.exists() or not os.listdir(layout.leases_dir)
-
-
-def debris_after_kill(layout: StoreLayout, latest: int) -> list[str]:
-    """What the killed commit left (before the next commit cleans it), for the report."""
-    found = []
-    for p in range(PARTITIONS):
-        names = os.listdir(layout.partition_dir(p))
-        if any(n.startswith(STAGING_PREFIX) for n in names):
-            found.append("staging folder")
-        if any(n.isdigit() and int(n) > latest for n in names):
-            found.append("folder above LATEST")
-    if layout.version_record(latest + 1).exists():
-        found.append("record above LATEST")
-    return sorted(set(found))
-
-
-def temp_files(layout: StoreLayout) -> list[str]:
-    """atomic_write_text's temporary files left by killed writers (not cleaned up)."""
-    return [
-        n
-        for d in (layout.store_dir, layout.versions_dir)
-        for n in os.listdir(d)
-        if n.endswith(".tmp")
-    ]
-
-
 def fault_rng() -> tuple[int, random.Random]:
     seed = int(os.environ.get("IQKIT_FAULT_SEED", str(time.time_ns() % 1_000_000)))
     return seed, random.Random(seed)
-
-
-#: Kill points: does the killed commit end up published?
-KILL_POINTS = {
-    # point: does the killed commit end up published?
-    "mid-checkpoint": False,
-    "before-flush": False,
-    "mid-rename": False,
-    "before-latest": False,
-    "before-gc": True,
-    "mid-gc": True,
-    "mid-rmtree": True,
-}

@@ -74,19 +74,12 @@ def windowed_counts(spark, users: int, windows: int):
 
 def written_counts(root, store: str) -> tuple[int, int]:
     """The latest version's ``rows_written`` and the puts its commit records count."""
-    from iqkit.store.layout import StoreLayout
-    from iqkit.store.partition import RocksDBPartition
-    from iqkit.store.versions import read_latest_number, read_version
+    from iqkit.store.chain import latest_version
+    from iqkit.store.objects import open_objects
 
-    layout = StoreLayout.of(root, store)
-    record = read_version(layout, read_latest_number(layout))
-    puts = 0
-    for p, folder in record.partitions.items():
-        partition = RocksDBPartition(layout.partition_version_dir(p, folder), folder)
-        try:
-            puts += partition.commit_record()["puts"]
-        finally:
-            partition.close()
+    record = latest_version(open_objects(root), store)
+    assert record is not None
+    puts = sum(c.commit_record()["puts"] for c in record.partitions.values())
     return record.metadata["rows_written"], puts
 
 
@@ -136,23 +129,9 @@ def write_store(root: Path, name: str, rows, *, partitions: int = 2, **settings)
             w.put(key, value, **(extra[0] if extra else {}))
 
 
-def is_chain_store(root: Path, name: str) -> bool:
-    """Whether store ``name`` under the local ``root`` is in the SST-chain format (a new
-    one: whether stores created now get it, ``IQKIT_LOCAL_FORMAT``)."""
-    from iqkit.store.formats import StoreFormat, store_format
-
-    return store_format(root, name) is StoreFormat.CHAIN
-
-
 def partition_files(root: Path, name: str, partition: int, version: int = 1) -> list[Path]:
-    """The SST files of a published partition version on a local root: the folder
-    format's ``*.sst`` in the partition folder, or the chain format's files the version
-    record lists for the partition (oldest first; read in place by every reader)."""
-    if not is_chain_store(root, name):
-        from iqkit.store.layout import StoreLayout
-
-        folder = StoreLayout.of(root, name).partition_version_dir(partition, version)
-        return sorted(folder.glob("*.sst"))
+    """The SST files the version record of a local root's store lists for a partition
+    (oldest first; read in place by every reader)."""
     from iqkit.store.chain import read_version
     from iqkit.store.objects import open_objects
 
@@ -162,29 +141,18 @@ def partition_files(root: Path, name: str, partition: int, version: int = 1) -> 
 
 def break_partition(root: Path, name: str, partition: int, version: int = 1) -> None:
     """Make a published partition unreadable, so queries report STORE_EXCEPTION for it:
-    a folder store's RocksDB CURRENT file goes; a chain store's SSTs are emptied in
-    place (so a reader building the partition's database in its cache fails)."""
-    if is_chain_store(root, name):
-        for sst in partition_files(root, name, partition, version):
-            sst.write_bytes(b"")
-        return
-    from iqkit.store.layout import StoreLayout
-
-    (StoreLayout.of(root, name).partition_version_dir(partition, version) / "CURRENT").unlink()
+    its SSTs are emptied in place (so a reader building the partition's database in its
+    cache fails)."""
+    for sst in partition_files(root, name, partition, version):
+        sst.write_bytes(b"")
 
 
 def damage_latest(root: Path, name: str) -> str:
-    """Garble what names a store's latest version (a folder store's ``LATEST``, a chain
-    store's newest version record), so reading the store fails; return that file's name
-    (what the error names)."""
-    if is_chain_store(root, name):
-        from iqkit.store.names import CHAIN_RECORDS_DIR
+    """Garble a store's newest version record, so reading the store fails; return that
+    file's name (what the error names)."""
+    from iqkit.store.names import CHAIN_RECORDS_DIR
 
-        path = max((Path(root) / name / CHAIN_RECORDS_DIR).glob("*.json"))
-    else:
-        from iqkit.store.layout import StoreLayout
-
-        path = StoreLayout.of(root, name).latest
+    path = max((Path(root) / name / CHAIN_RECORDS_DIR).glob("*.json"))
     path.write_text("garbage")
     return path.name
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from helpers import (
-    is_chain_store,
     kv_rows,
     tree_digest,
     user_environment,
@@ -87,8 +86,7 @@ def test_demo_writes_three_stores_prints_the_tour_and_a_second_run_replaces_them
     root = tmp_path / "demo-stores"
     cache = tmp_path_factory.mktemp("demo-cache")
     out = run_demo(root, cache, check_tmp=True)
-    if is_chain_store(root, "totals"):  # the tour's reader built its databases there
-        assert any(cache.iterdir())
+    assert any(cache.iterdir())  # the tour's reader built its databases there
 
     orders = produced_orders(root)
     assert len(orders) == demo.ORDERS + demo.LATE_ORDERS

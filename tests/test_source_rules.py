@@ -67,3 +67,31 @@ def test_every_module_stays_within_the_line_bound():
     assert "iqkit/engine.py" in lengths  # the package was read
     over = {name: n for name, n in lengths.items() if n > MAX_MODULE_LINES}
     assert not over, f"modules over {MAX_MODULE_LINES} lines (split along a seam): {over}"
+
+
+#: The modules of the storage formats (store/format.py, store/formats.py, the chain
+#: format's store/chain*.py): the only ones that may tell formats apart.
+_FORMAT_MODULES = re.compile(r"^iqkit/store/(format|formats|chain\w*|migrate)\.py$")
+#: Asking which format a store is in, or reaching past the format interface.
+_FORMAT_TESTS = re.compile(
+    r"\bstore_format\("  # the retired "which format is this store in" function
+    r"|\bStoreFormat\.[A-Z]+\b"  # a format enum member (StoreFormat.CHAIN)
+    r"|isinstance\([^)]*\b(Chain[A-Z]\w*|VersionRecord|Staged\w*|Folder\w*)\b"
+    r"|^\s*from \S*\bchain\w* import"  # a format's own module, imported from outside it
+)
+
+
+def test_nothing_outside_the_format_modules_asks_which_format_a_store_is_in():
+    # The engine, StoreWriter, the Spark writers and the data source call the format
+    # interface (store/format.py's StoreFormat, chosen once per root by formats.py) and
+    # never branch on a format: a new format is one class, not an edit in 11 places.
+    found = []
+    for path in sorted((REPO / "iqkit").rglob("*.py")):
+        name = path.relative_to(REPO).as_posix()
+        if _FORMAT_MODULES.match(name):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if _FORMAT_TESTS.search(line):
+                found.append(f"{name}:{number}: {line.strip()}")
+    assert (REPO / "iqkit" / "store" / "chain.py").is_file()  # the modules skipped exist
+    assert not found, "format tests outside the format modules:\n" + "\n".join(found)

@@ -78,7 +78,7 @@ STORES_COLUMNS = [
 ERROR_COLUMN = "error"
 
 #: What reading one store can raise when that store is broken (a corrupt or missing
-#: manifest, version record or LATEST, a folder iqkit cannot read): ``%iq stores`` and
+#: manifest or version record, a folder-format store to convert): ``%iq stores`` and
 #: ``%iq lag`` report it on that store's row and go on with the others.
 STORE_PROBLEMS = (IqkitError, OSError, ValueError, LookupError)
 

@@ -23,19 +23,17 @@ The job, end to end:
 4. Write (``mapInArrow``): each task serializes what is still raw (vectorized), sorts
    each store partition's rows by key and keeps the last row per key
    (``store.sorted_rows.SortedRows``, spilling sorted runs to local disk past a memory budget),
-   stages its store partitions through the job's spec (``store.jobs.open_job_commit``
-   picks the root's format) and returns what it staged, as text. On a local root a
-   staged partition is a hidden folder (fresh partitions are bulk-loaded from an SST
-   file); on an object root (``s3://`` ...) it is one SST built in the executor's local
-   folder and uploaded under a unique name (``store.chain_jobs``): executors and driver
-   share no files. Nothing is visible yet.
+   stages its store partitions through the job's spec (the root's format's
+   ``open_job_commit``) and returns what it staged, as text: one SST built in the
+   executor's local folder and uploaded under a unique name (``store.chain_jobs``), so
+   executors and driver need share no files. Nothing is visible yet.
 5. Driver: once the job succeeded, publish exactly one staged partition per store
    partition as the store's next version (one exclusive create of its version record),
    creating the store if it is new. A failed job publishes nothing and creates no store
    (a chain job that fails after its tasks ran removes what they uploaded and sent back,
    and, under a local root, the empty folders of a store never created); a retried or
-   speculative attempt's output is never published (removed at once in the folder
-   format, by retention's grace period in the chain format).
+   speculative attempt's output is never published (retention removes it after its
+   grace period).
 
 Duplicate keys: the row with the highest sequence wins (Kafka's ``offset`` for
 Kafka-shaped input, else ``monotonically_increasing_id``, i.e. input order).
@@ -55,14 +53,15 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..query.position import Position
-from ..store.chain_jobs import ChainJobSpec, StagedChain
-from ..store.jobs import JobSpec, StagedPartition, open_job_commit
+from ..store.format import StoreFormat
+from ..store.formats import format_for
 from ..store.manifest import StoreManifest
 from ..store.partitioners import get_partitioner, murmur2
+from ..store.roots import StoreRoot
 from ..store.serdes import Serde, get_serde
 from ..store.sorted_rows import SortedRows
 from .progress import WriteProgress
-from .roots import driver_root
+from .roots import driver_store_root
 from .schema import (
     KAFKA_COLUMNS,
     ColumnPlan,
@@ -106,7 +105,7 @@ _STAGED_SCHEMA = (
 
 def write_store(
     df: DataFrame,
-    root: str | os.PathLike[str],
+    root: str | os.PathLike[str] | StoreRoot,
     store: str,
     *,
     key: str | Sequence[str],
@@ -146,7 +145,7 @@ def write_store(
     ``_spill_bytes``: tests only — a write task's memory budget (default 256 MiB).
     """
     require_workers_can_import_iqkit(df.sparkSession)
-    root = driver_root(root)
+    fmt = format_for(driver_store_root(root))
     plan = plan_columns(
         df,
         store,
@@ -158,7 +157,7 @@ def write_store(
         partition_column=mark_as_partitioned,
     )
     window_size = _window_size(df, plan, store) if plan.window_column else None
-    manifest = _store_manifest(root, store, df, plan, partitions, window_size, retention)
+    manifest = _store_manifest(fmt, store, df, plan, partitions, window_size, retention)
     encoded, raw = _encode(df, plan, manifest)
     if not raw:  # raw (JVM-routed) writes count null keys in the job itself: one pass less
         _check_no_null_keys(df, plan, store)
@@ -170,7 +169,7 @@ def write_store(
     sc = df.sparkSession.sparkContext
     with (
         WriteProgress(sc, store, enabled=progress) as bar,
-        open_job_commit(root, store, mode=mode, who=f"spark:{sc.appName}", create=manifest) as job,
+        fmt.open_job_commit(store, mode=mode, who=f"spark:{sc.appName}", create=manifest) as job,
     ):
         writer = _stage_partitions_fn(
             job.spec,
@@ -220,7 +219,7 @@ def write_store(
 
 # -- driver-side checks ------------------------------------------------------------------------
 def _store_manifest(
-    root: str | os.PathLike[str],
+    fmt: StoreFormat,
     store: str,
     df: DataFrame,
     plan: ColumnPlan,
@@ -232,7 +231,7 @@ def _store_manifest(
     new store will get when the job publishes (see ``ensure_spark_store``)."""
     types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
     return ensure_spark_store(
-        root,
+        fmt,
         store,
         plan,
         partitions=partitions,
@@ -285,9 +284,9 @@ def _parallelism(df: DataFrame) -> int:
 
 
 def _one_per_partition(
-    spec: JobSpec | ChainJobSpec, rows: list[Any], plan: ColumnPlan, store: str
-) -> list[StagedPartition | StagedChain]:
-    staged: dict[int, StagedPartition | StagedChain] = {}
+    spec: Any, rows: list[Any], plan: ColumnPlan, store: str
+) -> list[Any]:
+    staged: dict[int, Any] = {}
     for r in rows:
         if r["partition"] in staged:
             raise ValueError(
@@ -518,7 +517,7 @@ def _finish_fn(
 
 
 def _stage_partitions_fn(
-    spec: JobSpec | ChainJobSpec,
+    spec: Any,
     position: Position | None,
     fail_marker: str | None,
     *,

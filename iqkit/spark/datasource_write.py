@@ -11,7 +11,7 @@
 
 It writes what ``write_store(df, root, store, key=..., ...)`` writes (same serdes, key
 bytes, partitions, JSON records, positions), as one new store version, on a local root
-(folder stores) or an object-storage root (SST-chain stores) alike.
+or an object-storage root alike.
 
 Options (they mirror ``write_store``'s keyword arguments)
 ---------------------------------------------------------
@@ -36,56 +36,39 @@ How a write runs, and why
 -------------------------
 Spark's Python ``DataSourceWriter`` writes each Spark partition of the DataFrame as it
 comes (no shuffle by store partition is possible), then calls ``commit`` on the driver.
-The store's format (``store.formats.store_format``: SST chains for every store on an
-object root, folders for a local root's) is asked once, in step 1; steps 2 and 3 follow
-the plan (``WriteJob.uploads``).
+The root is parsed and its format chosen once, in step 1 (``store.formats.format_for``);
+steps 2 and 3 follow the plan (``WriteJob.where`` and ``WriteJob.uploads``).
 
 1. Driver, ``writer()``: options, columns and types (``schema.plan_columns``, the same
    checks as ``write_store``), the existing store's settings. The base version is pinned
-   and a job id chosen (for a chain store by opening, and never publishing, a
-   ``ChainJobCommit``, whose spec the tasks get). Nothing is written, so every error here
-   leaves the store as it was.
+   and a job id chosen by opening, and never publishing, the format's job commit, whose
+   spec the tasks get. Nothing is written, so every error here leaves the store as it
+   was.
 2. Tasks, ``write()``: each Arrow batch is encoded (serdes, murmur2 or the named
    partition column, RocksDB key bytes), buffered, then sorted by (store partition, key,
    input order) in Arrow; the last row of each key is kept, and each store partition's
-   rows become one *fragment* per sorted run. A null key fails the task (so the job)
-   naming the column and the store.
+   rows become one *fragment* per sorted run: one sorted SST of puts and tombstones,
+   written in the executor's scratch folder (Spark's local dir: ``workers.spill_dir``),
+   uploaded under a fresh key (the spec's ``upload_runs``) and removed locally; the
+   task's commit message names the uploaded keys. No version lists them yet, so no
+   reader sees them, and the driver never needs a file of the executor's: nothing but
+   the root is shared. A null key fails the task (so the job) naming the column and the
+   store.
+3. Driver, ``commit()``: opens the store's job commit again (if any commit landed since
+   step 1 the job publishes nothing: ``StoreConflictError``, as for ``write_store``;
+   here also because ``writer()``, the tasks and ``commit()`` run in different Python
+   workers, so nothing spans the job, and another commit's retention may have removed
+   its fragments), chains each store partition's uploaded runs on top of the base chain
+   (none for an overwrite) with one small SST holding the commit record
+   (``stage_runs``), compacted into one base SST when the chain grows too long, and
+   publishes exactly one version, creating the store if it is new (its manifest, too,
+   only then). The driver reads no row (except to compact).
 
-   * Folder store: one sorted SST file of puts (plus, if any, a small file of deletes)
-     beside the partition folders:
-     ``partitions/<p>/.job-<job>-<task>-<attempt>-<token>-r<run>.sst``. Readers never
-     look at such names.
-   * Chain store: one sorted SST of puts and tombstones, written in the executor's
-     scratch folder (Spark's local dir: ``workers.spill_dir``), uploaded under a fresh
-     key (``ChainJobSpec.upload_run``'s) and removed locally; the task's commit message
-     names the uploaded keys. No version lists them yet, so no reader sees them, and
-     the driver never needs a file of the executor's: nothing but the URL is shared,
-     and nothing is ever written to a local folder named after it.
-3. Driver, ``commit()``: opens the store's job commit (``store.jobs.open_job_commit``;
-   if any commit landed since step 1 the job publishes nothing: ``StoreConflictError``,
-   as for ``write_store``; here also because ``writer()``, the tasks and ``commit()`` run
-   in different Python workers, so no job lease spans the job, and another commit's
-   retention may have removed its fragments), builds each store partition from its
-   fragments in task order, and publishes exactly one version, creating the store if it
-   is new (a chain store's manifest, too, only then).
-
-   * Folder store: the fragments are ingested into a checkpoint of the base partition
-     (an empty one for a new partition or an overwrite) — RocksDB's bulk-load path, no
-     Python per row on the driver.
-   * Chain store: the uploaded runs are chained on top of the base chain (none for an
-     overwrite) with one small SST holding the commit record
-     (``ChainJobCommit.stage_runs``), compacted into one base SST when the chain grows
-     too long; the driver reads no row (except to compact) and uploads only that small
-     SST per partition.
-
-   ``abort()`` (and a failed commit) removes what the tasks wrote: every fragment of the
-   job and the empty folders of a store that was never created (folders), every run the
-   tasks' messages name that no published version lists (chains; so are runs a commit
-   compacted away) and, under a local root, a never-created store's empty folders. A
-   task attempt that dies leaves fragments: under hidden names that the commit (or, if
-   the driver died too, the next commit's retention) removes (folders), or uploaded runs
-   no version lists, which chain retention removes after its grace period (chains);
-   nothing is ever visible.
+   ``abort()`` (and a failed commit) removes every run the tasks' messages name that no
+   published version lists (so are runs a commit compacted away) and, under a local
+   root, a never-created store's empty folders. A task attempt that dies leaves uploaded
+   runs no version lists, which retention removes after its grace period; nothing is
+   ever visible.
 
 Duplicate keys: the later row wins. Within a task, by input order (by ``offset`` when the
 input has Kafka's ``topic``/``partition``/``offset`` columns); across tasks, the task of

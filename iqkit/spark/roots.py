@@ -10,18 +10,28 @@ opens it with the credentials of its own environment.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from pathlib import Path
 
-from ..store.roots import parse_root
+from ..store.roots import StoreRoot, parse_root
 
-__all__ = ["driver_root"]
+__all__ = ["driver_root", "driver_store_root"]
+
+
+def driver_store_root(root: str | os.PathLike[str] | StoreRoot) -> StoreRoot:
+    """``root`` parsed once, as every process of a Spark job names it: a local folder
+    made absolute (``file:`` URIs accepted; ``text`` is the absolute path), or an
+    object-storage root (``store.roots.parse_root`` tells them apart)."""
+    parsed = parse_root(root)
+    if parsed.local is None:
+        return parsed
+    folder = os.path.abspath(os.path.expanduser(parsed.local))
+    return dataclasses.replace(parsed, text=folder, local=Path(folder))
 
 
 def driver_root(root: str | os.PathLike[str]) -> str:
-    """``root`` as every process of a Spark job names it: an absolute local path
-    (``file:`` URIs accepted), or an object-storage root's canonical URL (never a folder:
-    ``store.roots.parse_root`` tells them apart)."""
-    parsed = parse_root(root)
-    if parsed.local is None:
-        return parsed.url
-    return os.path.abspath(os.path.expanduser(parsed.local))
+    """``driver_store_root`` as text: the absolute local path, or an object-storage
+    root's canonical URL."""
+    parsed = driver_store_root(root)
+    return parsed.url if parsed.local is None else parsed.text

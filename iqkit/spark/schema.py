@@ -16,7 +16,6 @@ serde stores NaN and infinities).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,10 +25,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ..store.format import StoreFormat
 from ..store.kinds import StoreKind
-from ..store.manifest import StoreManifest
+from ..store.manifest import STORE_SETTINGS, StoreManifest
 from ..store.serdes import all_serdes
-from ..store.writer import STORE_SETTINGS, ensure_store
 
 #: The serde a single key or value column gets when none is named, by the column's
 #: Spark type name (``DataType.typeName()``); the serdes say which types are theirs.
@@ -235,7 +234,7 @@ def arrow_has_non_finite(values: pa.Array) -> bool:
 
 
 def ensure_spark_store(
-    root: str | os.PathLike[str],
+    fmt: StoreFormat,
     store: str,
     plan: ColumnPlan,
     *,
@@ -248,8 +247,8 @@ def ensure_spark_store(
     settings: tuple[str, ...] | None = None,
 ) -> StoreManifest:
     """The manifest a Spark write uses: the existing store's, whose settings must fit the
-    DataFrame (``StoreExistsError`` naming each difference, via ``ensure_store``), or the
-    one a new store gets when the job publishes (``JobCommit(create=...)``: a write that
+    DataFrame (``StoreExistsError`` naming each difference, via ``fmt.ensure_store``), or
+    the one a new store gets when the job publishes (``open_job_commit(create=...)``: a write that
     fails creates no store). By default the partitioner is checked only when the DataFrame
     marks its partitions (else the store's own routes the keys), and the window size
     only once it is known. ``key_types`` (DDL types) let the reader type a composite key's
@@ -285,7 +284,7 @@ def ensure_spark_store(
             "written_by": written_by,
         },
     )
-    return ensure_store(root, wanted, settings=settings, asked="the DataFrame needs")
+    return fmt.ensure_store(wanted, settings=settings, asked="the DataFrame needs")
 
 
 def one_window_size(store: str, column: str | None, lo: int | None, hi: int | None) -> int:

@@ -22,11 +22,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
 from ..query.position import Position
-from ..store.jobs import latest_published, store_exists
+from ..store.format import StoreFormat
+from ..store.formats import format_for
+from ..store.roots import StoreRoot
 from ..store.sinks import UNIDENTIFIED, last_batch, latest_batch
-from ..store.writer import StoreWriter
+from ..store.writer import StoreWriter, store_format_of
 from .batch import write_store
-from .roots import driver_root
+from .roots import driver_store_root
 from .worker_python import require_workers_can_import_iqkit
 
 EndOffsets = Callable[[], Position | None]
@@ -39,12 +41,15 @@ _BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 
 def last_committed_batch(
-    root: str | os.PathLike[str], store: str, sink: str, query_id: str | None = None
+    root: str | os.PathLike[str] | StoreRoot | StoreFormat,
+    store: str,
+    sink: str,
+    query_id: str | None = None,
 ) -> int | None:
     """The highest batch id ``sink`` committed to ``store`` for streaming query
     ``query_id`` (Spark's ``StreamingQuery.id``); without ``query_id``, that of the query
     that committed through ``sink`` last. None: never."""
-    latest = latest_published(root, store)
+    latest = store_format_of(root).latest_published(store)
     if latest is None:
         return None
     metadata = latest.metadata
@@ -97,7 +102,8 @@ def store_sink(
     streaming query, the function remembers the caller's batch ids under the sink name.
     """
     name = sink_name or store
-    root = driver_root(root)  # the root meant when the sink was made, whatever cwd later
+    where = driver_store_root(root)  # the root meant when the sink was made, whatever cwd later
+    fmt = format_for(where)
     active = SparkSession.getActiveSession()
     if active is not None:  # fail before the stream starts, not at its first batch
         require_workers_can_import_iqkit(active)
@@ -105,7 +111,7 @@ def store_sink(
     def sink(batch_df: DataFrame, batch_id: int) -> None:
         require_workers_can_import_iqkit(batch_df.sparkSession)
         query = _streaming_query_id(batch_df, batch_id)
-        done = last_committed_batch(root, store, name, query)
+        done = last_committed_batch(fmt, store, name, query)
         if done is not None and batch_id <= done:
             return  # this query's replay of a committed batch: exactly once, nothing to do
         end = end_offsets() if end_offsets is not None else None
@@ -115,11 +121,11 @@ def store_sink(
             "spark_query_id": None if query == UNIDENTIFIED else query,
         }
         if batch_df.isEmpty():
-            _record_empty_batch(root, store, name, progress, end)
+            _record_empty_batch(fmt, store, name, progress, end)
             return
         write_store(
             batch_df,
-            root,
+            where,
             store,
             key=key,
             value=value,
@@ -137,7 +143,7 @@ def store_sink(
 
 
 def _record_empty_batch(
-    root: str | os.PathLike[str],
+    fmt: StoreFormat,
     store: str,
     sink: str,
     progress: dict[str, Any],
@@ -145,9 +151,9 @@ def _record_empty_batch(
 ) -> None:
     """An empty micro-batch changes no data; record its id (and the source's end offsets,
     for lag) once the store exists, so a replay is still recognised."""
-    if not store_exists(root, store):
+    if not fmt.store_exists(store):
         return
-    with StoreWriter(root, store, who=f"sink:{sink}") as writer:
+    with StoreWriter(fmt, store, who=f"sink:{sink}") as writer:
         writer.set_metadata(**progress)
         if end is not None:
             writer.record_source_end(end)

@@ -5,15 +5,13 @@ settings, the pinned base version and the job id. Nothing is written here, so ev
 error leaves the store as it was. The result, a :class:`WriteJob`, is all the tasks and
 the commit know of the job.
 
-The store's format is asked here, once per write (:func:`format_of`, which asks
-``store.formats.store_format``): folders (``store/jobs.py``; a local root's stores) or
-SST chains (``store/chain_jobs.py``; every store on an object root). For a chain store
-the plan carries the chain job's spec (``WriteJob.uploads``), with which the tasks upload
-their sorted runs; the tasks and the commit go by that field."""
+The root is parsed here, once per write, and its format chosen
+(``store.formats.format_for``); the plan carries the parsed root (``WriteJob.where``)
+and the format's job spec (``WriteJob.uploads``), with which the tasks upload their
+sorted runs."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,14 +19,10 @@ from typing import Any
 from pyspark.sql.types import StructType
 
 from ..errors import UnknownStoreError
-from ..store.chain_jobs import ChainJobCommit, ChainJobSpec
-from ..store.chain_store import read_chain_manifest
-from ..store.formats import StoreFormat, store_format
-from ..store.layout import StoreLayout
+from ..store.format import StoreFormat
+from ..store.formats import format_for
 from ..store.manifest import StoreManifest
-from ..store.objects import open_objects
-from ..store.roots import parse_root
-from ..store.versions import read_latest_number
+from ..store.roots import StoreRoot, parse_root
 from .schema import KAFKA_COLUMNS, ColumnPlan, ensure_spark_store, plan_columns
 
 #: Options the writer understands (Spark lower-cases option names).
@@ -84,58 +78,24 @@ class WriteJob:
     job_id: str = ""
     fail_marker: str | None = None  # tests only: see write_tasks.write_task
     run_rows: int = RUN_ROWS
-    #: A chain store (every store on an object root): the chain job's spec, whose
-    #: ``upload_run`` the tasks upload their runs with. ``None``: a folder store.
-    uploads: ChainJobSpec | None = None
+    #: The root, parsed once when the job was planned.
+    where: StoreRoot | None = None
+    #: The format's job spec (``JobCommit.spec``: picklable), whose ``upload_runs`` the
+    #: tasks upload their runs with (``None``: a skipped write).
+    uploads: Any = None
+
+    def root_format(self) -> StoreFormat:
+        """The root's format (the commit, in its own Python worker, asks it again)."""
+        assert self.where is not None
+        return format_for(self.where)
 
 
-# -- the store's format (told once per write, by store.formats) ---------------------------
-class _FolderFormat:
-    """A folder store (``store/layout.py``, ``store/jobs.py``): local roots' default."""
-
-    def __init__(self, root: str, store: str) -> None:
-        self.layout = StoreLayout.of(root, store)
-
-    def manifest(self) -> StoreManifest | None:
-        return StoreManifest.read(self.layout) if self.layout.manifest.exists() else None
-
-    def pin(self, mode: str, manifest: StoreManifest) -> tuple[int | None, str, None]:
-        """The base version, a job id, and no upload spec (the tasks write their runs
-        beside the store's partition folders)."""
-        del mode, manifest
-        base = read_latest_number(self.layout) if self.layout.manifest.exists() else None
-        return base, uuid.uuid4().hex[:16], None
-
-
-class _ChainFormat:
-    """An SST-chain store (``store/chain*.py``): every store on an object root."""
-
-    def __init__(self, root: str, store: str) -> None:
-        self.root = root
-        self.store = store
-
-    def manifest(self) -> StoreManifest | None:
-        try:
-            return read_chain_manifest(open_objects(parse_root(self.root)), self.store)
-        except UnknownStoreError:
-            return None
-
-    def pin(self, mode: str, manifest: StoreManifest) -> tuple[int | None, str, ChainJobSpec]:
-        """The chain job's own pin (``ChainJobCommit``: the latest version and a job id;
-        nothing is written) and its spec, which the tasks upload their runs with. For a
-        new window store ``manifest`` holds a stand-in window size: the spec's manifest
-        only counts records, and the commit opens the job again with the real one."""
-        spec = ChainJobCommit(self.root, self.store, mode=mode, create=manifest).spec
-        return spec.base_version, spec.job_id, spec
-
-
-def format_of(root: str, store: str) -> _FolderFormat | _ChainFormat:
-    """How the data source writes ``store`` under ``root`` (a driver root): in the format
-    ``store.formats.store_format`` says, the one home of that choice (the existing
-    store's, or the one a new store gets: chains on object roots, folders locally)."""
-    if store_format(root, store) is StoreFormat.CHAIN:
-        return _ChainFormat(root, store)
-    return _FolderFormat(root, store)
+def existing_manifest(fmt: StoreFormat, store: str) -> StoreManifest | None:
+    """``store``'s manifest, or None when there is no such store yet."""
+    try:
+        return fmt.read_manifest(store)
+    except UnknownStoreError:
+        return None
 
 
 def _int_option(options: Mapping[str, Any], name: str, *, minimum: int) -> int | None:
@@ -168,8 +128,9 @@ def plan_job(
             f"iqkit: unknown write option(s) {', '.join(map(repr, unknown))} for store "
             f"{store!r} (known: {', '.join(sorted(o for o in WRITE_OPTIONS if o[0] != '_'))})"
         )
-    fmt = format_of(root, store)
-    existing = fmt.manifest()
+    where = parse_root(root)
+    fmt = format_for(where)
+    existing = existing_manifest(fmt, store)
     if_exists = _text_option(options, "if_exists")
     if if_exists is not None and if_exists.lower() not in _IF_EXISTS:
         raise ValueError(
@@ -221,7 +182,7 @@ def plan_job(
     # An existing store's settings must fit (checked again at commit, with the window size
     # known); a new store's manifest is only what the chain format's pin needs.
     manifest = ensure_spark_store(
-        root,
+        fmt,
         store,
         plan,
         partitions=partitions,
@@ -232,7 +193,11 @@ def plan_job(
         written_by="iqkit.spark data source",
     )
     mode = "overwrite" if overwrite else "upsert"
-    base_version, job_id, uploads = fmt.pin(mode, manifest)
+    # The job commit's own pin (the latest version and a job id; nothing is written) and
+    # its spec, which the tasks upload their runs with. For a new window store
+    # ``manifest`` holds a stand-in window size: the spec's manifest only counts records,
+    # and the commit opens the job again with the real one.
+    uploads = fmt.open_job_commit(store, mode=mode, create=manifest).spec
     types = {f.name: f.dataType.simpleString() for f in schema.fields}
     return WriteJob(
         root=root,
@@ -245,9 +210,10 @@ def plan_job(
         retention=retention,
         key_types=tuple(types[k] for k in plan.key_columns),
         kafka=set(KAFKA_COLUMNS) <= set(types),
-        base_version=base_version,
-        job_id=job_id,
+        base_version=uploads.base_version,
+        job_id=uploads.job_id,
         fail_marker=_text_option(options, "_fail_task_once"),
         run_rows=_int_option(options, "_run_rows", minimum=1) or RUN_ROWS,
+        where=where,
         uploads=uploads,
     )

@@ -1,1 +1,1 @@
-"""Storage: serdes, layout and manifest, RocksDB partitions, versions, layers, writer."""
+"""Storage: serdes, manifest, the format interface and the chain format, partitions, writer."""

@@ -5,8 +5,7 @@ per commit; chain_write.py writes them), and a store version is one small JSON r
 listing, per partition, its chain (names and sizes), the partition's commit record (its
 position and counts: what lag and traces need without fetching any SST), the version
 whose commit wrote it, and, for the store, ``created_at``, ``source_end`` and
-``metadata`` — the same facts ``versions.VersionRecord`` and the commit record carry for
-local folders.
+``metadata`` (``next_record``: what a version carries forward from the one before).
 
 Nothing on the root is ever renamed or rewritten. Publishing version N is one
 ``create_exclusive`` of ``<store>/chain/<N zero-padded>.json``: of two writers racing for
@@ -26,10 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import socket
 import threading
+import time
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Self
 
 from ..errors import (
     ObjectExistsError,
@@ -37,10 +40,11 @@ from ..errors import (
     VersionConflictError,
     VersionLimitError,
 )
+from ..query.position import Position
 from .names import CHAIN_RECORD_DIGITS, CHAIN_RECORDS_DIR, CHAIN_SST_DIR
 from .objects import ObjectStore, check_key
 from .partition import parse_commit_record
-from .versions import PublishedVersion, no_such_version
+from .sinks import carry_forward as carry_sinks_forward
 
 __all__ = [
     "MAX_CHAIN_VERSION",
@@ -50,6 +54,9 @@ __all__ = [
     "checked_partitions",
     "PartitionChain",
     "check_next_version",
+    "describe_versions",
+    "next_record",
+    "no_such_version",
     "latest_version",
     "list_versions",
     "publish_version",
@@ -130,16 +137,138 @@ class PartitionChain:
 
 
 @dataclass(frozen=True)
-class ChainVersion(PublishedVersion[PartitionChain]):
-    """A published store version of an object root (module docstring): each partition's
-    entry is its SST chain."""
+class ChainVersion:
+    """A published store version (module docstring): the version, each partition's SST
+    chain (only partitions some commit wrote), when, the source's end offsets and
+    free-form facts."""
 
-    partition_to_json = staticmethod(PartitionChain.to_json)
-    partition_from_json = staticmethod(PartitionChain.from_json)
+    version: int
+    partitions: dict[int, PartitionChain]
+    created_at: float = field(default_factory=time.time)
+    #: The end offsets of the store's source when this version was committed, as a
+    #: ``Position`` map (topic -> partition -> log-end offset), if the writer knew them.
+    source_end: dict[str, dict[int, int]] | None = None
+    #: Free-form facts about the commit (writer host/pid, Spark batch id, ...).
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     def files(self) -> set[str]:
         """Every SST key this version needs."""
         return {f.name for chain in self.partitions.values() for f in chain.files}
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "version": self.version,
+                "partitions": {str(p): c.to_json() for p, c in sorted(self.partitions.items())},
+                "created_at": self.created_at,
+                "source_end": _position_map_to_json(self.source_end),
+                "metadata": self.metadata,
+            },
+            indent=1,
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Self:
+        data = json.loads(text)
+        return cls(
+            version=int(data["version"]),
+            partitions={
+                int(p): PartitionChain.from_json(e) for p, e in data["partitions"].items()
+            },
+            created_at=float(data.get("created_at", 0.0)),
+            source_end=_position_map_from_json(data.get("source_end")),
+            metadata=dict(data.get("metadata") or {}),
+        )
+
+    @classmethod
+    def parse(cls, text: str | bytes, version: int, where: str) -> Self:
+        """The record of ``version`` read from ``where``: ``StoreCorruptedError`` when it
+        cannot be parsed or names another version."""
+        try:
+            record = cls.from_json(text)
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            raise StoreCorruptedError(f"{where} is damaged: {exc}") from exc
+        if record.version != version:
+            raise StoreCorruptedError(f"{where} is damaged: it says version {record.version}")
+        return record
+
+    def check_partitions(self, partitions: int, where: str) -> Self:
+        """This record, when every partition it lists is one of the store's
+        (``0 .. partitions - 1``, the manifest's count); else ``StoreCorruptedError``
+        naming ``where``: a record listing partition 10**9 of a two-partition store is
+        damage, which readers report and never open or iterate over."""
+        for p in self.partitions:
+            if not 0 <= p < partitions:
+                raise StoreCorruptedError(
+                    f"{where} is damaged: it lists partition {p}, and the store has "
+                    f"{partitions} (0..{partitions - 1})"
+                )
+        return self
+
+
+def _position_map_to_json(m: dict[str, dict[int, int]] | None) -> Any:
+    if m is None:
+        return None
+    return {t: {str(p): o for p, o in sorted(ps.items())} for t, ps in sorted(m.items())}
+
+
+def _position_map_from_json(data: Any) -> dict[str, dict[int, int]] | None:
+    if data is None:
+        return None
+    return {t: {int(p): int(o) for p, o in ps.items()} for t, ps in data.items()}
+
+
+def next_record(
+    previous: ChainVersion | None,
+    version: int,
+    written: Mapping[int, PartitionChain],
+    *,
+    source_end: Position | None,
+    metadata: Mapping[str, Any],
+    who: str,
+    replace_all: bool = False,
+) -> tuple[dict[int, PartitionChain], dict[str, dict[int, int]] | None, dict[str, Any]]:
+    """What the record of ``version`` holds: its partitions, source end offsets and
+    metadata, given the ``previous`` record and the partitions this commit ``written``.
+    The one home of what a version carries forward:
+
+    * partitions the commit did not write keep their entries (an overwrite,
+      ``replace_all``, keeps none);
+    * source end offsets only grow: they merge with the previous ones;
+    * streaming sinks' last batch ids carry forward (``sinks.carry_forward``), so any
+      later version still recognises a replayed batch;
+    * the writer (``who``, pid, host) and the partitions written are recorded.
+    """
+    if previous is not None and previous.source_end is not None:
+        source_end = Position.from_map(previous.source_end).merge(source_end)
+    kept = {} if replace_all or previous is None else previous.partitions
+    sinks = carry_sinks_forward(
+        previous.metadata if previous else None, metadata.get("sinks", {}), version
+    )
+    return (
+        {**kept, **written},
+        source_end.to_map() if source_end is not None else None,
+        {
+            **metadata,
+            **({"sinks": sinks} if sinks else {}),
+            "writer": {"who": who, "pid": os.getpid(), "host": socket.gethostname()},
+            "partitions_written": sorted(written),
+        },
+    )
+
+
+def describe_versions(numbers: list[int]) -> str:
+    """``6..8``, ``3`` or ``none``: version numbers (ascending) in messages."""
+    if not numbers:
+        return "none"
+    return f"{numbers[0]}..{numbers[-1]}" if len(numbers) > 1 else str(numbers[0])
+
+
+def no_such_version(store: str, version: int, retained: list[int]) -> str:
+    """The message for a version that is not there (never published, or removed by
+    retention): ``store 's' has no version 2 (retained: 6..8)``."""
+    return f"store {store!r} has no version {version} (retained: {describe_versions(retained)})"
 
 
 def record_key(store: str, version: int) -> str:

@@ -1,8 +1,10 @@
-"""Job commits on object roots: partitions built and uploaded by many processes (Spark
-tasks on executors that share no filesystem), published once by the driver.
+"""Job commits: partitions built and uploaded by many processes (Spark tasks on
+executors that may share no filesystem), published once by the driver.
 
-The same split as ``jobs.py`` (the local folder format's job commits), in the SST-chain
-format (chain.py, chain_write.py):
+A distributed write cannot use one ``StoreWriter``: each task builds the store
+partitions it owns, in its own process, and only the driver knows when the whole job has
+succeeded. So the commit is split the way Spark's own state store checkpoint v2 splits
+it, in the SST-chain format (chain.py, chain_write.py):
 
 1. The driver opens a ``ChainJobCommit``: it pins the store's latest version (the *base*)
    and picks a job id. A job may write a store that does not exist yet (``create=``, its
@@ -64,7 +66,7 @@ from .chain_write import Change, commit_partition, overlong, publish_next, sst_k
 from .manifest import StoreManifest
 from .names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR, MANIFEST_FILE
 from .objects import ObjectStore, open_objects
-from .roots import StoreRoot, parse_root
+from .roots import StoreRoot
 
 __all__ = [
     "ChainJobCommit",
@@ -75,7 +77,7 @@ __all__ = [
 ]
 
 
-#: A job's write modes, every format's (jobs.py imports them from here).
+#: A job's write modes.
 MODES = ("upsert", "overwrite")
 
 
@@ -89,6 +91,10 @@ class StagedChain:
     puts: int = 0
     deletes: int = 0
     position: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def files(self) -> set[str]:
+        """The SST keys its chain lists."""
+        return {f.name for f in self.chain.files}
 
     def to_text(self) -> str:
         """The staged chain as one JSON text (how a task returns it in a DataFrame)."""
@@ -127,7 +133,7 @@ class ChainJobSpec:
     executors, which open the root themselves: its URL, credentials from their own
     environment)."""
 
-    root: str
+    root: StoreRoot
     store: str
     job_id: str
     mode: str
@@ -142,7 +148,7 @@ class ChainJobSpec:
         return (self.base_version or 0) + 1
 
     def objects(self) -> ObjectStore:
-        return open_objects(parse_root(self.root))
+        return open_objects(self.root)
 
     def base_of(self, partition: int) -> PartitionChain | None:
         """The chain a partition's commit builds on: the base's (upsert), or none."""
@@ -160,8 +166,8 @@ class ChainJobSpec:
     ) -> StagedChain:
         """Upload ``partition``'s ``rows`` (sorted by key, each key once: (key, value or
         None for a delete)) as one SST on top of the base chain; return the new chain.
-        ``sorted_unique`` is accepted for ``jobs.JobSpec.stage``'s signature: chain
-        rows are always sorted and unique (chain_write checks it)."""
+        ``sorted_unique``: the caller's promise, which chain rows always keep
+        (chain_write checks it)."""
         del sorted_unique
         counter = _Counter(rows)
         chain = commit_partition(
@@ -196,6 +202,41 @@ class ChainJobSpec:
         connection."""
         return upload_runs(self, [(partition, sst)])[0]
 
+    def upload_runs(
+        self,
+        runs: Iterable[tuple[int, str | os.PathLike[str]]],
+        *,
+        objects: ObjectStore | None = None,
+    ) -> list[ChainFile]:
+        """``upload_run`` for several runs through one connection (``upload_runs``)."""
+        return upload_runs(self, runs, objects=objects)
+
+    def discard(
+        self,
+        names: Iterable[str],
+        *,
+        keep: frozenset[str] = frozenset(),
+        objects: ObjectStore | None = None,
+        unpublished: bool = True,
+    ) -> None:
+        """Remove the uploaded runs ``names`` except ``keep``; ``unpublished``: also
+        except what the store's latest version lists (so a cleanup that runs after a
+        publish never removes published data), and, under a local root, the empty folders
+        of a store that was never created. Best effort: what cannot be removed now is an
+        orphan that chain retention removes after its grace period."""
+        doomed = set(names) - keep
+        if doomed:
+            objects = objects if objects is not None else self.objects()
+            with contextlib.suppress(IqkitError, OSError):
+                if unpublished:
+                    latest = latest_version(objects, self.store)
+                    doomed -= latest.files() if latest is not None else set()
+                for name in sorted(doomed):
+                    with contextlib.suppress(IqkitError, OSError):
+                        objects.delete(name)
+        if unpublished:
+            remove_uncreated_chain_store(self.root, self.store)
+
 
 class _Counter:
     """Passes rows through, counting puts and deletes (RocksDB keys). The commit record
@@ -225,7 +266,7 @@ class ChainJobCommit:
 
     def __init__(
         self,
-        root: str,
+        objects: ObjectStore,
         store: str,
         *,
         mode: str = "upsert",
@@ -235,7 +276,7 @@ class ChainJobCommit:
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        self._objects = open_objects(parse_root(root))
+        self._objects = objects
         self._lock_timeout = lock_timeout
         self._create: StoreManifest | None = None
         try:
@@ -253,7 +294,7 @@ class ChainJobCommit:
         self._uploaded: list[StagedChain] = []
         self.job_id = uuid.uuid4().hex[:16]
         self.spec = ChainJobSpec(
-            root=str(root),
+            root=objects.root,
             store=store,
             job_id=self.job_id,
             mode=mode,
@@ -427,10 +468,9 @@ def upload_runs(
 def remove_uncreated_chain_store(root: StoreRoot, store: str) -> None:
     """After a failed first write of a chain store under a local root: remove the empty
     folders its uploads left (``<store>/sst/<p>/``, ``<store>/sst/``, ``<store>/chain/``
-    and ``<store>/``), so a job that created no store leaves no folder of one, as a
-    folder store's job does (``jobs.remove_uncreated_store``). Only empty folders go
-    (``rmdir``), and nothing once the store has a manifest; an object root has no
-    folders to remove."""
+    and ``<store>/``), so a job that created no store leaves no folder of one. Only
+    empty folders go (``rmdir``), and nothing once the store has a manifest; an object
+    root has no folders to remove."""
     local = root.local
     if local is None:
         return

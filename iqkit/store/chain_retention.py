@@ -1,8 +1,7 @@
 """Retention on an SST-chain root: drop old version records, then SSTs nobody lists.
 
-Object storage has no locks a reader could hold (the local format's ``flock`` leases),
-so readers are protected by time instead, with a **grace period** (``grace_seconds``,
-10 minutes by default):
+Object storage has no locks a reader could hold, so readers are protected by time
+instead, with a **grace period** (``grace_seconds``, 10 minutes by default):
 
 * a version is kept while it is among the newest ``retain``, or while it was superseded
   less than the grace ago (its successor's record is younger than the grace): a reader

@@ -1,5 +1,4 @@
-"""A store on an object root as one reader sees it: the ``StoreSnapshot`` of the
-SST-chain format (same calls, so the engine serves both formats alike).
+"""A chain store as one reader sees it: the chain format's ``format.StoreSnapshot``.
 
 The served version is a ``ChainVersion`` record: pinned with ``as_of``, or the latest
 one, noticed by one listing of the store's records per query (an object root has no
@@ -23,6 +22,7 @@ in the cache, when it is next read (``ReopenablePartition``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import weakref
@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..errors import IqkitError, StoreCorruptedError
+from ..query.position import Position
 from .cache import FileCache
 from .chain import (
     MAX_CHAIN_VERSION,
@@ -45,12 +46,12 @@ from .chain import (
 )
 from .chain_read import ChainPartition, database_folder, open_partition, place_on_root
 from .chain_store import read_chain_manifest
+from .format import MAX_OPEN_PARTITIONS, OpenPartition, empty_partition
 from .layers import ReadCache, build_layers
 from .memory import MemoryPartition
 from .names import CHAIN_SST_DIR
 from .objects import ObjectStore
 from .rocks import FIRST_CHUNK_ROWS, MAX_CHUNK_ROWS, database_exists
-from .snapshot import MAX_OPEN_PARTITIONS, OpenPartition, empty_partition
 
 __all__ = ["ChainSnapshot", "OpenChains", "ReopenablePartition", "descriptor_budget"]
 
@@ -300,8 +301,7 @@ KNOWN_EMPTY = "version record: no rows (its commits put none); nothing fetched o
 def already_open_line(objects: ObjectStore) -> str | None:
     """The trace's line for a partition this reader already has open: on an object root
     that nothing was fetched (what the trace promises to say of every read there); on a
-    local root none, as a folder store's reader shows none (the first open's line said
-    what was built)."""
+    local root none (the first open's line said what was built)."""
     if objects.root.local is not None:
         return None
     return "cache: fetched 0 files; partition already open in this reader"
@@ -437,7 +437,31 @@ class ChainSnapshot:
                 entry.partition.close()
         self._retired = reading
 
+    @property
+    def serves_key_lookups(self) -> bool:
+        """A local root's: there the freshness check is two existence checks and an open
+        partition reads local files. On an object root every query lists the records
+        anyway, and a fetch must fail fast inside ``reading``."""
+        return self.objects.root.is_local
+
+    def reading(self) -> contextlib.AbstractContextManager[object]:
+        """What a query runs inside: once one partition finds the root's endpoint
+        unreachable, the others fail at once (``ObjectStore.failing_fast``)."""
+        return self.objects.failing_fast()
+
     # -- partitions --------------------------------------------------------------------------
+    def position(self, record: ChainVersion | None, p: int) -> Position:
+        """Partition ``p``'s position in ``record`` (empty when it has none or cannot be
+        read): the record carries each partition's commit record, so lag never opens a
+        partition (no database built, nothing fetched)."""
+        chain = record.partitions.get(p) if record is not None else None
+        if chain is None:
+            return Position.empty()
+        try:
+            return chain.commit_record().get("position") or Position.empty()
+        except IqkitError:
+            return Position.empty()
+
     def partition(self, record: ChainVersion | None, p: int) -> OpenPartition:
         """Partition ``p`` as ``record`` has it (never written: the shared empty
         partition); raises ``IqkitError`` when its files cannot be fetched."""

@@ -5,15 +5,15 @@ A store on an object root is ``<root>/<store>/manifest.json`` (written once, by 
 ``create_exclusive``: two creators racing cannot both write it, and the loser gets the
 same ``StoreExistsError`` / "same settings: fine" rules as a local root) plus the
 chain's records and SSTs (chain.py). The stores of a root are the prefixes holding a
-manifest, whose ``format_version`` says the chain format (formats.py): a local root may
-hold chain stores too.
+manifest. A local store folder still in the folder format of earlier iqkits is refused
+when its manifest is read, for readers and writers alike (``format.is_folder_store``).
 
 ``ChainPublisher`` is what ``StoreWriter`` hands its buffered partitions to on such a
 root: each partition's changes, sorted, become one delta SST (chain_write.py), and the
 next version is published with one exclusive create — a writer that lost the race gets
 ``VersionConflictError`` naming the version and nothing of its commit is visible. On a
-local root it first takes the store's commit lock (``locking.CommitLock``, the folder
-format's ``writer.lock``), so local writers wait for each other as they always have
+local root it first takes the store's commit lock (``locking.CommitLock``, the store's
+``writer.lock``), so local writers wait for each other as they always have
 (``lock_timeout``; a writer that gives up gets ``StoreLockedError`` naming the holder)
 instead of one losing the race: only writers that cannot share a lock race.
 """
@@ -21,6 +21,8 @@ instead of one losing the race: only writers that cannot share a lock race.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import warnings
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -30,6 +32,7 @@ from ..errors import (
     ObjectExistsError,
     ObjectMissingError,
     StoreCleanupWarning,
+    StoreCorruptedError,
     UnknownStoreError,
 )
 from ..query.position import Position
@@ -38,15 +41,15 @@ from .cache import FileCache
 from .chain import latest_version, list_versions
 from .chain_retention import collect_chain_garbage
 from .chain_write import commit_version
-from .formats import as_chain_manifest
-from .layout import StoreLayout
+from .format import folder_store_error, is_folder_store
 from .locking import CommitLock
 from .manifest import STORE_SETTINGS, StoreManifest, check_same_settings
-from .names import MANIFEST_FILE
+from .names import CHAIN_FORMAT_VERSION, LOCK_FILE, MANIFEST_FILE
 from .objects import ObjectStore
 
 __all__ = [
     "ChainPublisher",
+    "as_chain_manifest",
     "chain_commit_lock",
     "chain_store_names",
     "clean_after_publish",
@@ -60,11 +63,24 @@ def manifest_key(store: str) -> str:
     return f"{validate_store_name(store)}/{MANIFEST_FILE}"
 
 
+def as_chain_manifest(manifest: StoreManifest) -> StoreManifest:
+    """``manifest`` as a chain store records it (its format version says so)."""
+    return dataclasses.replace(manifest, format_version=CHAIN_FORMAT_VERSION)
+
+
 def chain_store_names(objects: ObjectStore) -> list[str]:
     """Names of the stores on ``objects``' root: the prefixes holding a manifest.
 
-    One listing of the whole root (object stores have no folders to list one level of);
-    its cost grows with the files on the root, which is why the engine lists once."""
+    On object storage one listing of the whole root (it has no folders to list one level
+    of); its cost grows with the files on the root, which is why the engine lists once.
+    A local root lists one level: its store folders holding a manifest."""
+    local = objects.root.local
+    if local is not None:
+        try:
+            entries = os.listdir(local)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(e for e in entries if _holds_manifest(objects, e))
     names = []
     for key in objects.list():
         store, _, rest = key.partition("/")
@@ -73,14 +89,40 @@ def chain_store_names(objects: ObjectStore) -> list[str]:
     return sorted(names)
 
 
+def _holds_manifest(objects: ObjectStore, entry: str) -> bool:
+    """Whether the local root's entry ``entry`` is a store folder holding a manifest (a
+    name no store can have, a link or a folder in the manifest's place: not a store)."""
+    try:
+        return objects.exists(manifest_key(entry))
+    except (ValueError, IqkitError):
+        return False
+
+
 def read_chain_manifest(objects: ObjectStore, store: str) -> StoreManifest:
-    """``store``'s manifest; ``UnknownStoreError`` (naming the stores there) if none."""
+    """``store``'s manifest; ``UnknownStoreError`` (naming the stores there) if none;
+    ``FolderFormatStoreError`` for a local store still in the folder format (one line
+    naming the command that converts it: ``format.folder_store_error``)."""
     key = manifest_key(store)
     try:
         text = objects.read_bytes(key)
     except ObjectMissingError:
         raise UnknownStoreError(store, chain_store_names(objects)) from None
-    return StoreManifest.parse(text.decode(errors="replace"), store, objects.where(key))
+    try:
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StoreCorruptedError(
+            f"store {store!r}: {objects.where(key)} is damaged: byte {exc.start} "
+            f"({text[exc.start : exc.start + 1]!r}) is not UTF-8 text"
+        ) from None
+    manifest = StoreManifest.parse(decoded, store, objects.where(key))
+    local = objects.root.local
+    if (
+        local is not None
+        and manifest.format_version != CHAIN_FORMAT_VERSION
+        and is_folder_store(os.path.join(local, store))
+    ):
+        raise folder_store_error(objects.root, store)
+    return manifest
 
 
 def ensure_chain_store(
@@ -112,7 +154,7 @@ def chain_commit_lock(
     local = objects.root.local
     if local is None:
         return contextlib.nullcontext()
-    return CommitLock(StoreLayout.of(local, store), who=who, timeout=timeout)
+    return CommitLock(os.path.join(local, store, LOCK_FILE), store, who=who, timeout=timeout)
 
 
 class Buffered(Protocol):
@@ -179,8 +221,7 @@ class ChainPublisher:
 
 def clean_after_publish(objects: ObjectStore, store: str, version: int, retain: int) -> None:
     """Retention after ``version`` was published: what it cannot remove (or an error while
-    it lists) is one ``StoreCleanupWarning``, worded as the folder format's
-    (``commit.warn_cleanup_failed``), never an error — the commit has succeeded, and the
+    it lists) is one ``StoreCleanupWarning``, never an error — the commit has succeeded, and the
     next commit's retention tries again."""
     try:
         problems = collect_chain_garbage(objects, store, retain=retain).problems

@@ -57,13 +57,13 @@ from .chain import (
     ChainVersion,
     PartitionChain,
     check_next_version,
+    next_record,
     publish_version,
 )
 from .chain_read import build_database, place_on_root
 from .names import CHAIN_SST_DIR, CHAIN_WORK_PREFIX, COMMIT_KEY, META_PREFIX
 from .objects import ObjectStore
 from .partition import encode_commit_record
-from .versions import next_record
 
 __all__ = [
     "COMPACT_AFTER_DELTAS",
@@ -304,7 +304,7 @@ def publish_next(
 ) -> ChainVersion:
     """Publish ``version``: ``written`` partitions' new chains, the others as in
     ``previous`` (none of them for ``replace_all``, an overwrite), with what every
-    version carries forward (``versions.next_record``). ``VersionConflictError`` when
+    version carries forward (``chain.next_record``). ``VersionConflictError`` when
     another writer published that number first; ``ObjectMissingError`` (nothing
     published) when a file the new version adds is not on the root."""
     check_next_version(store, version)

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import StoreIOError, StoreLockedError
-from .layout import StoreLayout
 from .objects import refused
 
 _POLL_SECONDS = 0.02
@@ -94,16 +93,20 @@ def describe_holder(info: dict[str, object]) -> str:
 
 
 class CommitLock:
-    """Exclusive commit lock for one store; waits up to ``timeout`` seconds."""
+    """Exclusive commit lock for one store (its lock file ``path``); waits up to
+    ``timeout`` seconds."""
 
-    def __init__(self, layout: StoreLayout, *, who: str, timeout: float) -> None:
-        self._layout = layout
+    def __init__(
+        self, path: str | os.PathLike[str], store: str, *, who: str, timeout: float
+    ) -> None:
+        self._path = path
+        self._store = store
         self._who = who
         self._timeout = timeout
         self._fd: int | None = None
 
     def __enter__(self) -> CommitLock:
-        fd = lock_file(self._layout.lock_file, timeout=self._timeout, on_timeout=self._locked)
+        fd = lock_file(self._path, timeout=self._timeout, on_timeout=self._locked)
         info = {
             "who": self._who,
             "pid": os.getpid(),
@@ -117,7 +120,7 @@ class CommitLock:
 
     def _locked(self, fd: int) -> StoreLockedError:
         return StoreLockedError(
-            f"store {self._layout.name!r} is being committed by "
+            f"store {self._store!r} is being committed by "
             f"{describe_holder(self._read_holder(fd))}; gave up after {self._timeout:g}s"
         )
 

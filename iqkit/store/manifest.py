@@ -1,6 +1,6 @@
 """The store manifest: the settings every reader and writer of a store agrees on.
 
-``<root>/<store>/manifest.json`` is written once, by ``create_store``, and never changes
+``<root>/<store>/manifest.json`` is written once, when the store is created, and never changes
 afterwards (changing a serde or the partition count would make existing bytes unreadable
 or mis-routed, the lesson of Quix Streams' serializer docs and Spark's UnsafeRow).
 """
@@ -11,9 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import StoreCorruptedError, StoreExistsError, StoreNotFoundError
+from ..errors import StoreCorruptedError, StoreExistsError
 from .kinds import StoreKind
-from .layout import StoreLayout, atomic_write_text, read_store_text
 from .names import FORMAT_VERSION, FORMAT_VERSIONS
 from .partitioners import get_partitioner
 from .serdes import get_serde
@@ -96,17 +95,6 @@ class StoreManifest:
             )
         return cls(**data)
 
-    def write(self, layout: StoreLayout) -> None:
-        atomic_write_text(layout.manifest, self.to_json())
-
-    @classmethod
-    def read(cls, layout: StoreLayout) -> StoreManifest:
-        try:
-            text = read_store_text(layout, layout.manifest)
-        except FileNotFoundError:
-            raise StoreNotFoundError(f"no store {layout.name!r} under {layout.root}") from None
-        return cls.parse(text, layout.name, layout.manifest)
-
     @classmethod
     def parse(cls, text: str, store: str, where: object) -> StoreManifest:
         """``text`` (the manifest of ``store``, read from ``where``) as a manifest;
@@ -128,8 +116,8 @@ def check_same_settings(
 ) -> StoreManifest:
     """``existing`` when its ``settings`` equal ``wanted``'s, else ``StoreExistsError``
     naming each difference (``asked`` says who wanted the other value). The one home of
-    this check, for every root: ``writer.ensure_store`` (local folders) and
-    ``chain_store.ensure_chain_store`` (object roots) call it."""
+    this check: ``chain_store.ensure_chain_store`` and the formats' ``ensure_store``
+    call it."""
     diffs = [
         f"{f}={getattr(existing, f)!r} ({asked} {getattr(wanted, f)!r})"
         for f in settings

@@ -1,22 +1,19 @@
 """An in-memory partition behind the same ``BytesPartition`` interface as RocksDB.
 
-The reference model a RocksDB partition must agree with: the engine's query tests run
-over both backends (``StateEngine(root, partition_opener=MemoryPartition.load)`` serves
-every published partition from an in-memory copy), so a query that answers differently
-over the two fails there. The engine also serves a partition no commit has touched
-from an empty one (store/snapshot.py).
+What a reader serves a partition no commit has touched from (an empty one,
+``format.empty_partition``), a partition its version record says holds no rows, and a
+small chain read into memory once (``chain_snapshot``).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from ..query.position import Position
-from .names import COMMIT_KEY, END_OF_USER_KEYSPACE, META_PREFIX
-from .partition import RocksDBPartition, parse_commit_record
+from .names import COMMIT_KEY
+from .partition import parse_commit_record
 
 
 class MemoryPartition:
@@ -40,18 +37,6 @@ class MemoryPartition:
         self._keys = sorted(data)
         self._data = data
         self.written_by_version = written_by_version
-
-    @classmethod
-    def load(cls, path: Path, written_by_version: int) -> MemoryPartition:
-        """An in-memory copy of a published partition folder, commit record included
-        (a ``PartitionOpener``: what the engine opens instead of the folder itself)."""
-        source = RocksDBPartition(path, written_by_version)
-        try:
-            chunks = source.scan_chunks(META_PREFIX, END_OF_USER_KEYSPACE)
-            rows = [row for chunk in chunks for row in chunk]
-        finally:
-            source.close()
-        return cls(rows, written_by_version=written_by_version, location=f"memory copy of {path}")
 
     def get(self, key: bytes) -> bytes | None:
         return self._data.get(key)

@@ -30,23 +30,14 @@ COMMIT_KEY = META_PREFIX + b"commit"
 
 # -- files and folders of a store: <root>/<store>/... -----------------------------------
 MANIFEST_FILE = "manifest.json"
-#: Holds the number of the latest published version; replaced atomically on publish.
-LATEST_FILE = "LATEST"
-#: One JSON record per published version: ``versions/<n>.json``.
-VERSIONS_DIR = "versions"
-#: ``partitions/<p>/<n>/`` is partition p as written by version n (a RocksDB folder).
-PARTITIONS_DIR = "partitions"
-#: Readers' leases on the versions they have open: ``leases/<reader>.<n>``.
-LEASES_DIR = "leases"
-#: Running job commits (e.g. a Spark write) hold a lease here: ``jobs/<job id>``.
-JOBS_DIR = "jobs"
-#: Prefix of the folders a job's tasks build: ``partitions/<p>/.job-<job id>-<attempt>``.
-#: Retention removes them only once the job's lease is gone (it finished or died).
-JOB_STAGING_PREFIX = ".job-"
-#: The writers' commit lock; its content says who holds it.
+#: The writers' commit lock on a local root; its content says who holds it.
 LOCK_FILE = "writer.lock"
-#: Prefix of folders a commit builds before it publishes them (removed if it fails).
-STAGING_PREFIX = ".staging-"
+#: What only a store in the retired folder format of earlier iqkits holds (its latest
+#: version's number, its version records, its partition folders): how one is recognised
+#: and refused (format.is_folder_store).
+LATEST_FILE = "LATEST"
+VERSIONS_DIR = "versions"
+PARTITIONS_DIR = "partitions"
 #: RocksDB writes this file last when it creates a database: its presence means a
 #: database exists (rocksdict would otherwise create an empty one on open).
 ROCKSDB_CURRENT_FILE = "CURRENT"
@@ -82,8 +73,9 @@ CACHE_BUILDING_PREFIX = ".building-"
 CACHE_EVICTING_PREFIX = ".evicting-"
 
 #: A manifest's ``format_version``: bumped when the on-disk layout changes incompatibly.
-#: 1 is the folder format (layout.py); 2 the SST-chain format (chain*.py), which an
-#: iqkit that knows only folders must refuse rather than misread (formats.py).
+#: 1 was the folder format of earlier iqkits (also written by their chain stores on
+#: object roots, which stay readable); 2 is the SST-chain format (chain*.py), which an
+#: iqkit that knows only folders must refuse rather than misread.
 FORMAT_VERSION = 1
 CHAIN_FORMAT_VERSION = 2
 FORMAT_VERSIONS = (FORMAT_VERSION, CHAIN_FORMAT_VERSION)

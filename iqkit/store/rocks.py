@@ -1,4 +1,4 @@
-"""The one place iqkit opens, iterates, checkpoints and closes RocksDB (via rocksdict).
+"""The one place iqkit opens, iterates, writes and closes RocksDB (via rocksdict).
 
 Everything rocksdict-specific lives here, so its quirks are worked around once:
 
@@ -9,10 +9,8 @@ Everything rocksdict-specific lives here, so its quirks are worked around once:
   missing and then writes ``rocksdict-config.json`` into it, unconditionally. Published
   folders are therefore never opened in place: readers open a private *view* of them
   (symbolic links to their data files, in this process's temporary folder) after
-  checking RocksDB's ``CURRENT`` file exists (so a typo never creates an empty store),
-  and writers build the next version from a file-level copy (``checkpoint``) instead of
-  RocksDB's ``Checkpoint``, which needs the source open. Reading writes nothing under a
-  store, and works on read-only stores.
+  checking RocksDB's ``CURRENT`` file exists (so a typo never creates an empty store).
+  Reading writes nothing under a store, and works on read-only stores.
 * Iterating backwards ignores the iterator's lower bound: reverse scans stop by hand.
 * Iterators and column-family handles keep the database open and locked: callers drop
   them (``KeyValueIterator.close``) before ``close()``.
@@ -53,19 +51,16 @@ from ..errors import (
 from .names import (
     READ_VIEWS_PREFIX,
     ROCKSDB_CURRENT_FILE,
-    ROCKSDB_IMMUTABLE_SUFFIXES,
     ROCKSDB_SIDE_FILES,
 )
 
 __all__ = [
     "Rdict",
     "WriteBatch",
-    "checkpoint",
     "classify",
     "close_quietly",
     "database_exists",
     "ingest",
-    "new_write_batch",
     "open_for_read",
     "open_for_write",
     "scan",
@@ -246,11 +241,6 @@ def open_for_write(path: str | os.PathLike[str], *, create: bool) -> Rdict:
         raise classify(exc, path) from exc
 
 
-def new_write_batch() -> WriteBatch:
-    """A raw-mode batch: puts and deletes applied in one atomic ``write``."""
-    return WriteBatch(raw_mode=True)
-
-
 def write_sst(path: str | os.PathLike[str], rows: Iterator[tuple[bytes, bytes]]) -> int:
     """Write ``rows`` (keys strictly increasing in byte order) to an SST file at ``path``;
     return the number of rows. ``SstFileWriter`` needs the same raw mode as the database
@@ -307,32 +297,6 @@ def ingest(
         for f in files:
             text = text.replace(f": {f}", "").replace(f, where)
         raise classify(Exception(text), where) from exc
-
-
-def checkpoint(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:
-    """Make ``dest`` (which must not exist) a private, writable copy of the published
-    database in ``source``, without opening ``source``.
-
-    This is what RocksDB's Checkpoint does for a closed, flushed database: immutable
-    table files are hard-linked (cheap on one file system; copied across file systems),
-    the small files RocksDB rewrites or appends to (CURRENT, MANIFEST, OPTIONS, the WAL,
-    IDENTITY) are copied. Running Checkpoint itself would need ``source`` open, and
-    opening it makes rocksdict write into the published folder (quirk, module docstring).
-    """
-    src, dst = os.fspath(source), os.fspath(dest)
-    try:
-        os.mkdir(dst)
-        for name in _data_files(src):
-            s, d = os.path.join(src, name), os.path.join(dst, name)
-            if name.endswith(ROCKSDB_IMMUTABLE_SUFFIXES):
-                try:
-                    os.link(s, d)
-                    continue
-                except OSError:
-                    pass  # another file system: copy it
-            shutil.copyfile(s, d)
-    except Exception as exc:
-        raise classify(exc, source) from exc
 
 
 def close_quietly(db: Rdict | None) -> None:

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 from ..errors import RootError
 
-__all__ = ["S3_MAX_ATTEMPTS", "SCHEMES", "StoreRoot", "local_root", "parse_root"]
+__all__ = ["S3_MAX_ATTEMPTS", "SCHEMES", "StoreRoot", "parse_root"]
 
 #: Tries per request to S3 (README "Object storage"): botocore's standard retry mode,
 #: unless AWS_MAX_ATTEMPTS / AWS_RETRY_MODE or storage_options say otherwise.
@@ -223,16 +223,3 @@ def _file_url_path(text: str, rest: str) -> Path:
             raise RootError(f"root {text!r}: a file:// URL names this machine, not a host")
         return Path(parts.path or "/")
     return Path(rest)
-
-
-def local_root(root: str | os.PathLike[str], what: str = "this operation") -> Path:
-    """The local folder of ``root``, for what works on local folders only (the folder
-    format in ``store/layout.py``; Spark jobs, ``what`` = "Spark jobs"): an
-    object-storage URL is refused in one line instead of becoming a folder named ``s3:``."""
-    parsed = parse_root(root)
-    if parsed.local is None:
-        raise RootError(
-            f"root {parsed.text!r}: {what} needs a local folder; object-storage roots work "
-            "with iqkit.open, create_store, StoreWriter, %iq and the CLI so far"
-        )
-    return parsed.local

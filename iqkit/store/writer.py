@@ -1,47 +1,45 @@
 """Creating stores and committing writes to them.
 
 A ``StoreWriter`` buffers puts and deletes per partition (the last change per raw key)
-and touches nothing until the ``with`` block ends. Then a publisher commits them: on an
-object root ``chain_store.ChainPublisher`` (one delta SST per partition, one exclusive
-create of the version record); on a local folder ``_FolderPublisher``: under the store's
-commit lock, each touched partition is rebuilt as a new folder: a RocksDB checkpoint
-(hard links) of the partition's current version, plus one atomic ``WriteBatch`` holding
-the data *and* the partition's commit record (position, version), flushed to disk. Only
-then is the new version published. An exception in the block, or a failure at any step
-of the commit, publishes nothing: readers keep seeing the previous version.
+and touches nothing until the ``with`` block ends. Then the root's format publishes them
+(``format.StoreFormat.publisher``; the chain format's ``chain_store.ChainPublisher``:
+one delta SST per touched partition, then one exclusive create of the version record).
+An exception in the block, or a failure at any step of the commit, publishes nothing:
+readers keep seeing the previous version.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import uuid
 from collections.abc import Mapping
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-from ..errors import StoreNotFoundError, UnknownStoreError
 from ..query.position import Position
 from ..query.request import validate_store_name
 from ..query.window import LATEST_EPOCH_MS, to_epoch_millis
-from . import keyspace, rocks
-from .chain_store import ChainPublisher, ensure_chain_store, read_chain_manifest
-from .commit import build_partition, publish_partitions, remove_if_exists
-from .formats import StoreFormat, store_format
+from . import keyspace
+from .format import Publisher, StoreFormat
+from .formats import format_for
 from .inputs import store_partitions_fed_by
-from .layout import StoreLayout, list_store_names
-from .locking import CommitLock
-from .manifest import DEFAULT_RETENTION, STORE_SETTINGS, StoreManifest, check_same_settings
-from .objects import open_objects
+from .manifest import DEFAULT_RETENTION, STORE_SETTINGS, StoreManifest
 from .partitioners import get_partitioner
-from .roots import parse_root
+from .roots import StoreRoot, parse_root
 from .serdes import Serde, get_serde
-from .versions import read_latest, read_latest_number
+
+__all__ = ["STORE_SETTINGS", "StoreWriter", "create_store", "ensure_store", "store_format_of"]
+
+
+def store_format_of(root: str | os.PathLike[str] | StoreRoot | StoreFormat) -> StoreFormat:
+    """The format of ``root`` for the public entry points that take a root as the user
+    gave it (parsed here, once) or an already chosen format (passed on)."""
+    if isinstance(root, StoreFormat):
+        return root
+    return format_for(parse_root(root))
 
 
 def create_store(
-    root: str | os.PathLike[str],
+    root: str | os.PathLike[str] | StoreRoot | StoreFormat,
     name: str,
     *,
     partitions: int,
@@ -59,7 +57,6 @@ def create_store(
     (like ``CREATE TABLE IF NOT EXISTS``); different settings raise ``StoreExistsError``
     naming them, since they would make the existing data unreadable or mis-routed.
     """
-    parsed = parse_root(root)
     manifest = StoreManifest(
         name=name,
         kind=kind,
@@ -71,17 +68,11 @@ def create_store(
         retention=retention,
         properties=dict(properties or {}),
     )
-    if store_format(parsed, name) is StoreFormat.CHAIN:
-        return ensure_chain_store(open_objects(parsed), manifest)
-    assert parsed.local is not None
-    layout = StoreLayout.of(parsed.local, name)
-    layout.store_dir.mkdir(parents=True, exist_ok=True)
-    with CommitLock(layout, who="create_store", timeout=30.0):
-        return ensure_store(root, manifest, create=True)
+    return store_format_of(root).ensure_store(manifest, create=True)
 
 
 def ensure_store(
-    root: str | os.PathLike[str],
+    root: str | os.PathLike[str] | StoreRoot | StoreFormat,
     manifest: StoreManifest,
     *,
     settings: tuple[str, ...] = STORE_SETTINGS,
@@ -91,27 +82,13 @@ def ensure_store(
     """The existing store's manifest when its ``settings`` equal ``manifest``'s, else
     ``StoreExistsError`` naming each difference (``asked`` says who wanted the other
     value, e.g. "the DataFrame needs"). A store that does not exist yet gets
-    ``manifest``, written only when ``create`` (the caller holds the commit lock); the
-    Spark writers create it when their job publishes, so a failed first write leaves no
-    store. The one home of this check: ``create_store`` and every Spark writer call it.
+    ``manifest``, written only when ``create``; the Spark writers create it when their
+    job publishes, so a failed first write leaves no store. The one home of this check:
+    ``create_store`` and every Spark writer call it.
     """
-    parsed = parse_root(root)
-    if store_format(parsed, manifest.name) is StoreFormat.CHAIN:
-        objects = open_objects(parsed)
-        if create:
-            return ensure_chain_store(objects, manifest, settings=settings, asked=asked)
-        try:
-            existing = read_chain_manifest(objects, manifest.name)
-        except UnknownStoreError:
-            return manifest
-        return check_same_settings(existing, manifest, settings=settings, asked=asked)
-    assert parsed.local is not None
-    layout = StoreLayout.of(parsed.local, manifest.name)
-    if not layout.manifest.exists():
-        if create:
-            manifest.write(layout)
-        return manifest
-    return check_same_settings(StoreManifest.read(layout), manifest, settings=settings, asked=asked)
+    return store_format_of(root).ensure_store(
+        manifest, settings=settings, asked=asked, create=create
+    )
 
 
 class _PartitionBuffer:
@@ -127,87 +104,6 @@ class _PartitionBuffer:
         self.deletes = 0
 
 
-class _FolderPublisher:
-    """The publish step of ``StoreWriter`` on a local root: under the store's commit
-    lock, each touched partition is rebuilt as a new folder and the version published
-    (module docstring). ``chain_store.ChainPublisher`` is the object roots' one."""
-
-    def __init__(self, root: Path, name: str) -> None:
-        self.layout = StoreLayout.of(root, name)
-        try:
-            self.manifest = StoreManifest.read(self.layout)
-        except StoreNotFoundError:
-            raise UnknownStoreError(name, list_store_names(root)) from None
-
-    def latest_number(self) -> int | None:
-        return read_latest_number(self.layout)
-
-    def publish(
-        self,
-        buffers: Mapping[int, _PartitionBuffer],
-        *,
-        source_end: Position | None,
-        metadata: Mapping[str, Any],
-        who: str,
-        lock_timeout: float,
-    ) -> int:
-        layout = self.layout
-        with CommitLock(layout, who=who, timeout=lock_timeout):
-            # Raises StoreCorruptedError when the published version cannot be established:
-            # committing then would publish over, and collect, versions nobody can see.
-            previous = read_latest(layout)
-            version = (previous.version if previous is not None else 0) + 1
-            # A record for ``version`` can only be debris of a commit that crashed before
-            # LATEST: remove it first, so nothing can mistake it for a version.
-            remove_if_exists(layout.version_record(version))
-            token = uuid.uuid4().hex[:10]
-            built: dict[int, Path] = {}
-            try:
-                for p, buf in sorted(buffers.items()):
-                    source_dir = (
-                        layout.partition_version_dir(p, previous.partitions[p])
-                        if previous is not None and p in previous.partitions
-                        else None
-                    )
-                    staging = layout.staging_dir(p, version, token)
-                    staging.parent.mkdir(parents=True, exist_ok=True)
-                    built[p] = staging
-                    build_partition(
-                        source_dir,
-                        staging,
-                        version=version,
-                        batch=_write_batch(buf.changes),
-                        position=buf.position,
-                        counts={"puts": buf.puts, "deletes": buf.deletes},
-                    )
-            except BaseException:
-                for staging in built.values():
-                    shutil.rmtree(staging, ignore_errors=True)
-                raise
-            publish_partitions(
-                layout,
-                self.manifest,
-                previous=previous,
-                version=version,
-                built=built,
-                source_end=source_end,
-                metadata=dict(metadata),
-                who=who,
-            )
-        return version
-
-
-def _write_batch(changes: Mapping[bytes, bytes | None]) -> Any:
-    """``changes`` as one raw-mode ``WriteBatch`` (a put per value, a delete per None)."""
-    batch = rocks.new_write_batch()
-    for key, value in changes.items():
-        if value is None:
-            batch.delete(key)
-        else:
-            batch.put(key, value)
-    return batch
-
-
 class StoreWriter:
     """Buffers writes to one store and commits them atomically when the block ends.
 
@@ -221,19 +117,14 @@ class StoreWriter:
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        root: str | os.PathLike[str] | StoreRoot | StoreFormat,
         name: str,
         *,
         lock_timeout: float = 30.0,
         who: str | None = None,
     ) -> None:
-        parsed = parse_root(root)
         name = validate_store_name(name)
-        self._publisher: _FolderPublisher | ChainPublisher = (
-            ChainPublisher(open_objects(parsed), name)
-            if store_format(parsed, name) is StoreFormat.CHAIN
-            else _FolderPublisher(parsed.local, name)
-        )
+        self._publisher: Publisher = store_format_of(root).publisher(name)
         self.manifest = self._publisher.manifest
         self._key_serde: Serde = get_serde(self.manifest.key_serde)
         self._value_serde: Serde = get_serde(self.manifest.value_serde)

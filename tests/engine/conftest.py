@@ -1,6 +1,4 @@
-"""The engine's query tests run over both partition backends, as Kafka Streams runs its
-store tests over every store supplier: the published RocksDB folders, and in-memory
-copies of them (``MemoryPartition``, the model RocksDB must agree with)."""
+"""The engine tests' fixtures: each test reads through a file cache of its own."""
 
 from __future__ import annotations
 
@@ -9,9 +7,6 @@ from pathlib import Path
 import pytest
 
 import iqkit
-from iqkit.store.memory import MemoryPartition
-
-BACKENDS = {"rocksdb": None, "memory": MemoryPartition.load}
 
 
 @pytest.fixture(autouse=True)
@@ -22,12 +17,11 @@ def _own_reader_cache(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("IQKIT_CACHE", str(tmp_path / "iqkit-cache"))
 
 
-@pytest.fixture(scope="session", params=sorted(BACKENDS))
-def open_engine(request):
-    """``iqkit.open`` for one backend: ``open_engine(root, as_of=...)``."""
-    opener = BACKENDS[request.param]
+@pytest.fixture(scope="session")
+def open_engine():
+    """``iqkit.open``: ``open_engine(root, as_of=...)``."""
 
     def open_(root, **options) -> iqkit.StateEngine:
-        return iqkit.StateEngine(root, partition_opener=opener, **options)
+        return iqkit.StateEngine(root, **options)
 
     return open_

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import break_partition, is_chain_store, partition_files, request
+from helpers import break_partition, partition_files, request
 
 import iqkit
 from iqkit import FailureReason, KeyQuery, Position, PositionBound
@@ -340,10 +340,15 @@ def test_execution_info_has_one_line_per_layer(totals, open_engine):
         quiet = engine.query(request("totals", KeyQuery.with_key("user-4")))
     lines = r.only_partition_result().execution_info
     layers = [HANDLED.match(line).group(1) for line in lines]
-    # A chain store says what opening the partition read (FileCache: its files, the
-    # database built or reused in the cache).
-    opened = ["FileCache"] if is_chain_store(totals, "totals") else []
-    assert layers == ["RocksDBLayer", "CachingLayer", "TypedKeyValueLayer", *opened, "StateEngine"]
+    # Opening the partition says what it read (FileCache: its files, the database
+    # built or reused in the cache).
+    assert layers == [
+        "RocksDBLayer",
+        "CachingLayer",
+        "TypedKeyValueLayer",
+        "FileCache",
+        "StateEngine",
+    ]
     assert "cache miss" in lines[1]
     assert "version 1" in lines[0]
     assert quiet.only_partition_result().execution_info == []
@@ -421,7 +426,6 @@ def test_lags_of_a_chain_store_come_from_its_record_and_build_no_database(
 ):
     # The chain record carries each partition's commit record: lag needs no partition
     # opened (on an object root, nothing fetched), and says what a query's position says.
-    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "chain")
     monkeypatch.setenv("IQKIT_CACHE", str(tmp_path / "cache"))
     iqkit.create_store(root, "s", partitions=3, partitioner="explicit")
     with iqkit.StoreWriter(root, "s") as w:

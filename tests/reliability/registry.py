@@ -13,23 +13,16 @@ checked and what was lost (the target is nothing).
 * ``IQKIT_RELIABILITY=long`` makes pytest run the long variants too; a number in
   ``IQKIT_FAULT_ITERATIONS`` sets every probe's iterations; ``IQKIT_FAULT_SEED`` fixes
   the random choices (the seed is printed with every failure).
-* A probe registered with ``store_format="folder"`` breaks the folder format's own files
-  or protocol (``LATEST``, version records, leases, its commit steps): its new local
-  stores get that format whatever the default (``IQKIT_LOCAL_FORMAT``, set around the
-  run by ``run_probe`` and, in pytest, by the ``folder_format`` marker). One registered
-  with ``store_format="chain"`` does the same for the SST-chain format (its records,
-  SSTs and grace-period retention; the ``chain_format`` marker).
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,9 +57,6 @@ class Probe:
     long: int
     fn: ProbeFn
     module: str
-    #: "folder" or "chain" when the probe tests that format (its new local stores get
-    #: it); None: the stores get the default format.
-    store_format: str | None = None
 
 
 PROBES: dict[str, Probe] = {}
@@ -79,14 +69,13 @@ def probe(
     unit: str,
     fast: int,
     long: int,
-    store_format: str | None = None,
 ) -> Callable[[ProbeFn], ProbeFn]:
     """Register ``fn`` as the probe ``name`` (one row of the table)."""
 
     def register(fn: ProbeFn) -> ProbeFn:
         if name in PROBES and PROBES[name].fn.__qualname__ != fn.__qualname__:
             raise ValueError(f"two probes are named {name!r}")
-        PROBES[name] = Probe(name, fault, unit, fast, long, fn, fn.__module__, store_format)
+        PROBES[name] = Probe(name, fault, unit, fast, long, fn, fn.__module__)
         return fn
 
     return register
@@ -107,24 +96,6 @@ def load_probes() -> list[Probe]:
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return list(PROBES.values())
-
-
-@contextlib.contextmanager
-def probe_format(p: Probe) -> Iterator[None]:
-    """``IQKIT_LOCAL_FORMAT`` set to ``p.store_format`` while the probe runs (if it has
-    one), then restored: the probe's processes inherit it."""
-    if p.store_format is None:
-        yield
-        return
-    before = os.environ.get("IQKIT_LOCAL_FORMAT")
-    os.environ["IQKIT_LOCAL_FORMAT"] = p.store_format
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("IQKIT_LOCAL_FORMAT", None)
-        else:
-            os.environ["IQKIT_LOCAL_FORMAT"] = before
 
 
 def variant() -> str:
@@ -156,8 +127,7 @@ def run_probe(p: Probe, workdir: Path, n: int, run_seed: int) -> Run:
     """Run ``p`` once; an exception is recorded (a broken invariant), never raised."""
     started = time.monotonic()
     try:
-        with probe_format(p):
-            outcome = p.fn(workdir, n, random.Random(run_seed))
+        outcome = p.fn(workdir, n, random.Random(run_seed))
         error = None
     except Exception as exc:
         outcome, error = None, f"{type(exc).__name__}: {exc}"

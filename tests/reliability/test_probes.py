@@ -12,18 +12,8 @@ from registry import iterations, load_probes, seed
 PROBES = load_probes()
 
 
-FORMAT_MARKS = {"folder": pytest.mark.folder_format, "chain": pytest.mark.chain_format}
-
-
-def marks(p) -> list[pytest.MarkDecorator]:
-    """A folder- or chain-format probe's stores get that format (tests/conftest.py's
-    markers)."""
-    assert p.store_format in (None, *FORMAT_MARKS), p.store_format
-    return [FORMAT_MARKS[p.store_format]] if p.store_format else []
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("probe", [pytest.param(p, id=p.name, marks=marks(p)) for p in PROBES])
+@pytest.mark.parametrize("probe", [pytest.param(p, id=p.name) for p in PROBES])
 def test_probe_loses_nothing(probe, tmp_path):
     run_seed = seed()
     where = f"{probe.name} (IQKIT_FAULT_SEED={run_seed})"

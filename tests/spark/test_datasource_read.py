@@ -19,9 +19,8 @@ from pyspark.sql import functions as F
 import iqkit
 from iqkit import KeyQuery, PrefixScanQuery, RangeQuery, WindowKeyQuery
 from iqkit.spark.datasource import IqkitReader, register
-from iqkit.store.formats import StoreFormat, store_format
-from iqkit.store.jobs import latest_published
-from iqkit.store.layout import StoreLayout
+from iqkit.store.formats import format_for
+from iqkit.store.roots import parse_root
 
 N_PARTITIONS = 4
 CUSTOMERS = [f"cust-{i:02d}" for i in range(40)]
@@ -538,18 +537,9 @@ def test_root_option_is_accepted(spark, orders_root):
 
 
 def break_partition(root: Path, store: str, partition: int) -> None:
-    """Make ``partition`` of ``store``'s latest version unreadable, in its own format: a
-    folder store loses the partition folder's CURRENT, a chain store's SSTs are replaced
+    """Make ``partition`` of ``store``'s latest version unreadable: its SSTs are replaced
     by garbage (new files: a cached database's hard links keep the old bytes)."""
-    if store_format(root, store) is StoreFormat.FOLDER:
-        version = latest_published(root, store)
-        assert version is not None
-        folder = StoreLayout.of(root, store).partition_version_dir(
-            partition, version.partitions[partition]
-        )
-        (folder / "CURRENT").unlink()
-        return
-    version = latest_published(root, store)
+    version = format_for(parse_root(root)).latest_published(store)
     assert version is not None
     for f in version.partitions[partition].files:
         path = root / f.name

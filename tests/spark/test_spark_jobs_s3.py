@@ -112,12 +112,13 @@ def test_a_failed_job_on_s3_publishes_nothing_and_the_last_version_stays(spark, 
 
 
 def test_a_commit_that_landed_meanwhile_makes_the_job_publish_nothing(spark, s3_root):
-    from iqkit.store.jobs import open_job_commit
+    from iqkit.store.formats import format_for
     from iqkit.store.keyspace import kv_key
+    from iqkit.store.roots import parse_root
 
     df = spark.createDataFrame([("a", 1)], "k string, v long")
     write_store(df, s3_root, "s", key="k", value="v", partitions=2)
-    with open_job_commit(s3_root, "s") as job:
+    with format_for(parse_root(s3_root)).open_job_commit("s") as job:
         # another writer publishes version 2 while this job holds base version 1
         write_store(df, s3_root, "s", key="k", value="v", partitions=2)
         staged = [job.spec.stage(0, [(kv_key(b"x"), b"1")], attempt="t")]

@@ -8,7 +8,7 @@ import math
 import pytest
 from helpers import NON_FINITE_DDL, kv_rows, non_finite_frames, windowed_counts
 from pyspark.sql import functions as F
-from store_facts import is_chain, written_counts
+from store_facts import written_counts
 
 import iqkit
 from iqkit import KeyQuery, StateQueryRequest
@@ -286,13 +286,10 @@ def test_progress_counts_windows_not_rocksdb_keys(spark, tmp_path, capsys):
     assert "rows=40," in capsys.readouterr().err
     rows_written, puts = written_counts(tmp_path, "w")
     assert rows_written == 40
-    if is_chain(tmp_path, "w"):
-        # A chain partition's commit record is the first key of its SST, written before
-        # the rows stream in, so write_store's records carry no counts (docs/DECISIONS.md):
-        # the version's rows_written above is where the count lives.
-        assert puts is None
-    else:
-        assert puts == 40
+    # A partition's commit record is the first key of its SST, written before the rows
+    # stream in, so write_store's records carry no counts (docs/DECISIONS.md): the
+    # version's rows_written above is where the count lives.
+    assert puts is None
 
 
 def test_a_first_write_that_fails_creates_no_store(spark, tmp_path):

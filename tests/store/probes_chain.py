@@ -1,6 +1,5 @@
 """Reliability probes of the SST-chain format (rows of RELIABILITY.md; see
-``tests/reliability/registry.py``): the chain twins of the folder probes in
-``probes_store.py``.
+``tests/reliability/registry.py``).
 
 A chain store (``iqkit/store/chain*.py``) publishes version N with one exclusive create
 of its record ``chain/<N>.json``, which lists each partition's immutable SSTs
@@ -62,8 +61,6 @@ from iqkit.store.cache import FileCache
 from iqkit.store.chain import ChainVersion, list_versions, read_version, record_key
 from iqkit.store.chain_read import database_folder
 from iqkit.store.chain_retention import DEFAULT_GRACE_SECONDS, collect_chain_garbage
-from iqkit.store.formats import StoreFormat, store_format
-from iqkit.store.layout import StoreLayout
 from iqkit.store.names import CACHE_DBS_DIR, CHAIN_RECORDS_DIR, CHAIN_SST_DIR
 from iqkit.store.objects import TMP_PREFIX, open_objects
 
@@ -119,13 +116,9 @@ class ChainChild(Child):
         self.done = False
 
 
-def new_chain_store(root: Path) -> StoreLayout:
-    """The generation store (``faults.new_store``), which must be a chain store."""
-    layout = new_store(root)
-    assert store_format(root, STORE) is StoreFormat.CHAIN, (
-        "a chain probe needs IQKIT_LOCAL_FORMAT=chain (registry.run_probe, chain_format marker)"
-    )
-    return layout
+def new_chain_store(root: Path) -> Path:
+    """The generation store (``faults.new_store``); its folder."""
+    return new_store(root)
 
 
 # -- what is on the root -------------------------------------------------------------------
@@ -226,7 +219,6 @@ def where_killed(
 
 @probe(
     "SIGKILLed chain writer, random moment",
-    store_format="chain",
     fault="a process committing generations in a loop to a chain store (retention 2, its "
     "grace period 0 s or the default 600 s at random) is SIGKILLed 0-300 ms after it "
     "starts; every retained version must read whole and the next commit succeed at once",
@@ -348,7 +340,6 @@ SOAK_GRACE = 10.0
 
 @probe(
     "Readers during chain commits (soak)",
-    store_format="chain",
     fault="a long-lived engine queries (key, multi-key, range of all and of each partition) "
     f"while another process commits to a chain store with retention 2 (grace period "
     f"shortened to {SOAK_GRACE:.0f} s, so retention removes records and SSTs under the "
@@ -433,7 +424,6 @@ ENGINE_CACHE_SIZE = "2MiB"
 
 @probe(
     "Long-lived engine on a chain store, retention 2",
-    store_format="chain",
     fault="one engine queries after every commit of a one-key write to a chain store, "
     "never closed (retention's grace period 0 s, so the root keeps 2 versions; the "
     f"reader's cache limited to {ENGINE_CACHE_SIZE})",
@@ -446,7 +436,6 @@ def long_lived_chain_engine(workdir: Path, iterations: int, rng: random.Random) 
     limited = own_cache(workdir, IQKIT_CACHE_SIZE=ENGINE_CACHE_SIZE)
     with limited as cache, grace_period(0):
         iqkit.create_store(root, "s", partitions=4, retention=2)
-        assert store_format(root, "s") is StoreFormat.CHAIN
         objects = open_objects(root)
         expected: dict[str, int] = {}
         built: set[Path] = set()
@@ -590,7 +579,6 @@ def check_damaged_reads(
 
 @probe(
     "Damaged chain record, SST or manifest",
-    store_format="chain",
     fault="one of: the latest version record truncated, garbage, not UTF-8 or naming another "
     "version; an SST of the latest version missing or truncated (some stores read before, "
     "so readers hold a database built from it); the manifest truncated or not UTF-8; then "
@@ -615,7 +603,6 @@ def damaged_chain_files(workdir: Path, iterations: int, rng: random.Random) -> O
             parts = rng.randint(1, 4)
             iqkit.create_store(root, "s", partitions=parts, partitioner="explicit",
                                retention=rng.randint(1, 3))  # fmt: skip
-            assert store_format(root, "s") is StoreFormat.CHAIN
             expected: dict = {}
             for v in range(rng.randint(1, 12)):  # chains long enough to be compacted
                 expected |= commit_keys(

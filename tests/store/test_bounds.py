@@ -210,11 +210,7 @@ def _run_capped(root: Path, store: str) -> dict:
     return json.loads(lines[-1][len("RESULT") :])
 
 
-@pytest.mark.parametrize("fmt", ["chain", "folder"])
-def test_a_manifest_declaring_a_billion_partitions_is_one_line_everywhere(
-    tmp_path, monkeypatch, fmt
-):
-    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", fmt)
+def test_a_manifest_declaring_a_billion_partitions_is_one_line_everywhere(tmp_path):
     iqkit.create_store(tmp_path, "big", partitions=2)
     with iqkit.StoreWriter(tmp_path, "big") as w:
         w.put("a", "1")

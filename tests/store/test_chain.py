@@ -122,7 +122,7 @@ def test_the_record_carries_chains_commit_records_and_store_facts(objects, cache
     assert first.metadata["partitions_written"] == [0, 3]
     assert first.metadata["writer"]["pid"] == os.getpid()
     assert first.source_end == {"in": {0: 12}}
-    # What every version carries forward (versions.next_record), as in local folders:
+    # What every version carries forward (chain.next_record):
     # the source's end offsets and the sinks' batch ids survive a commit that names none.
     assert again.source_end == {"in": {0: 12}}
     assert again.metadata["sinks"] == {"s": {"q": {"batch": 7, "version": 1}}}

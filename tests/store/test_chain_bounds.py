@@ -120,7 +120,7 @@ def test_a_job_on_a_store_at_the_highest_version_is_refused_before_its_tasks_run
     objects = new_job_store(root)
     publish_version(objects, STORE, ChainVersion(MAX_CHAIN_VERSION, {}))
     with pytest.raises(VersionLimitError, match="highest"):
-        ChainJobCommit(root, STORE)
+        ChainJobCommit(objects, STORE)
 
 
 # -- item 6: clock skew ------------------------------------------------------------------------
@@ -364,7 +364,7 @@ def test_a_job_publish_compacts_a_long_chain_it_does_not_touch(tmp_path):
             objects, STORE, record, {0: [(key(i), b"%d" % i)]}, cache=cache, compact_after=10**6
         )
     expected = read_all(tmp_path, objects, record)
-    with ChainJobCommit(root, STORE) as job:
+    with ChainJobCommit(objects, STORE) as job:
         staged = job.spec.stage(1, [(key(5), b"job")], attempt="t1")
         version = job.publish([staged])
     after = read_version(objects, STORE, version)

@@ -16,7 +16,7 @@ from iqkit.store import keyspace, rocks
 from iqkit.store.chain import list_versions, read_version
 from iqkit.store.chain_jobs import ChainJobCommit, StagedChain
 from iqkit.store.chain_store import chain_store_names
-from iqkit.store.jobs import JobCommit, open_job_commit
+from iqkit.store.formats import format_for
 from iqkit.store.manifest import StoreManifest
 from iqkit.store.objects import open_objects
 from iqkit.store.partitioners import murmur2_partition
@@ -25,6 +25,10 @@ from iqkit.store.serdes import get_serde
 
 STORE = "totals"
 PARTITIONS = 2
+
+
+def open_job_commit(root, store, **options):
+    return format_for(parse_root(root)).open_job_commit(store, **options)
 
 
 def manifest() -> StoreManifest:
@@ -167,32 +171,19 @@ def test_runs_uploaded_by_tasks_apply_in_order_with_deletes(s3_root, tmp_path):
         assert {k: v for _p, k, v in kv_rows(engine, STORE)} == {"bob": 2, "zed": 2}
 
 
-def test_a_local_roots_job_commit_follows_each_stores_format(root, monkeypatch):
-    """New local stores get IQKIT_LOCAL_FORMAT's format; an existing store keeps its own."""
-    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "folder")
-    iqkit.create_store(root, "old", partitions=PARTITIONS)
-    with open_job_commit(root, STORE, create=manifest()) as job:
-        assert isinstance(job, JobCommit)
-    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "chain")
-    with open_job_commit(root, STORE, create=manifest()) as job:
-        assert isinstance(job, ChainJobCommit)
-    with open_job_commit(root, "old") as job:
-        assert isinstance(job, JobCommit)
-
-
 def test_a_job_on_a_local_chain_store_takes_the_commit_lock(root, monkeypatch):
     from iqkit.errors import StoreLockedError
-    from iqkit.store.layout import StoreLayout
     from iqkit.store.locking import CommitLock
+    from iqkit.store.names import LOCK_FILE
 
-    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "chain")
     iqkit.create_store(root, "s", partitions=1)
     with iqkit.StoreWriter(root, "s") as w:
         w.put("a", 1)
     job = open_job_commit(root, "s", lock_timeout=0.2)
     assert isinstance(job, ChainJobCommit)
     staged = [job.spec.stage(0, [(keyspace.kv_key(b"b"), b"2")], attempt="t")]
-    holder = CommitLock(StoreLayout.of(root, "s"), who="a notebook's StoreWriter", timeout=5)
+    lock = root / "s" / LOCK_FILE
+    holder = CommitLock(lock, "s", who="a notebook's StoreWriter", timeout=5)
     with holder, pytest.raises(StoreLockedError, match="a notebook's StoreWriter"):
         job.publish(staged)
     assert list_versions(open_objects(root), "s") == [1]  # nothing published

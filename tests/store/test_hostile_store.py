@@ -26,11 +26,6 @@ from iqkit.store.objects import open_objects
 SECRET = b"top-secret-line\n" * 16 + b"TAILBYTE"
 
 
-@pytest.fixture(autouse=True)
-def _chain_stores(monkeypatch):
-    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "chain")
-
-
 @pytest.fixture
 def victim(tmp_path: Path) -> Path:
     path = tmp_path / "outside" / "victim.txt"

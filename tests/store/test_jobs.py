@@ -1,34 +1,35 @@
-"""Job commits: partitions staged by task attempts, published once by the driver.
-
-The tests that use ``open_job_commit`` and ``spec.stage`` run in whichever format new
-local stores get (``job_leftovers`` looks where either format leaves a job's files);
-those marked ``folder_format`` look at the folder format's staging folders
-(``partitions/<p>/.job-*``) on purpose."""
+"""Job commits through the root's format (``StoreFormat.open_job_commit``): partitions
+staged by task attempts, published once by the driver. A speculative attempt's upload
+and a dead job's are orphans that retention removes after its grace period
+(test_chain_jobs.py)."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 from helpers import request
 
 import iqkit
-from iqkit.store.formats import StoreFormat, store_format
-from iqkit.store.jobs import (
-    JobCommit,
-    StoreConflictError,
-    latest_published,
-    open_job_commit,
-    stage_partition,
-    store_exists,
-)
+from iqkit.errors import StoreConflictError
+from iqkit.store.formats import format_for
 from iqkit.store.keyspace import kv_key
-from iqkit.store.layout import StoreLayout
-from iqkit.store.names import CHAIN_SST_DIR, PARTITIONS_DIR
+from iqkit.store.names import CHAIN_SST_DIR
 from iqkit.store.partitioners import murmur2_partition
+from iqkit.store.roots import parse_root
 from iqkit.store.serdes import get_serde
 
 STRING, INT64 = get_serde("string"), get_serde("int64")
+
+
+def open_job_commit(root, store, **options):
+    return format_for(parse_root(root)).open_job_commit(store, **options)
+
+
+def latest_published(root, store):
+    return format_for(parse_root(root)).latest_published(store)
+
+
+def store_exists(root, store):
+    return format_for(parse_root(root)).store_exists(store)
 
 
 def rows_for(partition, items, n=4):
@@ -50,12 +51,10 @@ def get(engine, key):
 
 
 def job_leftovers(root):
-    """What job commits left in store ``s``, in either format: the folder format's
-    staging folders (``partitions/<p>/.job-*``), the chain format's SSTs (``sst/<p>/*``;
-    a store with no published version lists none, so every one there is left over)."""
-    folders = (root / "s" / PARTITIONS_DIR).glob("*/.job-*")
+    """What job commits left in store ``s``: its SSTs (``sst/<p>/*``; a store with no
+    published version lists none, so every one there is left over)."""
     ssts = (root / "s" / CHAIN_SST_DIR).glob("*/*")
-    return sorted(str(p.relative_to(root)) for p in (*folders, *ssts))
+    return sorted(str(p.relative_to(root)) for p in ssts)
 
 
 @pytest.fixture
@@ -116,17 +115,6 @@ def test_upsert_builds_on_the_base_and_overwrite_replaces(store):
             assert all(kv.value <= 0 for kv in it)
 
 
-@pytest.mark.folder_format
-def test_only_the_published_attempt_survives(store):
-    with JobCommit(store, "s") as job:
-        first = stage_partition(job.spec, 0, rows_for(0, ITEMS), attempt="0")
-        retry = stage_partition(job.spec, 0, rows_for(0, ITEMS), attempt="1")  # speculative
-        job.publish([retry])
-    assert job_leftovers(store) == []
-    assert not os.path.exists(first.path)
-    assert (StoreLayout.of(store, "s").partition_version_dir(0, 1)).is_dir()
-
-
 def test_a_commit_during_the_job_is_a_conflict_and_nothing_is_published(store):
     job = open_job_commit(store, "s")
     staged = job.spec.stage(0, rows_for(0, ITEMS), attempt="0")
@@ -152,16 +140,6 @@ def test_an_aborted_job_leaves_nothing(store):
     assert latest_published(store, "s") is None
 
 
-@pytest.mark.folder_format
-def test_folders_of_a_dead_job_are_collected(store):
-    dead = StoreLayout.of(store, "s").job_staging_dir(2, "deadbeef", "0")
-    dead.mkdir(parents=True)
-    (dead.parent / ".job-deadbeef-1.sst").write_bytes(b"x")
-    with iqkit.StoreWriter(store, "s") as w:
-        w.put("a", 1)
-    assert job_leftovers(store) == []
-
-
 def test_sorted_rows_are_bulk_loaded_through_an_sst_file(store):
     with open_job_commit(store, "s", mode="overwrite") as job:
         staged = [
@@ -176,9 +154,8 @@ def test_sorted_rows_are_bulk_loaded_through_an_sst_file(store):
 def test_unsorted_rows_for_the_sst_path_fail_cleanly(store):
     with open_job_commit(store, "s", mode="overwrite") as job:
         rows = list(reversed(rows_for(0, ITEMS)))
-        # the folder format's RocksDB refuses them (StoreIOError), the chain format's
-        # writer checks the order first (ValueError naming the keys)
-        with pytest.raises((iqkit.IqkitError, ValueError)):
+        # the writer checks the order first (ValueError naming the keys)
+        with pytest.raises(ValueError):
             job.spec.stage(0, rows, attempt="0", sorted_unique=True)
     assert job_leftovers(store) == []
     assert latest_published(store, "s") is None
@@ -202,9 +179,8 @@ def test_a_new_store_is_created_only_when_the_job_publishes(root):
     assert not store_exists(root, "s")
     with iqkit.open(root) as engine:
         assert "s" not in engine.store_names()
-    if store_format(root, "s") is StoreFormat.FOLDER:
-        assert not (root / "s").exists()  # and no folders (a chain task's upload waits for
-        # retention, as on object roots: only the driver's own chains go with abort())
+    # A task's upload no driver was handed waits for retention, as on object roots: only
+    # the driver's own chains go with abort().
     with open_job_commit(root, "s", create=s) as job:
         staged = [job.spec.stage(p, rows_for(p, ITEMS), attempt="a") for p in range(4)]
         assert job.publish(staged) == 1

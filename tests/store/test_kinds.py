@@ -11,9 +11,9 @@ from helpers import request
 import iqkit
 from iqkit.jupyter.command import QUERY_ACTIONS
 from iqkit.jupyter.parse import parse_line
+from iqkit.store.formats import format_for
 from iqkit.store.kinds import QUERY_COMMANDS, StoreKind
-from iqkit.store.layout import StoreLayout
-from iqkit.store.manifest import StoreManifest
+from iqkit.store.roots import parse_root
 
 
 @pytest.mark.parametrize(
@@ -22,9 +22,8 @@ from iqkit.store.manifest import StoreManifest
 def test_the_manifest_keeps_the_kind_name_on_disk_and_equal_to_the_string(root, name, kind):
     size = 1_000 if kind.windowed else None
     iqkit.create_store(root, "s", partitions=1, kind=name, window_size_ms=size)
-    layout = StoreLayout.of(root, "s")
-    assert json.loads(layout.manifest.read_text())["kind"] == name
-    manifest = StoreManifest.read(layout)
+    assert json.loads((root / "s" / "manifest.json").read_text())["kind"] == name
+    manifest = format_for(parse_root(root)).read_manifest("s")
     assert manifest.kind is kind
     assert manifest.kind == name and f"{manifest.kind}" == name
     # Asking again with the enum is the same settings, not a conflict.

@@ -1,6 +1,6 @@
-"""Chain-format stores under a local root (``store/formats.py``): a store copied down
-from object storage, object for object (what ``aws s3 sync`` does), opens, answers and
-takes commits locally in its own format, beside folder-format stores of the same root."""
+"""Chain stores under a local root: a store copied down from object storage, object for
+object (what ``aws s3 sync`` does), opens, answers and takes commits locally, as stores
+made on the local root do."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import pytest
 from helpers import kv_rows, tree_digest, write_notebook_stores
 
 import iqkit
-from iqkit.store.formats import DEFAULT_LOCAL_FORMAT, StoreFormat, store_format
-from iqkit.store.jobs import latest_published, open_job_commit, store_exists
+from iqkit.store.format import is_folder_store
+from iqkit.store.formats import format_for
 from iqkit.store.keyspace import kv_key
 from iqkit.store.objects import open_objects
+from iqkit.store.roots import parse_root
 
 
 def sync_down(url: str, folder: Path) -> None:
@@ -49,7 +50,7 @@ def synced(s3_root, tmp_path) -> Path:
 
 
 def test_a_synced_store_is_read_in_its_own_format_with_the_same_answers(synced, s3_root):
-    assert store_format(synced, "totals") is StoreFormat.CHAIN
+    assert not is_folder_store(synced / "totals")
     before = tree_digest(synced)
     for store in ("totals", "counts", "clicks"):
         assert everything(synced, store) == everything(s3_root, store)
@@ -66,9 +67,10 @@ def test_commits_to_a_synced_store_stay_in_the_chain_format(synced, s3_root):
     assert w.version == 3
     assert not (synced / "totals" / "LATEST").exists()  # no folder-format file appears
     assert (synced / "totals" / "chain" / "000000000003.json").is_file()
-    assert store_exists(synced, "totals") and latest_published(synced, "totals").version == 3
+    fmt = format_for(parse_root(synced))
+    assert fmt.store_exists("totals") and fmt.latest_published("totals").version == 3
     # A job commit (what Spark's writers use) publishes the next version the same way.
-    with open_job_commit(synced, "totals") as job:
+    with fmt.open_job_commit("totals") as job:
         staged = job.spec.stage(0, [(kv_key(b"yan"), b'{"total": 2}')], attempt="t")
         assert job.publish([staged]) == 4
     with iqkit.open(synced) as engine:
@@ -78,24 +80,10 @@ def test_commits_to_a_synced_store_stay_in_the_chain_format(synced, s3_root):
     assert got["bob"]["total"] == 14
 
 
-@pytest.mark.folder_format
-def test_folder_and_chain_stores_share_a_local_root(synced, tmp_path):
-    iqkit.create_store(synced, "local", partitions=2)
-    with iqkit.StoreWriter(synced, "local") as w:
-        w.put("a", 1)
-    assert store_format(synced, "local") is StoreFormat.FOLDER
-    assert (synced / "local" / "LATEST").is_file()
-    with iqkit.open(synced) as engine:
-        assert engine.store_names() == ["clicks", "counts", "fresh", "local", "totals"]
-        assert [v for _, _, v in kv_rows(engine, "local")] == [1]
-    out = iqkit.sql("SELECT t.key, l.value FROM totals t, local l WHERE t.key = 'bob'", root=synced)
-    assert out.values.tolist() == [["bob", 1]]
-
-
 def test_a_synced_store_never_written_is_still_a_chain_store(synced):
     # Its manifest says so: there is nothing else in its folder to tell.
     assert sorted(p.name for p in (synced / "fresh").iterdir()) == ["manifest.json"]
-    assert store_format(synced, "fresh") is StoreFormat.CHAIN
+    assert not is_folder_store(synced / "fresh")
     with iqkit.open(synced) as engine:
         assert engine.version("fresh") is None
     with iqkit.StoreWriter(synced, "fresh") as w:
@@ -103,19 +91,6 @@ def test_a_synced_store_never_written_is_still_a_chain_store(synced):
     assert (synced / "fresh" / "chain" / "000000000001.json").is_file()
     with iqkit.open(synced) as engine:
         assert [v for _, _, v in kv_rows(engine, "fresh")] == [1]
-
-
-def test_a_new_local_store_takes_the_local_format_and_object_roots_use_chains(
-    s3_root, root, monkeypatch
-):
-    monkeypatch.delenv("IQKIT_LOCAL_FORMAT", raising=False)
-    assert store_format(root, "new") is DEFAULT_LOCAL_FORMAT
-    assert store_format(s3_root, "new") is StoreFormat.CHAIN
-    for fmt in StoreFormat:
-        monkeypatch.setenv("IQKIT_LOCAL_FORMAT", fmt.value)
-        assert store_format(root, "new") is fmt
-        assert store_format(s3_root, "new") is StoreFormat.CHAIN
-    assert not root.exists()  # telling the format creates nothing
 
 
 def test_a_manifest_of_an_unknown_format_is_refused_in_one_line(root):
@@ -150,35 +125,8 @@ def test_a_local_chain_store_is_read_in_place_never_copied(synced, tmp_path, mon
     assert list(cache.rglob("dbs/**/CURRENT"))
 
 
-def test_iqkit_local_format_picks_the_format_of_new_local_stores(root, monkeypatch):
-    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "chain")
-    iqkit.create_store(root, "c", partitions=2)
-    with iqkit.StoreWriter(root, "c") as w:
-        w.put("a", 1)
-    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "folder")
-    iqkit.create_store(root, "f", partitions=2)
-    with iqkit.StoreWriter(root, "f") as w:
-        w.put("a", 1)
-    with iqkit.StoreWriter(root, "c") as w:  # an existing store keeps its format
-        w.put("b", 2)
-    assert (store_format(root, "c"), store_format(root, "f")) == (
-        StoreFormat.CHAIN,
-        StoreFormat.FOLDER,
-    )
-    assert (root / "c" / "chain" / "000000000002.json").is_file()
-    assert (root / "f" / "LATEST").is_file() and not (root / "c" / "LATEST").exists()
-    with iqkit.open(root) as engine:
-        assert sorted(v for _, _, v in kv_rows(engine, "c")) == [1, 2]
-        assert [v for _, _, v in kv_rows(engine, "f")] == [1]
-    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "sst")
-    with pytest.raises(ValueError, match="IQKIT_LOCAL_FORMAT='sst': use 'chain' or 'folder'"):
-        iqkit.create_store(root, "bad", partitions=1)
-    assert not (root / "bad").exists()
-
-
 @pytest.mark.parametrize("damage", ["missing", "truncated"])
 def test_a_damaged_sst_of_a_local_chain_store_is_that_partitions_failure(root, damage, monkeypatch):
-    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "chain")
     iqkit.create_store(root, "c", partitions=2, partitioner="explicit")
     with iqkit.StoreWriter(root, "c") as w:
         w.put("a", 1, partition=0)

@@ -1,6 +1,5 @@
-"""Store roots: local paths and URLs told apart in one place (iqkit/store/roots.py), and the
-store format that lives on local folders refusing a URL instead of writing a folder "s3:"
-(issue 13, item 1)."""
+"""Store roots: local paths and URLs told apart in one place (iqkit/store/roots.py), a URL
+never becoming a folder "s3:" (issue 13, item 1)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import pytest
 import iqkit
 from iqkit.__main__ import main as cli_main
 from iqkit.errors import RootError
-from iqkit.store.roots import StoreRoot, local_root, parse_root
+from iqkit.store.roots import StoreRoot, parse_root
 
 
 @pytest.fixture
@@ -108,7 +107,7 @@ def test_a_root_of_another_type_is_a_type_error():
 def test_pathlib_mangled_urls_are_refused_not_made_folders():
     """``Path("s3://b/x")`` is ``s3:/b/x``: still recognised as a URL."""
     with pytest.raises(RootError, match="pass the URL as a string"):
-        local_root(Path("s3://b/x"))
+        parse_root(Path("s3://b/x"))
 
 
 # -- filesystems: the missing package names the extra ---------------------------------------

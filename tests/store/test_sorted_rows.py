@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import iqkit
 from iqkit.store import keyspace
-from iqkit.store.jobs import open_job_commit
+from iqkit.store.formats import format_for
+from iqkit.store.roots import parse_root
 from iqkit.store.sorted_rows import SortedRows, last_per_key
 
 relaxed = settings(deadline=None, max_examples=60)  # spills write files; shared machine
@@ -170,7 +171,7 @@ def test_sorted_rows_build_a_partition_through_the_sst_path(tmp_path):
     rows += [(keyspace.kv_key(b"k001"), None)]  # the last row of k001 is a delete
     buffer = SortedRows(spill_bytes=500)
     add_shuffled(buffer, rows, seed=3, pieces=7)
-    with open_job_commit(tmp_path, "s", mode="overwrite") as job:  # the store's format
+    with format_for(parse_root(tmp_path)).open_job_commit("s", mode="overwrite") as job:
         staged = job.spec.stage(0, buffer.rows(), attempt="a", sorted_unique=True)
         assert staged.puts == 39
         job.publish([staged])

@@ -1,14 +1,11 @@
-"""Versions, retention, readers' leases and concurrent writers (real processes).
+"""Versions, retention and concurrent writers (real processes).
 
-Retention by reader leases (flocks on version records) is the folder format's: those
-tests are marked ``folder_format``. The chain format protects readers with a grace period
-instead (chain_retention.py; its rules are tested in test_chain.py);
-``test_chain_retention_keeps_the_newest_versions_once_the_grace_is_over`` is its
-user-level counterpart here."""
+Readers are protected by retention's grace period (chain_retention.py; its rules are
+tested in test_chain.py); ``test_chain_retention_keeps_the_newest_versions_once_the_grace_
+is_over`` is its user-level counterpart here."""
 
 from __future__ import annotations
 
-import fcntl
 import multiprocessing as mp
 import os
 import time
@@ -20,11 +17,10 @@ import iqkit
 from iqkit.store.chain import latest_version
 from iqkit.store.chain import list_versions as chain_versions
 from iqkit.store.chain_retention import DEFAULT_GRACE_SECONDS, collect_chain_garbage
-from iqkit.store.layout import StoreLayout
 from iqkit.store.locking import CommitLock
+from iqkit.store.names import LOCK_FILE
 from iqkit.store.objects import open_objects
 from iqkit.store.roots import parse_root
-from iqkit.store.versions import list_versions, live_leased_versions
 
 
 def get(engine, store, key):
@@ -39,61 +35,7 @@ def commit(root, store, **puts):
     return w.version
 
 
-@pytest.mark.folder_format
-def test_retention_keeps_the_newest_versions_and_removes_unreferenced_folders(root):
-    iqkit.create_store(root, "s", partitions=1, retention=3)
-    for i in range(8):
-        commit(root, "s", a=i)
-    layout = StoreLayout.of(root, "s")
-    assert list_versions(layout) == [6, 7, 8]
-    assert sorted(int(f) for f in os.listdir(layout.partition_dir(0))) == [6, 7, 8]
-    with iqkit.open(root, as_of=6) as engine:
-        assert get(engine, "s", "a") == 5
-    with pytest.raises(ValueError, match=r"no version 2 \(retained: 6..8\)"):
-        iqkit.open(root, as_of=2)
-
-
-@pytest.mark.folder_format
-def test_a_pinned_reader_keeps_its_version_until_it_closes(root):
-    iqkit.create_store(root, "s", partitions=1, retention=2)
-    commit(root, "s", a="v1")
-    reader = iqkit.open(root, as_of=1)
-    assert get(reader, "s", "a") == "v1"
-    for i in range(2, 7):
-        commit(root, "s", a=f"v{i}")
-    layout = StoreLayout.of(root, "s")
-    assert 1 in live_leased_versions(layout)
-    assert (layout.partition_version_dir(0, 1)).exists()
-    assert get(reader, "s", "a") == "v1"  # still readable after five newer commits
-    reader.close()
-    commit(root, "s", a="v7")
-    assert not layout.partition_version_dir(0, 1).exists()
-    assert list_versions(layout) == [6, 7]
-
-
-@pytest.mark.folder_format
-def test_leases_of_dead_readers_expire(root):
-    """A lease is a shared flock on the version's record (readers write nothing), which
-    the kernel drops when its holder dies: a dead reader's lease is simply gone, and a
-    stale lease file an older iqkit left in ``leases/`` protects nothing. (A reader
-    process killed while holding a version: tests/engine/test_engine_footprint.py.)"""
-    iqkit.create_store(root, "s", partitions=1, retention=1)
-    commit(root, "s", a=1)
-    layout = StoreLayout.of(root, "s")
-    layout.leases_dir.mkdir(parents=True, exist_ok=True)
-    (layout.leases_dir / "12345-deadbeef.1").write_text("")  # nobody holds its lock
-    fd = os.open(layout.version_record(1), os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_SH)  # what a live reader of version 1 holds
-    assert live_leased_versions(layout) == {1}
-    os.close(fd)  # what the kernel does when that reader dies
-    assert live_leased_versions(layout) == set()
-    commit(root, "s", a=2)
-    assert list_versions(layout) == [2]
-    assert not layout.partition_version_dir(0, 1).exists()
-
-
 def test_chain_retention_keeps_the_newest_versions_once_the_grace_is_over(root, monkeypatch):
-    monkeypatch.setenv("IQKIT_LOCAL_FORMAT", "chain")
     iqkit.create_store(root, "s", partitions=1, retention=3)
     for i in range(8):
         commit(root, "s", a=i)
@@ -172,7 +114,7 @@ def test_concurrent_writers_both_land_in_order(root):
 
 
 def _hold_lock(root: str, seconds: float, ready) -> None:
-    with CommitLock(StoreLayout.of(root, "s"), who="test-holder", timeout=5):
+    with CommitLock(os.path.join(root, "s", LOCK_FILE), "s", who="test-holder", timeout=5):
         ready.set()
         time.sleep(seconds)
 

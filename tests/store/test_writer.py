@@ -1,5 +1,4 @@
-"""StoreWriter and create_store, in the format new local stores get (the tests marked
-``folder_format`` inject faults into the folder format's commit steps)."""
+"""StoreWriter and create_store."""
 
 from __future__ import annotations
 
@@ -11,27 +10,22 @@ import pytest
 from helpers import request, tree_digest
 
 import iqkit
-from iqkit.store.formats import StoreFormat, store_format
-from iqkit.store.jobs import latest_published
-from iqkit.store.layout import StoreLayout
-from iqkit.store.names import (
-    CHAIN_RECORDS_DIR,
-    CHAIN_SST_DIR,
-    PARTITIONS_DIR,
-    STAGING_PREFIX,
-    VERSIONS_DIR,
-)
+from iqkit.store.chain import list_versions
+from iqkit.store.formats import format_for
+from iqkit.store.names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR
+from iqkit.store.objects import open_objects
 from iqkit.store.partitioners import murmur2_partition
+from iqkit.store.roots import parse_root
+
+
+def latest_published(root, store):
+    return format_for(parse_root(root)).latest_published(store)
 
 
 def published_files(root, store: str) -> dict[str, str]:
-    """Path -> sha256 of the files a store's versions publish, in the store's format: a
-    chain store's SSTs and version records (``sst/``, ``chain/``), a folder store's
-    partition folders and version records (``partitions/``, ``versions/``)."""
-    if store_format(root, store) is StoreFormat.CHAIN:
-        folders = (CHAIN_SST_DIR, CHAIN_RECORDS_DIR)
-    else:
-        folders = (PARTITIONS_DIR, VERSIONS_DIR)
+    """Path -> sha256 of the files a store's versions publish: its SSTs and version
+    records (``sst/``, ``chain/``)."""
+    folders = (CHAIN_SST_DIR, CHAIN_RECORDS_DIR)
     return {
         f"{folder}/{path}": digest
         for folder in folders
@@ -175,51 +169,28 @@ def test_an_exception_inside_the_block_commits_nothing(root):
         assert get(engine, "s", "b") is None
 
 
-@pytest.mark.folder_format  # the folder format's staging and publish steps
-def test_a_failure_while_publishing_leaves_the_previous_version_and_no_debris(root, monkeypatch):
+def test_a_failure_while_publishing_leaves_the_previous_version(root, monkeypatch):
     iqkit.create_store(root, "s", partitions=2)
     with iqkit.StoreWriter(root, "s") as w:
         w.put("a", 1)
 
-    def failing_publish(layout, record):
+    def failing_publish(objects, store, record):
         raise OSError("disk full (injected)")
 
-    monkeypatch.setattr("iqkit.store.commit.publish", failing_publish)
+    monkeypatch.setattr("iqkit.store.chain_write.publish_version", failing_publish)
     with pytest.raises(OSError, match="injected"), iqkit.StoreWriter(root, "s") as w:
         w.put("a", 2)
     monkeypatch.undo()
-    layout = StoreLayout.of(root, "s")
-    leftovers = [
-        p
-        for p in layout.partitions_dir.rglob("*")
-        if p.name.startswith(STAGING_PREFIX) or p.name == "2"
-    ]
-    assert leftovers == []
+    # Its uploaded SST is listed by no version (retention removes it after its grace).
+    assert list_versions(open_objects(root), "s") == [1]
     with iqkit.open(root) as engine:
         assert engine.version("s") == 1
         assert get(engine, "s", "a") == 1
     with iqkit.StoreWriter(root, "s") as w:
         w.put("a", 3)
     assert w.version == 2
-
-
-@pytest.mark.folder_format  # the folder format's staging and publish steps
-def test_debris_of_a_crashed_commit_is_cleaned_by_the_next_one(root):
-    iqkit.create_store(root, "s", partitions=1)
-    with iqkit.StoreWriter(root, "s") as w:
-        w.put("a", 1)
-    layout = StoreLayout.of(root, "s")
-    # What a process killed mid-commit leaves: a staging folder and an unpublished one.
-    (layout.partition_dir(0) / f"{STAGING_PREFIX}2-dead").mkdir()
-    (layout.partition_version_dir(0, 2)).mkdir()
-    (layout.partition_version_dir(0, 2) / "garbage").write_text("x")
-    with iqkit.StoreWriter(root, "s") as w:
-        w.put("b", 2)
-    assert w.version == 2
-    assert sorted(os.listdir(layout.partition_dir(0))) == ["1", "2"]
     with iqkit.open(root) as engine:
-        assert get(engine, "s", "a") == 1
-        assert get(engine, "s", "b") == 2
+        assert get(engine, "s", "a") == 3
 
 
 def test_untouched_partitions_keep_their_data_and_folders(root):
@@ -232,7 +203,7 @@ def test_untouched_partitions_keep_their_data_and_folders(root):
     before = latest_published(root, "s")
     with iqkit.StoreWriter(root, "s") as w:
         w.put("user-0", "changed")
-    record = latest_published(root, "s")  # folder: partition -> folder version; chain: files
+    record = latest_published(root, "s")  # partition -> its chain of files
     assert record.version == 2 and set(record.partitions) == set(before.partitions)
     assert record.partitions[target] != before.partitions[target]
     assert all(v == before.partitions[p] for p, v in record.partitions.items() if p != target)
@@ -271,7 +242,7 @@ def test_an_empty_writer_publishes_nothing(root):
     with iqkit.StoreWriter(root, "s") as w:
         pass
     assert w.version is None
-    assert latest_published(root, "s") is None  # no version record, in either format
+    assert latest_published(root, "s") is None  # no version record
     assert published_files(root, "s") == {}  # and no data files
 
 
@@ -433,7 +404,7 @@ def test_queries_do_not_modify_published_files(root):
         for i in range(50):
             w.put(f"k{i}", i)
     before = published_files(root, "s")
-    assert before  # a chain store's sst/ and chain/ files (the folder format's partitions/)
+    assert before  # the store's sst/ and chain/ files
     with iqkit.open(root) as engine:
         assert get(engine, "s", "k1") == 1
         with (
