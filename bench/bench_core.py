@@ -25,12 +25,12 @@ from rocksdict import ReadOptions
 
 import iqkit
 from iqkit import KeyQuery, MultiKeyQuery, PrefixScanQuery, RangeQuery, StateQueryRequest
-from iqkit.store import rocks
 from iqkit.store.cache import FileCache
-from iqkit.store.chain import latest_version
-from iqkit.store.chain_read import database_folder
-from iqkit.store.keyspace import kv_key, kv_prefix_range
+from iqkit.store.chain.read import database_folder
+from iqkit.store.chain.records import latest_version
+from iqkit.store.encoding.keyspace import kv_key, kv_prefix_range
 from iqkit.store.objects import open_objects
+from iqkit.store.partitions import rocks
 
 GROUP = 1000  # keys are f"{group:04d}-{i:04d}": a 5-char prefix selects 1,000 keys
 

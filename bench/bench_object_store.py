@@ -30,10 +30,10 @@ from pathlib import Path
 from bench_core import best, print_table
 
 from iqkit.store.cache import FileCache
-from iqkit.store.chain import list_versions, record_key
-from iqkit.store.chain_read import open_partition
-from iqkit.store.chain_write import commit_version
-from iqkit.store.keyspace import kv_key
+from iqkit.store.chain.read import open_partition
+from iqkit.store.chain.records import list_versions, record_key
+from iqkit.store.chain.write import commit_version
+from iqkit.store.encoding.keyspace import kv_key
 from iqkit.store.objects import open_objects
 
 STORE = "bench"

@@ -31,7 +31,7 @@ from pathlib import Path
 from bench_core import best, print_table
 
 import iqkit
-from iqkit.store.chain_snapshot import descriptor_budget
+from iqkit.store.chain.snapshot import descriptor_budget
 
 STORE = "wide"
 REFERENCE = 8

@@ -28,9 +28,9 @@ from .errors import (
 # __all__ below). ruff cannot tell which names a star import brings (F403): it is this one.
 from .query import *  # noqa: F403
 from .sqlsession import SQLError, SQLSession, sql
+from .store.encoding.partitioners import murmur2
+from .store.encoding.serdes import get_serde
 from .store.manifest import StoreManifest
-from .store.partitioners import murmur2
-from .store.serdes import get_serde
 from .store.writer import StoreWriter, create_store
 
 __version__ = "0.1.0"

@@ -26,8 +26,8 @@ from . import (
 )
 from . import open as open_engine
 from .query.lag import NO_SOURCE
-from .store.migrate import migrate_store, store_names
-from .store.serdes import get_serde
+from .store.chain.migrate import migrate_store, store_names
+from .store.encoding.serdes import get_serde
 
 
 def _stores(root: str) -> int:

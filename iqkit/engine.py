@@ -36,14 +36,14 @@ from .query import (
     StateQueryResult,
 )
 from .query.request import validate_store_name
+from .store.encoding.partitioners import get_partitioner
+from .store.encoding.serdes import get_serde
 from .store.format import NEVER_WRITTEN, OpenPartition, PublishedVersion, StoreSnapshot
 from .store.formats import format_for
 from .store.inputs import is_up_to, offset_lag
-from .store.layers import Trace, TypedKeyValueLayer
 from .store.manifest import StoreManifest
-from .store.partitioners import get_partitioner
+from .store.partitions.layers import Trace, TypedKeyValueLayer
 from .store.roots import parse_root
-from .store.serdes import get_serde
 
 #: What a query runs against: the served version, None (nothing published), or why the
 #: published version cannot be established (every partition then fails with it).

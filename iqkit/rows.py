@@ -10,7 +10,7 @@ A row is ``partition``, then the key, then, for window stores, ``window_start`` 
   ``"a, b"`` written by hand), else ``key_0, key_1, ...``.
 * The value is one column ``value``, or one column per field of a JSON record; a field
   named like a partition, key or window column becomes ``value.<field>``.
-* Types come from the serdes (:mod:`iqkit.store.serdes`: ``arrow_type``, ``spark_ddl``):
+* Types come from the serdes (:mod:`iqkit.store.encoding.serdes`: ``arrow_type``, ``spark_ddl``):
   ``partition`` is a 32-bit int, window bounds are UTC timestamps in milliseconds.
 
 The two readers differ only where their type systems make them. Arrow infers a column's
@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .store.encoding.serdes import Serde, get_serde
 from .store.manifest import StoreManifest
-from .store.serdes import Serde, get_serde
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -51,8 +51,8 @@ from .query import (
     RawScanQuery,
 )
 from .rows import KEY, PARTITION, VALUE, WINDOW_END, WINDOW_START, RowSchema, arrow_timestamp
-from .store.layers import ScanIterator
 from .store.manifest import StoreManifest
+from .store.partitions.layers import ScanIterator
 
 if TYPE_CHECKING:
     pass

@@ -38,8 +38,8 @@ from helpers import (
 )
 
 import iqkit
+from iqkit.store.encoding.partitioners import murmur2_partition
 from iqkit.store.names import LOCK_FILE
-from iqkit.store.partitioners import murmur2_partition
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

@@ -74,7 +74,7 @@ def windowed_counts(spark, users: int, windows: int):
 
 def written_counts(root, store: str) -> tuple[int, int]:
     """The latest version's ``rows_written`` and the puts its commit records count."""
-    from iqkit.store.chain import latest_version
+    from iqkit.store.chain.records import latest_version
     from iqkit.store.objects import open_objects
 
     record = latest_version(open_objects(root), store)
@@ -132,7 +132,7 @@ def write_store(root: Path, name: str, rows, *, partitions: int = 2, **settings)
 def partition_files(root: Path, name: str, partition: int, version: int = 1) -> list[Path]:
     """The SST files the version record of a local root's store lists for a partition
     (oldest first; read in place by every reader)."""
-    from iqkit.store.chain import read_version
+    from iqkit.store.chain.records import read_version
     from iqkit.store.objects import open_objects
 
     record = read_version(open_objects(root), name, version)

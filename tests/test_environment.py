@@ -35,7 +35,7 @@ def test_pyarrow_satisfies_pyspark():
 
 
 def test_rocksdict_is_the_pinned_release():
-    # rocks.py works around quirks of this release (config rewrite on open, reverse
+    # store/partitions/rocks.py works around quirks of this release (config rewrite on open, reverse
     # iteration ignoring the lower bound); a new release must be re-checked.
     assert version("rocksdict") == "0.3.29"
     assert rocksdict.Options(raw_mode=True) is not None

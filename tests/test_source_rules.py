@@ -70,14 +70,14 @@ def test_every_module_stays_within_the_line_bound():
 
 
 #: The modules of the storage formats (store/format.py, store/formats.py, the chain
-#: format's store/chain*.py): the only ones that may tell formats apart.
-_FORMAT_MODULES = re.compile(r"^iqkit/store/(format|formats|chain\w*|migrate)\.py$")
+#: format's store/chain/): the only ones that may tell formats apart.
+_FORMAT_MODULES = re.compile(r"^iqkit/store/((format|formats)\.py|chain/\w+\.py)$")
 #: Asking which format a store is in, or reaching past the format interface.
 _FORMAT_TESTS = re.compile(
     r"\bstore_format\("  # the retired "which format is this store in" function
     r"|\bStoreFormat\.[A-Z]+\b"  # a format enum member (StoreFormat.CHAIN)
     r"|isinstance\([^)]*\b(Chain[A-Z]\w*|VersionRecord|Staged\w*|Folder\w*)\b"
-    r"|^\s*from \S*\bchain\w* import"  # a format's own module, imported from outside it
+    r"|^\s*from \S*\bchain\b\S* import"  # a format's own package, imported from outside it
 )
 
 
@@ -91,7 +91,8 @@ def test_nothing_outside_the_format_modules_asks_which_format_a_store_is_in():
         if _FORMAT_MODULES.match(name):
             continue
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if _FORMAT_TESTS.search(line):
+            # The CLI's `migrate` names the one conversion into the chain format.
+            if _FORMAT_TESTS.search(line) and ".chain.migrate import" not in line:
                 found.append(f"{name}:{number}: {line.strip()}")
-    assert (REPO / "iqkit" / "store" / "chain.py").is_file()  # the modules skipped exist
+    assert (REPO / "iqkit" / "store" / "chain" / "records.py").is_file()  # the skipped exist
     assert not found, "format tests outside the format modules:\n" + "\n".join(found)

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from ..errors import IqkitError
+from ..store.encoding.serdes import get_serde
 from ..store.kinds import StoreKind
-from ..store.serdes import get_serde
 from .command import IQCommand
 from .parse import parse_bound, parse_partitions
 from .render import table_style

@@ -26,7 +26,7 @@ from collections.abc import Collection, Sequence
 from IPython.core.error import UsageError
 
 from ..query.position import Position
-from ..store.ordered import short_repr
+from ..store.encoding.ordered import short_repr
 from .command import ACTIONS, IQCommand
 
 __all__ = [

@@ -30,11 +30,11 @@ from ..query import (
     WindowRangeQuery,
 )
 from ..query.lag import NO_SOURCE
+from ..store.encoding.ordered import short_repr
+from ..store.encoding.partitioners import Partitioner, get_partitioner
+from ..store.encoding.serdes import get_serde
 from ..store.inputs import binds, offset_lag, records_behind
 from ..store.manifest import StoreManifest
-from ..store.ordered import short_repr
-from ..store.partitioners import Partitioner, get_partitioner
-from ..store.serdes import get_serde
 from ..tables import Collected, to_pandas
 from . import render
 

@@ -39,9 +39,9 @@ from ..query import (
     WindowRangeQuery,
 )
 from ..sqlsession import SQL_ACCESS
+from ..store.encoding.ordered import short_repr
 from ..store.kinds import QUERY_COMMANDS, StoreKind
 from ..store.manifest import StoreManifest
-from ..store.ordered import short_repr
 from ..store.roots import parse_root
 from .command import IQCommand
 from .messages import Message

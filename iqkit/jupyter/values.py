@@ -23,9 +23,9 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from ..query.position import Position, PositionBound
+from ..store.encoding.ordered import short_repr
+from ..store.encoding.serdes import TextTooDeepError, get_serde
 from ..store.manifest import StoreManifest
-from ..store.ordered import short_repr
-from ..store.serdes import TextTooDeepError, get_serde
 from .parse import parse_bound
 
 __all__ = ["bound_value", "key_value", "time_value", "variable"]

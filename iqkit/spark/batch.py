@@ -53,12 +53,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..query.position import Position
+from ..store.encoding.partitioners import get_partitioner, murmur2
+from ..store.encoding.serdes import Serde, get_serde
 from ..store.format import StoreFormat
 from ..store.formats import format_for
 from ..store.manifest import StoreManifest
-from ..store.partitioners import get_partitioner, murmur2
 from ..store.roots import StoreRoot
-from ..store.serdes import Serde, get_serde
 from ..store.sorted_rows import SortedRows
 from .progress import WriteProgress
 from .roots import driver_store_root
@@ -311,7 +311,7 @@ _U32 = 0xFFFFFFFF
 
 def _jvm_partition(df: DataFrame, plan: ColumnPlan, manifest: StoreManifest) -> Column | None:
     """The store partition as a Spark expression, when the JVM computes it exactly as
-    ``iqkit.store.partitioners`` would; ``None`` otherwise (Python routes)."""
+    ``iqkit.store.encoding.partitioners`` would; ``None`` otherwise (Python routes)."""
     if plan.window_column or plan.composite_key:
         return None
     if plan.partition_column is not None:

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..query.position import Position
 from ..query.window import to_epoch_millis
+from ..store.encoding.partitioners import murmur2_partition
 from ..store.locking import lock_file, unlock_file
-from ..store.partitioners import murmur2_partition
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa

@@ -50,10 +50,10 @@ from ..query import (
     WindowRangeQuery,
 )
 from ..query.window import to_epoch_millis
+from ..store.encoding.partitioners import get_partitioner
+from ..store.encoding.serdes import get_serde
 from ..store.kinds import EARLIEST_WINDOW_START_MS, LATEST_WINDOW_START_MS, StoreKind
 from ..store.manifest import StoreManifest
-from ..store.partitioners import get_partitioner
-from ..store.serdes import get_serde
 
 __all__ = ["READ_OPTIONS", "ReadSpec", "parse_read_options"]
 

@@ -25,10 +25,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ..store.encoding.serdes import all_serdes
 from ..store.format import StoreFormat
 from ..store.kinds import StoreKind
 from ..store.manifest import STORE_SETTINGS, StoreManifest
-from ..store.serdes import all_serdes
 
 #: The serde a single key or value column gets when none is named, by the column's
 #: Spark type name (``DataType.typeName()``); the serdes say which types are theirs.

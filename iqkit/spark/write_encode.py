@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..store import keyspace
-from ..store.partitioners import Partitioner, get_partitioner
-from ..store.serdes import Serde, get_serde
+from ..store.encoding import keyspace
+from ..store.encoding.partitioners import Partitioner, get_partitioner
+from ..store.encoding.serdes import Serde, get_serde
 from .schema import arrow_has_non_finite, non_finite_message
 from .to_json import json_records, json_texts
 

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import WriterCommitMessage
 
-from ..store import rocks
+from ..store.partitions import rocks
 from .workers import consume_marker, keep_spark_archive_indexes, spill_dir
 from .write_encode import RowEncoder
 from .write_options import WriteJob

@@ -5,7 +5,7 @@ file uniquely, so a file fetched once is good forever. Each file lands once in
 ``IQKIT_CACHE`` (default ``$XDG_CACHE_HOME/iqkit``, else ``~/.cache/iqkit``), under
 ``objects/<hash of the root URL>/<key>``; versions that share files share them here.
 Beside them, ``dbs/`` holds the RocksDB databases readers build from those files
-(chain_read.py), one folder per partition chain.
+(store/chain/read.py), one folder per partition chain.
 
 - **Bounded.** ``IQKIT_CACHE_SIZE`` (or ``limit=``; ``10GiB`` by default) caps the bytes of
   cached files *and* databases together; past it the least recently used entries go
@@ -540,7 +540,7 @@ class FileCache:
             with contextlib.suppress(OSError):
                 _remove_unpinned(self.path_of(objects, key))
 
-    # -- databases (built by chain_read.py under dbs/) ------------------------------------
+    # -- databases (built by store/chain/read.py under dbs/) ------------------------------------
     def discard_database(self, folder: Path) -> None:
         """Remove the database ``folder`` unless a process pins it (one that turned out
         corrupt: the next open builds it again)."""

@@ -37,9 +37,7 @@ from typing import Any, ClassVar, Protocol
 
 from ..errors import FolderFormatStoreError, IqkitError, ReadOnlyStoreError, UnknownStoreError
 from ..query.position import Position
-from .layers import ReadCache, TypedKeyValueLayer, TypedWindowLayer, build_layers
 from .manifest import STORE_SETTINGS, StoreManifest
-from .memory import MemoryPartition
 from .names import (
     FORMAT_VERSION,
     LATEST_FILE,
@@ -47,7 +45,9 @@ from .names import (
     PARTITIONS_DIR,
     VERSIONS_DIR,
 )
-from .partition import BytesPartition
+from .partitions.layers import ReadCache, TypedKeyValueLayer, TypedWindowLayer, build_layers
+from .partitions.memory import MemoryPartition
+from .partitions.partition import BytesPartition
 from .roots import StoreRoot
 
 __all__ = [

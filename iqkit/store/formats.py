@@ -10,7 +10,7 @@ reading Spark's streaming checkpoints is next) is one entry here and one class.
 
 from __future__ import annotations
 
-from .chain_format import ChainFormat
+from .chain.format import ChainFormat
 from .format import StoreFormat
 from .roots import StoreRoot
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..query.position import Position
-from .partitioners import Partitioner
+from .encoding.partitioners import Partitioner
 
 __all__ = [
     "binding_components",

@@ -103,7 +103,7 @@ class StoreKind(StrEnum):
     def records_in(self, rocksdb_keys: int) -> int:
         """How many records ``rocksdb_keys`` keys of a store of this kind hold: one key
         per record in a key-value store, two per window in a window store (the window
-        key and its time-index key, written and deleted together; see keyspace.py).
+        key and its time-index key, written and deleted together; see store/encoding/keyspace.py).
         Counts of what a write wrote (commit records, progress) are records, as
         ``StoreWriter`` counts them."""
         return rocksdb_keys // _TRAITS[self].keys_per_record

@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import StoreCorruptedError, StoreExistsError
+from .encoding.partitioners import get_partitioner
+from .encoding.serdes import get_serde
 from .kinds import StoreKind
 from .names import FORMAT_VERSION, FORMAT_VERSIONS
-from .partitioners import get_partitioner
-from .serdes import get_serde
 
 DEFAULT_RETENTION = 10
 

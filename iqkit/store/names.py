@@ -11,7 +11,8 @@ Keyspace of one partition's RocksDB (one column family, ``default``):
 * ``DATA_PREFIX`` (``0x01``): key-value stores' user keys, ``DATA_PREFIX + key_bytes``.
   Every user key gets the prefix because serialized keys can begin with any byte
   (an ``int32`` key ``0`` is ``00 00 00 00``), so no prefix could be reserved otherwise.
-* ``WINDOW_PREFIX`` (``0x02``): window stores, ``escaped(key) + start`` (see keyspace.py).
+* ``WINDOW_PREFIX`` (``0x02``): window stores, ``escaped(key) + start`` (see
+  store/encoding/keyspace.py).
 * ``WINDOW_TIME_PREFIX`` (``0x03``): window stores' time index, ``start + escaped(key)``,
   so a window-range query reads only the windows in its time range.
 """
@@ -50,10 +51,10 @@ ROCKSDB_IMMUTABLE_SUFFIXES = (".sst", ".blob")
 #: temporary folder, never under a store; see rocks.open_for_read).
 READ_VIEWS_PREFIX = "iqkit-views-"
 
-# -- the SST-chain format of object roots: <root>/<store>/... (store/chain.py) ----------
+# -- the SST-chain format of object roots: <root>/<store>/... (store/chain/records.py) ----------
 #: Prefix of a chain writer's working folder in its TMPDIR (or the folder it was given):
 #: ``iqkit-chain-<random>/``, flocked while the writer lives, so the next writer can
-#: tell a killed writer's folder from a live one's and remove it (chain_write.py).
+#: tell a killed writer's folder from a live one's and remove it (store/chain/write.py).
 CHAIN_WORK_PREFIX = "iqkit-chain-"
 #: One JSON record per published version: ``chain/<zero-padded n>.json``. The padding
 #: makes a listing's order numeric order, so the latest version is the last name listed.
@@ -74,7 +75,7 @@ CACHE_EVICTING_PREFIX = ".evicting-"
 
 #: A manifest's ``format_version``: bumped when the on-disk layout changes incompatibly.
 #: 1 was the folder format of earlier iqkits (also written by their chain stores on
-#: object roots, which stay readable); 2 is the SST-chain format (chain*.py), which an
+#: object roots, which stay readable); 2 is the SST-chain format (store/chain/), which an
 #: iqkit that knows only folders must refuse rather than misread.
 FORMAT_VERSION = 1
 CHAIN_FORMAT_VERSION = 2

@@ -239,7 +239,7 @@ class ObjectStore(ABC):
         """``list(prefix)`` with each key's last modification time (seconds since the
         epoch) by the storage's own clock: the local file system's, or the object
         service's ``LastModified``. Retention judges ages by these, never by a writer's
-        clock (chain_retention.py). One listing request on object storage."""
+        clock (store/chain/retention.py). One listing request on object storage."""
         raise NotImplementedError
 
     def failing_fast(self) -> _FailingFast:

@@ -18,14 +18,14 @@ from typing import Any
 from ..query.position import Position
 from ..query.request import validate_store_name
 from ..query.window import LATEST_EPOCH_MS, to_epoch_millis
-from . import keyspace
+from .encoding import keyspace
+from .encoding.partitioners import get_partitioner
+from .encoding.serdes import Serde, get_serde
 from .format import Publisher, StoreFormat
 from .formats import format_for
 from .inputs import store_partitions_fed_by
 from .manifest import DEFAULT_RETENTION, STORE_SETTINGS, StoreManifest
-from .partitioners import get_partitioner
 from .roots import StoreRoot, parse_root
-from .serdes import Serde, get_serde
 
 __all__ = ["STORE_SETTINGS", "StoreWriter", "create_store", "ensure_store", "store_format_of"]
 

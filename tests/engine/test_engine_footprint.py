@@ -93,7 +93,7 @@ def test_a_read_only_store_is_fully_readable(root):
 def test_reads_go_on_when_the_temporary_folder_is_cleaned(root):
     """Published folders are opened through views in the system's temporary folder,
     which a cleaner (systemd-tmpfiles, tmpreaper) may empty under a long-lived kernel."""
-    from iqkit.store import rocks
+    from iqkit.store.partitions import rocks
 
     iqkit.create_store(root, "s", partitions=1)
     commit(root, "s", a=1)

@@ -12,7 +12,7 @@ from helpers import break_partition, partition_files, request
 
 import iqkit
 from iqkit import FailureReason, KeyQuery, Position, PositionBound
-from iqkit.store.partitioners import murmur2_partition
+from iqkit.store.encoding.partitioners import murmur2_partition
 
 HANDLED = re.compile(r"^Handled in (\w+) in (\d+)ns")
 

@@ -13,7 +13,7 @@ from helpers import request, rows
 
 import iqkit
 from iqkit.errors import StoreExistsError, VersionConflictError
-from iqkit.store.chain import list_versions
+from iqkit.store.chain.records import list_versions
 from iqkit.store.objects import open_objects
 
 

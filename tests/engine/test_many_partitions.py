@@ -19,7 +19,7 @@ from s3server import CuttingProxy
 
 import iqkit
 from iqkit.store.cache import FileCache
-from iqkit.store.chain import latest_version, read_version, record_key
+from iqkit.store.chain.records import latest_version, read_version, record_key
 from iqkit.store.objects import open_objects
 from iqkit.store.roots import S3_MAX_ATTEMPTS
 
@@ -32,7 +32,7 @@ FULL_RANGE_UNDER_LIMIT = textwrap.dedent(
     import json, os, resource, sys
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     import iqkit
-    from iqkit.store import chain_snapshot
+    from iqkit.store.chain import snapshot as chain_snapshot
     # Every partition through its RocksDB (no memory copies of small chains), so the
     # descriptor bound is what keeps the process under its limit.
     chain_snapshot.SMALL_CHAIN_BYTES = 0

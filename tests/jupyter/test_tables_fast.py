@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import iqkit
 from iqkit import PrefixScanQuery, RangeQuery, RawScanQuery, tables
-from iqkit.store.layers import ScanIterator
+from iqkit.store.partitions.layers import ScanIterator
 from iqkit.tables import collect, store_batches
 
 
@@ -321,7 +321,7 @@ def test_bulk_collect_keeps_limit_progress_and_read_times(root, bulk_chunks):
     assert all(c.read_ns[p] > 0 for p, n in c.rows_per_partition.items() if n)
 
 
-# -- ScanIterator.take_chunks (iqkit/store/layers.py) ------------------------------------------
+# -- ScanIterator.take_chunks (iqkit/store/partitions/layers.py) --------------------------
 def test_a_scan_hands_over_its_rows_undecoded_only_before_reading(root):
     write_store(root, "s", [(f"k{i}", {"n": i}) for i in range(5)], partitions=1)
     query = RangeQuery.with_no_bounds().with_descending_keys()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from iqkit.store.chain import ChainVersion, latest_version, read_version, record_key
+from iqkit.store.chain.records import ChainVersion, latest_version, read_version, record_key
 from iqkit.store.objects import open_objects
 
 

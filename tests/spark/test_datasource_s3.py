@@ -24,8 +24,8 @@ from pyspark.sql import functions as F
 import iqkit
 from iqkit import RangeQuery, StateQueryRequest, WindowRangeQuery
 from iqkit.spark import register
-from iqkit.store.chain import read_version
-from iqkit.store.chain_store import chain_store_names
+from iqkit.store.chain.records import read_version
+from iqkit.store.chain.stores import chain_store_names
 from iqkit.store.names import CHAIN_SST_DIR
 from iqkit.store.objects import open_objects
 from iqkit.store.roots import parse_root

@@ -20,7 +20,7 @@ from store_facts import written_counts
 import iqkit
 from iqkit import KeyQuery, PrefixScanQuery, RangeQuery, StateQueryRequest, WindowRangeQuery
 from iqkit.spark import register, write_store
-from iqkit.store.partitioners import murmur2_partition
+from iqkit.store.encoding.partitioners import murmur2_partition
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -7,9 +7,9 @@ import pytest
 from iqkit import KeyQuery, MultiKeyQuery, PrefixScanQuery, RangeQuery, WindowKeyQuery
 from iqkit.query import WindowRangeQuery
 from iqkit.spark.read_spec import ReadSpec, parse_read_options
+from iqkit.store.encoding.partitioners import murmur2_partition
+from iqkit.store.encoding.serdes import get_serde
 from iqkit.store.manifest import StoreManifest
-from iqkit.store.partitioners import murmur2_partition
-from iqkit.store.serdes import get_serde
 
 
 def manifest(**settings) -> StoreManifest:

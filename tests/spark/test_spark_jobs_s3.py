@@ -112,8 +112,8 @@ def test_a_failed_job_on_s3_publishes_nothing_and_the_last_version_stays(spark, 
 
 
 def test_a_commit_that_landed_meanwhile_makes_the_job_publish_nothing(spark, s3_root):
+    from iqkit.store.encoding.keyspace import kv_key
     from iqkit.store.formats import format_for
-    from iqkit.store.keyspace import kv_key
     from iqkit.store.roots import parse_root
 
     df = spark.createDataFrame([("a", 1)], "k string, v long")

@@ -13,7 +13,7 @@ from store_facts import written_counts
 import iqkit
 from iqkit import KeyQuery, StateQueryRequest
 from iqkit.spark import register, write_store
-from iqkit.store.partitioners import murmur2_partition
+from iqkit.store.encoding.partitioners import murmur2_partition
 
 
 def get(engine, store, key):

@@ -15,8 +15,8 @@ import iqkit
 import iqkit.spark.batch as batch
 from iqkit import KeyQuery, StateQueryRequest
 from iqkit.spark import write_store
-from iqkit.store.partitioners import murmur2, murmur2_partition
-from iqkit.store.serdes import get_serde
+from iqkit.store.encoding.partitioners import murmur2, murmur2_partition
+from iqkit.store.encoding.serdes import get_serde
 
 INT32_EDGES = [0, 1, -1, 2, -2, 255, 256, -256, 2**31 - 1, -(2**31), 2**24, -(2**24) - 7]
 INT64_EDGES = [*INT32_EDGES, 2**63 - 1, -(2**63), 2**32, -(2**32), 2**40 + 12345]

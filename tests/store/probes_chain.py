@@ -1,7 +1,7 @@
 """Reliability probes of the SST-chain format (rows of RELIABILITY.md; see
 ``tests/reliability/registry.py``).
 
-A chain store (``iqkit/store/chain*.py``) publishes version N with one exclusive create
+A chain store (``iqkit/store/chain/``) publishes version N with one exclusive create
 of its record ``chain/<N>.json``, which lists each partition's immutable SSTs
 (``sst/<p>/<version>-<ms>-<random>.sst``); nothing is renamed or rewritten and the latest
 version is the newest record. Retention removes records first, then SSTs no remaining
@@ -56,11 +56,12 @@ from helpers import kv_rows
 from registry import Outcome, probe
 
 import iqkit
-from iqkit.store import chain_retention, chain_store
 from iqkit.store.cache import FileCache
-from iqkit.store.chain import ChainVersion, list_versions, read_version, record_key
-from iqkit.store.chain_read import database_folder
-from iqkit.store.chain_retention import DEFAULT_GRACE_SECONDS, collect_chain_garbage
+from iqkit.store.chain import retention as chain_retention
+from iqkit.store.chain import stores as chain_store
+from iqkit.store.chain.read import database_folder
+from iqkit.store.chain.records import ChainVersion, list_versions, read_version, record_key
+from iqkit.store.chain.retention import DEFAULT_GRACE_SECONDS, collect_chain_garbage
 from iqkit.store.names import CACHE_DBS_DIR, CHAIN_RECORDS_DIR, CHAIN_SST_DIR
 from iqkit.store.objects import TMP_PREFIX, open_objects
 
@@ -89,7 +90,8 @@ GRACE_ENV = "IQKIT_PROBE_GRACE"
 GRACE_PRELUDE = r"""
 import functools as _functools, os as _os
 if _os.environ.get("IQKIT_PROBE_GRACE"):
-    from iqkit.store import chain_retention as _retention, chain_store as _chain_store
+    from iqkit.store.chain import retention as _retention
+    from iqkit.store.chain import stores as _chain_store
     _chain_store.collect_chain_garbage = _functools.partial(
         _retention.collect_chain_garbage, grace_seconds=float(_os.environ["IQKIT_PROBE_GRACE"])
     )

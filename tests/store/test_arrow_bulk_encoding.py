@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iqkit.store import keyspace
-from iqkit.store.serdes import SERDE_NAMES, get_serde
+from iqkit.store.encoding import keyspace
+from iqkit.store.encoding.serdes import SERDE_NAMES, get_serde
 
 relaxed = settings(deadline=None)  # first calls pay numpy/pyarrow warm-up; shared machine
 

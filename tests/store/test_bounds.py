@@ -21,7 +21,7 @@ import iqkit
 from iqkit.__main__ import main
 from iqkit.errors import StoreCorruptedError
 from iqkit.jupyter.testing import IQTestShell, new_shell
-from iqkit.store import keyspace
+from iqkit.store.encoding import keyspace
 from iqkit.store.manifest import MAX_PARTITIONS
 
 LATEST_MS = 2**63 - 1

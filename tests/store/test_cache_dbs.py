@@ -1,4 +1,4 @@
-"""The cache's databases (``dbs/``, built by store/chain_read.py) count against the cache's
+"""The cache's databases (``dbs/``, built by store/chain/read.py) count against the cache's
 limit with its files: least recently used go first, never one a live reader has open
 (in this process or another), bytes shared by hard links are counted once, and a query
 after an eviction answers the same rows (the database is simply built again)."""
@@ -16,11 +16,11 @@ import pytest
 from helpers import request
 
 import iqkit
-from iqkit.store import chain_snapshot
 from iqkit.store.cache import FileCache
-from iqkit.store.chain import ChainVersion, latest_version
-from iqkit.store.chain_read import database_folder, open_partition
-from iqkit.store.chain_write import commit_version
+from iqkit.store.chain import snapshot as chain_snapshot
+from iqkit.store.chain.read import database_folder, open_partition
+from iqkit.store.chain.records import ChainVersion, latest_version
+from iqkit.store.chain.write import commit_version
 from iqkit.store.names import CACHE_BUILDING_PREFIX, CACHE_EVICTING_PREFIX
 from iqkit.store.objects import ObjectStore, open_objects
 
@@ -170,8 +170,8 @@ HOLDER = textwrap.dedent(
     import sys
     from pathlib import Path
     from iqkit.store.cache import FileCache
-    from iqkit.store.chain import latest_version
-    from iqkit.store.chain_read import open_partition
+    from iqkit.store.chain.records import latest_version
+    from iqkit.store.chain.read import open_partition
     from iqkit.store.objects import open_objects
     root, cache_dir = sys.argv[1:3]
     objects = open_objects(root)
@@ -214,8 +214,8 @@ READER = textwrap.dedent(
     """
     import sys
     from iqkit.store.cache import FileCache
-    from iqkit.store.chain import latest_version
-    from iqkit.store.chain_read import open_partition
+    from iqkit.store.chain.records import latest_version
+    from iqkit.store.chain.read import open_partition
     from iqkit.store.objects import open_objects
     root, cache_dir, limit = sys.argv[1:4]
     objects = open_objects(root)

@@ -23,8 +23,8 @@ from helpers import folder_for_other_users, in_private_mount_namespace, mount_na
 
 import iqkit
 from iqkit.store.cache import FileCache
-from iqkit.store.chain import latest_version
-from iqkit.store.chain_read import database_folder
+from iqkit.store.chain.read import database_folder
+from iqkit.store.chain.records import latest_version
 from iqkit.store.objects import open_objects
 
 NOBODY = 65534
@@ -175,7 +175,7 @@ engine_read(); cli(); magic()
 shutil.rmtree(warm)
 # RocksDB's read views live in a folder per process, made on first use: the warm-up's is
 # root's, so the other user gets one of its own.
-from iqkit.store import rocks
+from iqkit.store.partitions import rocks
 if rocks._views_home is not None:
     os.close(rocks._views_home[2])
     shutil.rmtree(rocks._views_home[1])

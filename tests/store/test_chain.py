@@ -1,4 +1,4 @@
-"""The SST-chain format (store/chain*.py) over a local root and a real S3 server (moto on
+"""The SST-chain format (store/chain/) over a local root and a real S3 server (moto on
 127.0.0.1): version records, publishing races, the writer's deltas and compaction, the
 reader's cached databases, and faults that must leave the last version readable."""
 
@@ -20,7 +20,8 @@ from s3server import CuttingProxy
 from iqkit.errors import StoreIOError, VersionConflictError
 from iqkit.query.position import Position
 from iqkit.store.cache import FileCache
-from iqkit.store.chain import (
+from iqkit.store.chain.read import database_folder, open_partition
+from iqkit.store.chain.records import (
     ChainVersion,
     latest_version,
     list_versions,
@@ -28,9 +29,8 @@ from iqkit.store.chain import (
     read_version,
     record_key,
 )
-from iqkit.store.chain_read import database_folder, open_partition
-from iqkit.store.chain_retention import collect_chain_garbage
-from iqkit.store.chain_write import commit_partition, commit_version
+from iqkit.store.chain.retention import collect_chain_garbage
+from iqkit.store.chain.write import commit_partition, commit_version
 from iqkit.store.objects import open_objects
 
 STORE = "totals"
@@ -356,8 +356,8 @@ _WRITER = """
 import sys
 from iqkit.errors import VersionConflictError
 from iqkit.store.cache import FileCache
-from iqkit.store.chain import read_version
-from iqkit.store.chain_write import commit_version
+from iqkit.store.chain.records import read_version
+from iqkit.store.chain.write import commit_version
 from iqkit.store.objects import open_objects
 
 root, name, cache, go = sys.argv[1:]
@@ -399,9 +399,9 @@ def test_two_writers_in_processes_one_wins(root_url, objects, tmp_path):
 _OPENER = """
 import sys
 from iqkit.store.cache import FileCache
-from iqkit.store.chain import read_version
-from iqkit.store.chain_retention import collect_chain_garbage
-from iqkit.store.chain_read import database_folder, open_partition
+from iqkit.store.chain.records import read_version
+from iqkit.store.chain.retention import collect_chain_garbage
+from iqkit.store.chain.read import database_folder, open_partition
 from iqkit.store.objects import open_objects
 
 root, cache = sys.argv[1:]

@@ -17,9 +17,11 @@ import pytest
 from faults import child_env
 
 from iqkit.errors import ObjectMissingError, VersionConflictError, VersionLimitError
-from iqkit.store import chain_write
 from iqkit.store.cache import FileCache
-from iqkit.store.chain import (
+from iqkit.store.chain import write as chain_write
+from iqkit.store.chain.jobs import ChainJobCommit
+from iqkit.store.chain.read import open_partition
+from iqkit.store.chain.records import (
     MAX_CHAIN_VERSION,
     ChainVersion,
     latest_version,
@@ -28,11 +30,9 @@ from iqkit.store.chain import (
     read_version,
     record_key,
 )
-from iqkit.store.chain_jobs import ChainJobCommit
-from iqkit.store.chain_read import open_partition
-from iqkit.store.chain_retention import collect_chain_garbage
-from iqkit.store.chain_store import ensure_chain_store
-from iqkit.store.chain_write import (
+from iqkit.store.chain.retention import collect_chain_garbage
+from iqkit.store.chain.stores import ensure_chain_store
+from iqkit.store.chain.write import (
     COMPACT_AFTER_DELTAS,
     commit_partition,
     commit_version,
@@ -206,7 +206,8 @@ def test_retention_keeps_only_versions_superseded_within_the_grace_by_the_stores
 
 KILLED_WRITER = r"""
 import os, signal, sys
-from iqkit.store import chain_write, rocks
+from iqkit.store.chain import write as chain_write
+from iqkit.store.partitions import rocks
 from iqkit.store.cache import FileCache
 from iqkit.store.objects import open_objects
 

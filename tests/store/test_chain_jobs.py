@@ -1,4 +1,4 @@
-"""Job commits on an object root (``store/chain_jobs.py``) against the real S3 server:
+"""Job commits on an object root (``store/chain/jobs.py``) against the real S3 server:
 partitions staged and uploaded by other processes, one publish by the driver."""
 
 from __future__ import annotations
@@ -12,16 +12,17 @@ from helpers import kv_rows, run_python_script
 import iqkit
 from iqkit.errors import StoreConflictError, UnknownStoreError
 from iqkit.query.position import Position
-from iqkit.store import keyspace, rocks
-from iqkit.store.chain import list_versions, read_version
-from iqkit.store.chain_jobs import ChainJobCommit, StagedChain
-from iqkit.store.chain_store import chain_store_names
+from iqkit.store.chain.jobs import ChainJobCommit, StagedChain
+from iqkit.store.chain.records import list_versions, read_version
+from iqkit.store.chain.stores import chain_store_names
+from iqkit.store.encoding import keyspace
+from iqkit.store.encoding.partitioners import murmur2_partition
+from iqkit.store.encoding.serdes import get_serde
 from iqkit.store.formats import format_for
 from iqkit.store.manifest import StoreManifest
 from iqkit.store.objects import open_objects
-from iqkit.store.partitioners import murmur2_partition
+from iqkit.store.partitions import rocks
 from iqkit.store.roots import parse_root
-from iqkit.store.serdes import get_serde
 
 STORE = "totals"
 PARTITIONS = 2

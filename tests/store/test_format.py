@@ -14,7 +14,7 @@ from helpers import kv_rows, request, tree_digest
 
 import iqkit
 from iqkit.errors import FolderFormatStoreError, ReadOnlyStoreError
-from iqkit.store.chain_format import ChainFormat
+from iqkit.store.chain.format import ChainFormat
 from iqkit.store.format import is_folder_store
 from iqkit.store.formats import FORMATS, format_for
 from iqkit.store.manifest import StoreManifest

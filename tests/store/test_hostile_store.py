@@ -19,7 +19,7 @@ import pytest
 from helpers import folder_for_other_users, kv_rows, tree_digest
 
 import iqkit
-from iqkit.store.chain_retention import collect_chain_garbage
+from iqkit.store.chain.retention import collect_chain_garbage
 from iqkit.store.objects import open_objects
 
 #: What a hostile writer would like to read or destroy: outside the root.

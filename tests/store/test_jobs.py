@@ -10,12 +10,12 @@ from helpers import request
 
 import iqkit
 from iqkit.errors import StoreConflictError
+from iqkit.store.encoding.keyspace import kv_key
+from iqkit.store.encoding.partitioners import murmur2_partition
+from iqkit.store.encoding.serdes import get_serde
 from iqkit.store.formats import format_for
-from iqkit.store.keyspace import kv_key
 from iqkit.store.names import CHAIN_SST_DIR
-from iqkit.store.partitioners import murmur2_partition
 from iqkit.store.roots import parse_root
-from iqkit.store.serdes import get_serde
 
 STRING, INT64 = get_serde("string"), get_serde("int64")
 

@@ -11,9 +11,9 @@ import pytest
 from helpers import kv_rows, tree_digest, write_notebook_stores
 
 import iqkit
+from iqkit.store.encoding.keyspace import kv_key
 from iqkit.store.format import is_folder_store
 from iqkit.store.formats import format_for
-from iqkit.store.keyspace import kv_key
 from iqkit.store.objects import open_objects
 from iqkit.store.roots import parse_root
 
@@ -153,7 +153,7 @@ def test_a_long_lived_engine_follows_versions_after_retention_removed_its_next(t
     # An engine idle while newer versions came and retention (past its grace) removed
     # them: the record after the one it serves is gone, and so is the one it serves.
     # It must read the latest, not take the missing next record for "nothing newer".
-    from iqkit.store.chain_retention import collect_chain_garbage
+    from iqkit.store.chain.retention import collect_chain_garbage
 
     root = tmp_path / "stores"
     iqkit.create_store(root, "s", partitions=1, value_serde="int64", retention=2)

@@ -1,4 +1,4 @@
-"""``store/migrate.py`` and ``python -m iqkit migrate``: the frozen folder-format root of
+"""``store/chain/migrate.py`` and ``python -m iqkit migrate``: the frozen folder-format root of
 ``tests/data/folder_store`` (made by ``tests/data/make_folder_store.py`` with an iqkit
 that still wrote that format) turned into chain stores, checked against what the folder
 reader served from it (``tests/data/folder_store_expected.json``)."""
@@ -30,9 +30,9 @@ from iqkit import (
     UnknownStoreError,
 )
 from iqkit.__main__ import main
-from iqkit.store import migrate
-from iqkit.store.chain import read_version
-from iqkit.store.migrate import migrate_root, migrate_store
+from iqkit.store.chain import migrate
+from iqkit.store.chain.migrate import migrate_root, migrate_store
+from iqkit.store.chain.records import read_version
 from iqkit.store.objects import open_objects
 
 REPO = Path(__file__).resolve().parents[2]
@@ -213,7 +213,7 @@ def test_a_partition_folder_shared_by_versions_becomes_one_shared_sst(folder_roo
 # -- SIGKILL at every step -----------------------------------------------------------------
 KILL_AT_STEP = """
 import os, signal, sys
-from iqkit.store import migrate
+from iqkit.store.chain import migrate
 
 def hook(step):
     if step == sys.argv[3]:
@@ -360,7 +360,7 @@ def test_an_old_format_reader_keeps_its_folder_files_until_it_is_done(folder_roo
 # -- refusals: the store unchanged ---------------------------------------------------------
 HOLD_LOCK = """
 import sys
-from iqkit.store.chain_store import chain_commit_lock
+from iqkit.store.chain.stores import chain_commit_lock
 from iqkit.store.objects import open_objects
 
 with chain_commit_lock(open_objects(sys.argv[1]), sys.argv[2], who="StoreWriter", timeout=30):
@@ -412,7 +412,7 @@ def test_a_damaged_folder_store_is_refused_with_nothing_written(folder_root):
 
 def test_a_partition_without_commit_record_is_refused_and_the_chain_files_removed(folder_root):
     """Found while the SSTs are written: those already written are removed again."""
-    from iqkit.store import rocks
+    from iqkit.store.partitions import rocks
 
     target = folder_root / "totals" / "partitions" / "2" / "4"
     db = rocks.open_for_write(target, create=False)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iqkit.store.ordered import decode, decode_tuple, encode
+from iqkit.store.encoding.ordered import decode, decode_tuple, encode
 
 # --- strategies -----------------------------------------------------------------------
 # Ints: small, around the 8-byte fast-path edge, and far beyond it (hundreds of bytes).

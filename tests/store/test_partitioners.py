@@ -7,7 +7,7 @@ from helpers import KAFKA_MURMUR2_VECTORS
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iqkit.store.partitioners import (
+from iqkit.store.encoding.partitioners import (
     PARTITIONER_NAMES,
     Partitioner,
     get_partitioner,

@@ -9,7 +9,7 @@ from helpers import KAFKA_MURMUR2_VECTORS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iqkit.store.partitioners import (
+from iqkit.store.encoding.partitioners import (
     get_partitioner,
     key_buffers,
     murmur2,

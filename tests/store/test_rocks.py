@@ -1,4 +1,4 @@
-"""``store/rocks.py``'s bounded scans against a model: the sorted keys in range."""
+"""``store/partitions/rocks.py``'s bounded scans against a model: the sorted keys in range."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rocksdict import Options, Rdict
 
-from iqkit.store import rocks
+from iqkit.store.partitions import rocks
 
 KEYS = sorted({bytes([a, b]) for a in range(0, 6) for b in (0, 1, 7, 255)} | {b"\x03", b""})
 
@@ -35,6 +35,6 @@ def test_a_scan_returns_exactly_the_keys_in_range_in_order(db, lower, upper, rev
 
 
 def test_no_upper_bound_means_to_the_end(db):
-    # rocksdict yields nothing for a lower bound without an upper one (a quirk rocks.py
-    # works around): this scan once returned [].
+    # rocksdict yields nothing for a lower bound without an upper one (a quirk
+    # store/partitions/rocks.py works around): this scan once returned [].
     assert [k for k, _ in rocks.scan(db, b"\x05", None)] == [k for k in KEYS if k >= b"\x05"]

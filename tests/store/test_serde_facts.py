@@ -1,7 +1,7 @@
 """Each serde owns the facts the rest of iqkit needs about its values (issue 12, item 2):
 its Arrow type and whole-column decoder (tables, SQL), its Spark type (the Spark reader
 and writers) and an example literal (the panel). A new serde means editing
-``iqkit/store/serdes.py`` only, so no other module keeps a table keyed by serde names."""
+``iqkit/store/encoding/serdes.py`` only, so no other module keeps a table keyed by serde names."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from test_serdes_bulk import VALUES
 
 import iqkit
 from iqkit.jupyter.values import key_value
+from iqkit.store.encoding.serdes import SERDE_NAMES, all_serdes, get_serde
 from iqkit.store.manifest import StoreManifest
-from iqkit.store.serdes import SERDE_NAMES, all_serdes, get_serde
 
 PACKAGE = Path(iqkit.__file__).parent
 #: The modules that used to keep their own tables of serde facts.

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iqkit.store import ordered
-from iqkit.store.serdes import SERDE_NAMES, Serde, get_serde
+from iqkit.store.encoding import ordered
+from iqkit.store.encoding.serdes import SERDE_NAMES, Serde, get_serde
 
 
 def test_registry_names_and_lookup() -> None:

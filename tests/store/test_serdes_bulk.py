@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iqkit.store.serdes import SERDE_NAMES, get_serde
+from iqkit.store.encoding.serdes import SERDE_NAMES, get_serde
 
 VALUES = {
     "string": st.text(max_size=12),

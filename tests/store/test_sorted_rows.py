@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iqkit
-from iqkit.store import keyspace
+from iqkit.store.encoding import keyspace
 from iqkit.store.formats import format_for
 from iqkit.store.roots import parse_root
 from iqkit.store.sorted_rows import SortedRows, last_per_key

@@ -18,8 +18,9 @@ from helpers import kv_rows, request, tree_digest
 import iqkit
 from iqkit import FailureReason
 from iqkit.errors import StoreCleanupWarning
-from iqkit.store import chain_retention, chain_store
-from iqkit.store.chain import record_key
+from iqkit.store.chain import retention as chain_retention
+from iqkit.store.chain import stores as chain_store
+from iqkit.store.chain.records import record_key
 from iqkit.store.formats import format_for
 from iqkit.store.names import MANIFEST_FILE
 from iqkit.store.objects import LocalObjects

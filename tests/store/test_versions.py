@@ -1,6 +1,6 @@
 """Versions, retention and concurrent writers (real processes).
 
-Readers are protected by retention's grace period (chain_retention.py; its rules are
+Readers are protected by retention's grace period (store/chain/retention.py; its rules are
 tested in test_chain.py); ``test_chain_retention_keeps_the_newest_versions_once_the_grace_
 is_over`` is its user-level counterpart here."""
 
@@ -14,9 +14,9 @@ import pytest
 from helpers import request
 
 import iqkit
-from iqkit.store.chain import latest_version
-from iqkit.store.chain import list_versions as chain_versions
-from iqkit.store.chain_retention import DEFAULT_GRACE_SECONDS, collect_chain_garbage
+from iqkit.store.chain.records import latest_version
+from iqkit.store.chain.records import list_versions as chain_versions
+from iqkit.store.chain.retention import DEFAULT_GRACE_SECONDS, collect_chain_garbage
 from iqkit.store.locking import CommitLock
 from iqkit.store.names import LOCK_FILE
 from iqkit.store.objects import open_objects

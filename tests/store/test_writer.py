@@ -10,11 +10,11 @@ import pytest
 from helpers import request, tree_digest
 
 import iqkit
-from iqkit.store.chain import list_versions
+from iqkit.store.chain.records import list_versions
+from iqkit.store.encoding.partitioners import murmur2_partition
 from iqkit.store.formats import format_for
 from iqkit.store.names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR
 from iqkit.store.objects import open_objects
-from iqkit.store.partitioners import murmur2_partition
 from iqkit.store.roots import parse_root
 
 
@@ -177,7 +177,7 @@ def test_a_failure_while_publishing_leaves_the_previous_version(root, monkeypatc
     def failing_publish(objects, store, record):
         raise OSError("disk full (injected)")
 
-    monkeypatch.setattr("iqkit.store.chain_write.publish_version", failing_publish)
+    monkeypatch.setattr("iqkit.store.chain.write.publish_version", failing_publish)
     with pytest.raises(OSError, match="injected"), iqkit.StoreWriter(root, "s") as w:
         w.put("a", 2)
     monkeypatch.undo()

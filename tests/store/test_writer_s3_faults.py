@@ -16,7 +16,7 @@ from helpers import request
 from s3server import CuttingProxy
 
 import iqkit
-from iqkit.store.chain import list_versions
+from iqkit.store.chain.records import list_versions
 from iqkit.store.objects import open_objects
 
 STORE = "totals"

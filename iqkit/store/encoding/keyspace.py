@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pyarrow as pa
 
-from .names import DATA_PREFIX, END_OF_USER_KEYSPACE, WINDOW_PREFIX, WINDOW_TIME_PREFIX
+from ..names import DATA_PREFIX, END_OF_USER_KEYSPACE, WINDOW_PREFIX, WINDOW_TIME_PREFIX
 
 _TIME = struct.Struct(">Q")
 _SIGN = 1 << 63

@@ -4,12 +4,12 @@ names, and the publish step of a ``StoreWriter`` commit in the SST-chain format.
 A store on an object root is ``<root>/<store>/manifest.json`` (written once, by one
 ``create_exclusive``: two creators racing cannot both write it, and the loser gets the
 same ``StoreExistsError`` / "same settings: fine" rules as a local root) plus the
-chain's records and SSTs (chain.py). The stores of a root are the prefixes holding a
+chain's records and SSTs (store/chain/records.py). The stores of a root are the prefixes holding a
 manifest. A local store folder still in the folder format of earlier iqkits is refused
 when its manifest is read, for readers and writers alike (``format.is_folder_store``).
 
 ``ChainPublisher`` is what ``StoreWriter`` hands its buffered partitions to on such a
-root: each partition's changes, sorted, become one delta SST (chain_write.py), and the
+root: each partition's changes, sorted, become one delta SST (store/chain/write.py), and the
 next version is published with one exclusive create — a writer that lost the race gets
 ``VersionConflictError`` naming the version and nothing of its commit is visible. On a
 local root it first takes the store's commit lock (``locking.CommitLock``, the store's
@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from ..errors import (
+from ...errors import (
     IqkitError,
     ObjectExistsError,
     ObjectMissingError,
@@ -35,17 +35,17 @@ from ..errors import (
     StoreCorruptedError,
     UnknownStoreError,
 )
-from ..query.position import Position
-from ..query.request import validate_store_name
-from .cache import FileCache
-from .chain import latest_version, list_versions
-from .chain_retention import collect_chain_garbage
-from .chain_write import commit_version
-from .format import folder_store_error, is_folder_store
-from .locking import CommitLock
-from .manifest import STORE_SETTINGS, StoreManifest, check_same_settings
-from .names import CHAIN_FORMAT_VERSION, LOCK_FILE, MANIFEST_FILE
-from .objects import ObjectStore
+from ...query.position import Position
+from ...query.request import validate_store_name
+from ..cache import FileCache
+from ..format import folder_store_error, is_folder_store
+from ..locking import CommitLock
+from ..manifest import STORE_SETTINGS, StoreManifest, check_same_settings
+from ..names import CHAIN_FORMAT_VERSION, LOCK_FILE, MANIFEST_FILE
+from ..objects import ObjectStore
+from .records import latest_version, list_versions
+from .retention import collect_chain_garbage
+from .write import commit_version
 
 __all__ = [
     "ChainPublisher",

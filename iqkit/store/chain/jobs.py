@@ -4,7 +4,7 @@ executors that may share no filesystem), published once by the driver.
 A distributed write cannot use one ``StoreWriter``: each task builds the store
 partitions it owns, in its own process, and only the driver knows when the whole job has
 succeeded. So the commit is split the way Spark's own state store checkpoint v2 splits
-it, in the SST-chain format (chain.py, chain_write.py):
+it, in the SST-chain format (store/chain/records.py, store/chain/write.py):
 
 1. The driver opens a ``ChainJobCommit``: it pins the store's latest version (the *base*)
    and picks a job id. A job may write a store that does not exist yet (``create=``, its
@@ -25,7 +25,7 @@ it, in the SST-chain format (chain.py, chain_write.py):
    (``StoreConflictError``) and its SSTs are removed.
 
 What a failed, retried or speculative task attempt uploaded is listed by no record:
-retention (chain_retention.py) removes such orphans once they are older than its grace
+retention (store/chain/retention.py) removes such orphans once they are older than its grace
 period. The driver removes what the staged chains it was handed uploaded when it does not
 publish them.
 """
@@ -39,15 +39,19 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import (
+from ...errors import (
     IqkitError,
     StoreConflictError,
     UnknownStoreError,
     VersionConflictError,
 )
-from ..query.position import Position
-from .cache import FileCache
-from .chain import (
+from ...query.position import Position
+from ..cache import FileCache
+from ..manifest import StoreManifest
+from ..names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR, MANIFEST_FILE
+from ..objects import ObjectStore, open_objects
+from ..roots import StoreRoot
+from .records import (
     ChainFile,
     ChainVersion,
     PartitionChain,
@@ -55,18 +59,14 @@ from .chain import (
     latest_version,
     list_versions,
 )
-from .chain_store import (
+from .stores import (
     chain_commit_lock,
     chain_store_names,
     clean_after_publish,
     ensure_chain_store,
     read_chain_manifest,
 )
-from .chain_write import Change, commit_partition, overlong, publish_next, sst_key
-from .manifest import StoreManifest
-from .names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR, MANIFEST_FILE
-from .objects import ObjectStore, open_objects
-from .roots import StoreRoot
+from .write import Change, commit_partition, overlong, publish_next, sst_key
 
 __all__ = [
     "ChainJobCommit",

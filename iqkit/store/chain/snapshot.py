@@ -10,7 +10,7 @@ each open partition's ``fetched`` says what that cost, for the execution trace.
 An open partition is keyed by its chain's file names, so a new version that left a
 partition unchanged keeps it open; the ones a newer version no longer names are closed
 once the scans reading them end. Nothing is leased: the root's retention keeps files
-for a grace period instead (chain_retention.py), and the cache pins what is open.
+for a grace period instead (store/chain/retention.py), and the cache pins what is open.
 
 How many partitions are open at once is bounded (``OpenChains``, one per reader, shared
 by its stores): each open partition holds a few file descriptors (its pins, its
@@ -30,10 +30,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..errors import IqkitError, StoreCorruptedError
-from ..query.position import Position
-from .cache import FileCache
-from .chain import (
+from ...errors import IqkitError, StoreCorruptedError
+from ...query.position import Position
+from ..cache import FileCache
+from ..format import MAX_OPEN_PARTITIONS, OpenPartition, empty_partition
+from ..names import CHAIN_SST_DIR
+from ..objects import ObjectStore
+from ..partitions.layers import ReadCache, build_layers
+from ..partitions.memory import MemoryPartition
+from ..partitions.rocks import FIRST_CHUNK_ROWS, MAX_CHUNK_ROWS, database_exists
+from .read import ChainPartition, database_folder, open_partition, place_on_root
+from .records import (
     MAX_CHAIN_VERSION,
     ChainVersion,
     PartitionChain,
@@ -44,14 +51,7 @@ from .chain import (
     record_key,
     record_name,
 )
-from .chain_read import ChainPartition, database_folder, open_partition, place_on_root
-from .chain_store import read_chain_manifest
-from .format import MAX_OPEN_PARTITIONS, OpenPartition, empty_partition
-from .layers import ReadCache, build_layers
-from .memory import MemoryPartition
-from .names import CHAIN_SST_DIR
-from .objects import ObjectStore
-from .rocks import FIRST_CHUNK_ROWS, MAX_CHUNK_ROWS, database_exists
+from .stores import read_chain_manifest
 
 __all__ = ["ChainSnapshot", "OpenChains", "ReopenablePartition", "descriptor_budget"]
 

@@ -47,11 +47,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ObjectMissingError
-from ..query.position import Position
-from . import rocks
-from .cache import FileCache
-from .chain import (
+from ...errors import ObjectMissingError
+from ...query.position import Position
+from ..cache import FileCache
+from ..names import CHAIN_SST_DIR, CHAIN_WORK_PREFIX, COMMIT_KEY, META_PREFIX
+from ..objects import ObjectStore
+from ..partitions import rocks
+from ..partitions.partition import encode_commit_record
+from .read import build_database, place_on_root
+from .records import (
     ROWS_AT_MOST,
     ChainFile,
     ChainVersion,
@@ -60,10 +64,6 @@ from .chain import (
     next_record,
     publish_version,
 )
-from .chain_read import build_database, place_on_root
-from .names import CHAIN_SST_DIR, CHAIN_WORK_PREFIX, COMMIT_KEY, META_PREFIX
-from .objects import ObjectStore
-from .partition import encode_commit_record
 
 __all__ = [
     "COMPACT_AFTER_DELTAS",

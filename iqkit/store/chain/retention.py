@@ -37,10 +37,10 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from ..errors import IqkitError
-from .chain import read_version, record_key, version_of
-from .names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR
-from .objects import ObjectStore
+from ...errors import IqkitError
+from ..names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR
+from ..objects import ObjectStore
+from .records import read_version, record_key, version_of
 
 __all__ = ["DEFAULT_GRACE_SECONDS", "ChainCleanup", "collect_chain_garbage"]
 

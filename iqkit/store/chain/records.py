@@ -1,7 +1,7 @@
 """Version records of the SST-chain format: what a store version is on an object root.
 
 A partition version is an ordered chain of immutable SST files (one base, then one delta
-per commit; chain_write.py writes them), and a store version is one small JSON record
+per commit; store/chain/write.py writes them), and a store version is one small JSON record
 listing, per partition, its chain (names and sizes), the partition's commit record (its
 position and counts: what lag and traces need without fetching any SST), the version
 whose commit wrote it, and, for the store, ``created_at``, ``source_end`` and
@@ -34,17 +34,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from ..errors import (
+from ...errors import (
     ObjectExistsError,
     StoreCorruptedError,
     VersionConflictError,
     VersionLimitError,
 )
-from ..query.position import Position
-from .names import CHAIN_RECORD_DIGITS, CHAIN_RECORDS_DIR, CHAIN_SST_DIR
-from .objects import ObjectStore, check_key
-from .partition import parse_commit_record
-from .sinks import carry_forward as carry_sinks_forward
+from ...query.position import Position
+from ..names import CHAIN_RECORD_DIGITS, CHAIN_RECORDS_DIR, CHAIN_SST_DIR
+from ..objects import ObjectStore, check_key
+from ..partitions.partition import parse_commit_record
+from ..sinks import carry_forward as carry_sinks_forward
 
 __all__ = [
     "MAX_CHAIN_VERSION",

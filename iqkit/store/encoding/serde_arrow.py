@@ -1,7 +1,7 @@
 """Whole Arrow columns of serialized keys and values, decoded and encoded at once.
 
 The serdes' bulk paths (``Serde.decode_arrow`` and ``serialize_arrow`` in
-:mod:`iqkit.store.serdes`) share these: Arrow ``binary`` arrays built over many byte
+:mod:`iqkit.store.encoding.serdes`) share these: Arrow ``binary`` arrays built over many byte
 strings in one call, numpy views of their buffers, fixed-width big-endian numbers read
 without a Python object per value. Each serde keeps the facts about its own values; this
 module only moves bytes. pyarrow and numpy are imported inside the functions, so

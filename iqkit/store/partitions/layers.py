@@ -24,7 +24,7 @@ from functools import partial
 from itertools import chain, repeat
 from typing import Any
 
-from ..query import (
+from ...query import (
     KeyQuery,
     KeyValue,
     KeyValueIterator,
@@ -39,11 +39,11 @@ from ..query import (
     WindowKeyQuery,
     WindowRangeQuery,
 )
-from . import keyspace
-from .kinds import StoreKind
-from .manifest import StoreManifest
+from ..encoding import keyspace
+from ..encoding.serdes import Serde, get_serde
+from ..kinds import StoreKind
+from ..manifest import StoreManifest
 from .partition import BytesPartition
-from .serdes import Serde, get_serde
 
 _MISSING = object()
 

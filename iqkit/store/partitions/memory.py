@@ -11,8 +11,8 @@ import bisect
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ..query.position import Position
-from .names import COMMIT_KEY
+from ...query.position import Position
+from ..names import COMMIT_KEY
 from .partition import parse_commit_record
 
 

@@ -41,28 +41,28 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import (
+from ...errors import (
     StoreCorruptedError,
     StoreIOError,
     StoreLockedError,
     StoreNotFoundError,
     UnknownStoreError,
 )
-from ..query.request import validate_store_name
-from . import rocks
-from .chain import ChainFile, ChainVersion, PartitionChain, publish_version
-from .chain_store import chain_commit_lock, chain_store_names
-from .chain_write import sst_key, work_folder
-from .manifest import StoreManifest
-from .names import (
+from ...query.request import validate_store_name
+from ..manifest import StoreManifest
+from ..names import (
     CHAIN_FORMAT_VERSION,
     CHAIN_RECORDS_DIR,
     CHAIN_SST_DIR,
     COMMIT_KEY,
     MANIFEST_FILE,
 )
-from .objects import ObjectStore, open_objects
-from .roots import parse_root
+from ..objects import ObjectStore, open_objects
+from ..partitions import rocks
+from ..roots import parse_root
+from .records import ChainFile, ChainVersion, PartitionChain, publish_version
+from .stores import chain_commit_lock, chain_store_names
+from .write import sst_key, work_folder
 
 __all__ = ["MigrationReport", "migrate_root", "migrate_store", "store_names"]
 

@@ -41,14 +41,14 @@ from rocksdict import (
     WriteBatch,
 )
 
-from ..errors import (
+from ...errors import (
     IqkitError,
     StoreCorruptedError,
     StoreIOError,
     StoreLockedError,
     StoreNotFoundError,
 )
-from .names import (
+from ..names import (
     READ_VIEWS_PREFIX,
     ROCKSDB_CURRENT_FILE,
     ROCKSDB_SIDE_FILES,

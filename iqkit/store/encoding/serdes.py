@@ -7,7 +7,7 @@ partitions`` over those very bytes), and raw bytes read with a Kafka client's
 deserializer mean the same thing. ``string``, ``bytes``, ``int32``, ``int64`` and
 ``double`` match Kafka's ``StringSerializer`` (UTF-8), ``ByteArraySerializer``,
 ``IntegerSerializer``, ``LongSerializer`` and ``DoubleSerializer``; ``json`` is compact
-UTF-8 JSON; ``ordered`` is iqkit's order-preserving codec (:mod:`iqkit.store.ordered`).
+UTF-8 JSON; ``ordered`` is iqkit's order-preserving codec (:mod:`iqkit.store.encoding.ordered`).
 
 Serdes are stateless frozen singletons looked up with :func:`get_serde`, so a manifest
 only needs to store the name, and a serde pickles cheaply to Spark executors.
@@ -47,10 +47,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from iqkit.store.ordered import decode as _ordered_decode
-from iqkit.store.ordered import encode as _ordered_encode
-from iqkit.store.ordered import short_repr
-from iqkit.store.serde_arrow import (
+from iqkit.store.encoding.ordered import decode as _ordered_decode
+from iqkit.store.encoding.ordered import encode as _ordered_encode
+from iqkit.store.encoding.ordered import short_repr
+from iqkit.store.encoding.serde_arrow import (
     arrow_errors,
     arrow_numbers,
     binary_after,
@@ -634,7 +634,7 @@ def _json_to_ordered(serde: Serde, text: str, value: Any) -> Any:
 
 
 class OrderedSerde(Serde):
-    """The order-preserving tuple codec (:mod:`iqkit.store.ordered`).
+    """The order-preserving tuple codec (:mod:`iqkit.store.encoding.ordered`).
 
     Byte order equals value order, so range queries over numeric keys work and tuple
     keys support prefix scans. ``deserialize`` returns the bare value for a one-element

@@ -34,13 +34,13 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import IqkitError, StoreCorruptedError, StoreIOError, StoreNotFoundError
-from . import rocks
-from .cache import STALE_TMP_SECONDS, CacheStats, FileCache, PinnedFile, counted, is_disk_full
-from .chain import PartitionChain
-from .names import CACHE_BUILDING_PREFIX, CACHE_DBS_DIR, CHAIN_SST_DIR
-from .objects import NotPlainFileError, ObjectStore, check_key, link_plain_file
-from .partition import RocksDBPartition
+from ...errors import IqkitError, StoreCorruptedError, StoreIOError, StoreNotFoundError
+from ..cache import STALE_TMP_SECONDS, CacheStats, FileCache, PinnedFile, counted, is_disk_full
+from ..names import CACHE_BUILDING_PREFIX, CACHE_DBS_DIR, CHAIN_SST_DIR
+from ..objects import NotPlainFileError, ObjectStore, check_key, link_plain_file
+from ..partitions import rocks
+from ..partitions.partition import RocksDBPartition
+from .records import PartitionChain
 
 __all__ = ["ChainPartition", "build_database", "database_folder", "open_partition", "place_on_root"]
 

@@ -15,10 +15,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import StoreCorruptedError
-from ..query.position import Position
+from ...errors import StoreCorruptedError
+from ...query.position import Position
+from ..names import COMMIT_KEY
 from . import rocks
-from .names import COMMIT_KEY
 
 
 class BytesPartition(Protocol):

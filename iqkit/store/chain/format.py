@@ -1,7 +1,7 @@
 """The SST-chain format behind ``format.StoreFormat``: every root's format.
 
 Immutable SSTs under unique names plus one small record per version, published with one
-exclusive create (chain.py); nothing is renamed or rewritten, so it serves object
+exclusive create (store/chain/records.py); nothing is renamed or rewritten, so it serves object
 storage (``s3://``, ``gs://``, ``abfs://``) and local folders alike. Readers go through
 ``chain_snapshot``, ``StoreWriter`` through ``chain_store.ChainPublisher``, Spark jobs
 through ``chain_jobs.ChainJobCommit``; this class is the one place that puts them
@@ -12,22 +12,22 @@ from __future__ import annotations
 
 import os
 
-from ..errors import IqkitError, StoreNotFoundError, UnknownStoreError
-from .cache import FileCache, reader_cache
-from .chain import ChainVersion, latest_version
-from .chain_jobs import ChainJobCommit
-from .chain_retention import collect_chain_garbage
-from .chain_snapshot import ChainSnapshot, OpenChains
-from .chain_store import (
+from ...errors import IqkitError, StoreNotFoundError, UnknownStoreError
+from ..cache import FileCache, reader_cache
+from ..format import StoreFormat
+from ..manifest import StoreManifest, check_same_settings
+from ..objects import open_objects
+from ..roots import StoreRoot
+from .jobs import ChainJobCommit
+from .records import ChainVersion, latest_version
+from .retention import collect_chain_garbage
+from .snapshot import ChainSnapshot, OpenChains
+from .stores import (
     ChainPublisher,
     chain_store_names,
     ensure_chain_store,
     read_chain_manifest,
 )
-from .format import StoreFormat
-from .manifest import StoreManifest, check_same_settings
-from .objects import open_objects
-from .roots import StoreRoot
 
 __all__ = ["ChainFormat"]
 

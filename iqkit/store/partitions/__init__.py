@@ -1,0 +1,1 @@
+"""iqkit.store.partitions"""
