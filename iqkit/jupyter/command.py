@@ -9,7 +9,7 @@ typing them needs the store's serdes, which is the session's job, not the parser
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from ..store.kinds import QUERY_COMMANDS
 
@@ -60,9 +60,6 @@ class IQCommand:
     @property
     def is_query(self) -> bool:
         return self.action in QUERY_ACTIONS
-
-    def with_changes(self, **changes: object) -> IQCommand:
-        return replace(self, **changes)
 
     def to_line(self) -> str:
         """The ``%iq`` line that parses back into this command (cell SQL excepted)."""

@@ -177,7 +177,7 @@ class Publisher(Protocol):
 
 class JobCommit(Protocol):
     """The driver's side of a job commit (``StoreFormat.open_job_commit``): ``spec`` is
-    picklable and goes to the tasks (``spec.stage``, ``spec.upload_run``)."""
+    picklable and goes to the tasks (``spec.stage``, ``spec.upload_runs``)."""
 
     spec: Any
     job_id: str

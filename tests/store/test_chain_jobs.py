@@ -157,7 +157,7 @@ def test_runs_uploaded_by_tasks_apply_in_order_with_deletes(s3_root, tmp_path):
     for i, rows in enumerate([[kv("alice", 10), kv("zed", 1)], [kv("alice", None), kv("zed", 2)]]):
         sst = tmp_path / f"run{i}.sst"
         rocks.write_changes_sst(sst, rows)
-        runs.append(job.spec.upload_run(0, sst))
+        runs.append(job.spec.upload_runs([(0, sst)])[0])
     with job:
         staged = job.stage_runs(0, runs, position=Position.from_map({"in": {0: 9}}), puts=3)
         assert job.publish([staged]) == 2

@@ -15,7 +15,7 @@ it, in the SST-chain format (store/chain/records.py, store/chain/write.py):
    base chain for an upsert, tombstones for deletes; the whole partition for an
    overwrite), uploaded under a unique name, and the task returns a ``StagedChain`` (the
    partition's new chain: small, sent back to the driver as text). Tasks that write many
-   sorted runs (the data source) upload each run with ``spec.upload_run`` and the driver
+   sorted runs (the data source) upload them with ``spec.upload_runs`` and the driver
    chains them (``ChainJobCommit.stage_runs``). The executor's ``FileCache`` serves the
    base files when a chain is long enough to compact.
 3. The driver, once the job succeeded, calls ``publish(staged)`` with exactly one staged
@@ -195,20 +195,15 @@ class ChainJobSpec:
         """A staged chain back from ``StagedChain.to_text`` (what a task sent)."""
         return StagedChain.from_text(text)
 
-    def upload_run(self, partition: int, sst: str | os.PathLike[str]) -> ChainFile:
-        """Upload one sorted run of a task (an SST of puts and tombstones, written with
-        ``rocks.write_changes_sst``) for ``partition``; the driver chains it
-        (``ChainJobCommit.stage_runs``). ``upload_runs`` does several through one
-        connection."""
-        return upload_runs(self, [(partition, sst)])[0]
-
     def upload_runs(
         self,
         runs: Iterable[tuple[int, str | os.PathLike[str]]],
         *,
         objects: ObjectStore | None = None,
     ) -> list[ChainFile]:
-        """``upload_run`` for several runs through one connection (``upload_runs``)."""
+        """Upload a task's sorted runs (SSTs of puts and tombstones, written with
+        ``rocks.write_changes_sst``), each for its partition, through one connection; the
+        driver chains them (``ChainJobCommit.stage_runs``)."""
         return upload_runs(self, runs, objects=objects)
 
     def discard(
@@ -453,7 +448,7 @@ def upload_runs(
     *,
     objects: ObjectStore | None = None,
 ) -> list[ChainFile]:
-    """``spec.upload_run`` for several ``(partition, sst)`` runs, through one connection
+    """``spec.upload_runs``: several ``(partition, sst)`` runs, through one connection
     to the root: ``objects`` (``spec.objects()``, kept by a task for all its runs), or a
     new one. Connecting costs about as much as uploading a small SST."""
     objects = objects if objects is not None else spec.objects()

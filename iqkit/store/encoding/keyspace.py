@@ -135,12 +135,6 @@ def window_time_key(key_bytes: bytes, start_ms: int) -> bytes:
     return WINDOW_TIME_PREFIX + encode_time(start_ms) + escape(key_bytes)
 
 
-def split_window_key(raw: bytes) -> tuple[bytes, int]:
-    """``window_key`` bytes → ``(serialized_key, start_ms)``."""
-    body = raw[len(WINDOW_PREFIX) : -TIME_LEN - len(_TERMINATOR)]
-    return unescape(body), decode_time(raw[-TIME_LEN:])
-
-
 def split_window_time_key(raw: bytes) -> tuple[bytes, int]:
     """``window_time_key`` bytes → ``(serialized_key, start_ms)``."""
     start = decode_time(raw[len(WINDOW_TIME_PREFIX) : len(WINDOW_TIME_PREFIX) + TIME_LEN])
