@@ -94,3 +94,72 @@ def test_a_closed_engine_refuses_key_lookups(tmp_path):
         pass
     else:
         raise AssertionError("a closed engine answered a key lookup")
+
+
+#: The layers a key lookup walks down, highest first (docs/ARCHITECTURE.md, "A key
+#: lookup, step by step"): a call into a higher layer than the caller's is a climb.
+_LAYERS = (
+    ("engine.py",),
+    ("store/chain/", "store/format.py", "store/roots.py", "store/objects.py", "store/cache.py"),
+    ("store/partitions/",),
+    ("store/encoding/",),
+    ("query/",),
+)
+
+
+def _layer(module: str) -> int:
+    for rank, prefixes in enumerate(_LAYERS):
+        if module.startswith(prefixes):
+            return rank
+    raise AssertionError(f"a key lookup reached {module}, which no layer names")
+
+
+def _walk(engine: iqkit.StateEngine, request: StateQueryRequest) -> list[tuple[str, str]]:
+    """The iqkit calls (caller module, callee module) of one query, and rocksdict's get."""
+    import sys
+
+    calls: list[tuple[str, str]] = []
+
+    def module_of(frame) -> str | None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        return name.split("/iqkit/", 1)[1] if "/iqkit/" in name else None
+
+    def profile(frame, event, arg):
+        if event == "call":
+            callee = module_of(frame)
+            caller = module_of(frame.f_back) if frame.f_back is not None else None
+            if callee is not None and caller is not None:
+                calls.append((caller, callee))
+        elif event == "c_call" and getattr(arg, "__qualname__", "") == "Rdict.get":
+            calls.append((module_of(frame) or "?", "rocksdict"))
+
+    sys.setprofile(profile)
+    try:
+        result = engine.query(request)
+    finally:
+        sys.setprofile(None)
+    assert result.only_partition_result().is_success
+    return calls
+
+
+def test_a_key_lookup_walks_down_to_rocksdict_climbing_back_at_most_twice(tmp_path):
+    # Partitions too big for a memory copy (incompressible values), so the walk ends in
+    # RocksDB's get.
+    import random
+
+    rng = random.Random(7)
+    iqkit.create_store(tmp_path, "s", partitions=2, value_serde="json")
+    with iqkit.StoreWriter(tmp_path, "s") as w:
+        for i in range(6000):
+            w.put(f"key-{i:05d}", {"payload": rng.randbytes(32).hex(), "i": i})
+    query = KeyQuery.with_key("key-00042").skip_cache()
+    request = StateQueryRequest.in_store("s").with_query(query)
+    with iqkit.open(tmp_path) as engine:
+        engine.query(request)  # opens the owner (the first query takes the general path)
+        calls = _walk(engine, request)
+    assert any(callee == "rocksdict" for _, callee in calls)  # the walk reached RocksDB
+    iqkit_calls = [(a, b) for a, b in calls if b != "rocksdict"]
+    climbs = [(a, b) for a, b in iqkit_calls if _layer(b) < _layer(a)]
+    assert len(climbs) <= 2, f"the key lookup climbs back up {len(climbs)} times: {climbs}"
+    modules = {b for _, b in iqkit_calls}
+    assert "engine.py" in modules and any(m.startswith("store/partitions/") for m in modules)

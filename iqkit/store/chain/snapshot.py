@@ -326,6 +326,7 @@ class ChainSnapshot:
         #: The reader's bound on open partitions (shared by its stores).
         self.bound = bound if bound is not None else OpenChains()
         self.pinned = pinned
+        self._local = objects.root.is_local
         self.record: ChainVersion | None = None
         self._open: dict[tuple[int, tuple[str, ...]], OpenPartition] = {}
         #: Partitions of versions no longer served whose scans are still being read.
@@ -352,7 +353,7 @@ class ChainSnapshot:
             self._close_retired()
         if self.pinned is not None:
             return self.record
-        if self.record is not None and self.objects.root.is_local and self._still_latest():
+        if self.record is not None and self._local and self._still_latest():
             return self.record
         numbers = list_versions(self.objects, self.name)
         if numbers and (self.record is None or self.record.version != numbers[-1]):
@@ -442,7 +443,7 @@ class ChainSnapshot:
         """A local root's: there the freshness check is two existence checks and an open
         partition reads local files. On an object root every query lists the records
         anyway, and a fetch must fail fast inside ``reading``."""
-        return self.objects.root.is_local
+        return self._local
 
     def reading(self) -> contextlib.AbstractContextManager[object]:
         """What a query runs inside: once one partition finds the root's endpoint
