@@ -114,7 +114,40 @@ def main() -> None:
                 f"{t_eng * 1e6:.2f} µs",
                 f"{t_raw * 1e6:.2f} µs",
                 f"{t_eng / t_raw:.1f}×",
-                "≤ 10×",
+                "≤ 6×",
+            )
+        )
+        # The same on the small store, whose blocks all stay in RocksDB's cache: the raw
+        # get is at its cheapest, so iqkit's own cost per query shows most.
+        small_keys = [
+            f"{(j := random.randrange(args.small)) // GROUP:04d}-{j % GROUP:04d}"
+            for _ in range(20_000)
+        ]
+        small_raw = [kv_key(k.encode()) for k in small_keys]
+        small_requests = [
+            StateQueryRequest.in_store("small").with_query(KeyQuery.with_key(k).skip_cache())
+            for k in small_keys
+        ]
+
+        def raw_small_gets() -> None:
+            get = raw_small.get
+            for k in small_raw:
+                get(k)
+
+        def engine_small_gets() -> None:
+            q = engine.query
+            for r in small_requests:
+                q(r)
+
+        t_raw_s = best(raw_small_gets, 5) / len(small_keys)
+        t_eng_s = best(engine_small_gets, 5) / len(small_keys)
+        rows.append(
+            (
+                f"… on the {args.small:,}-key store (every block cached)",
+                f"{t_eng_s * 1e6:.2f} µs",
+                f"{t_raw_s * 1e6:.2f} µs",
+                f"{t_eng_s / t_raw_s:.1f}×",
+                "≤ 6×",
             )
         )
         rows.append(
