@@ -140,45 +140,61 @@ def _run(cmd: list, cwd: Path, env: dict[str, str]) -> None:
     assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-def test_format_iqkit_is_found_without_registration(mode, project_copy, tmp_path):
+def _install(mode: str, project_copy: Path, where: Path, env: dict[str, str]) -> Path:
+    """A fresh venv under ``where`` with iqkit installed in ``mode``; its python."""
+    project = where / "project"
+    shutil.copytree(project_copy, project)  # each mode builds in a copy of its own
+    python = _offline_venv(where / "venv")
+    if MODES[mode] is None:
+        _run([python, "-m", "pip", "wheel", *OFFLINE, "-w", where / "dist", "."], project, env)
+        (wheel,) = (where / "dist").glob("iqkit-*.whl")
+        _run([python, "-m", "pip", "install", *OFFLINE, wheel], project, env)
+    else:
+        _run([python, "-m", "pip", *MODES[mode], *OFFLINE], project, env)
+    return python
+
+
+def test_format_iqkit_is_found_without_registration_under_every_install_mode(
+    project_copy, tmp_path
+):
     from helpers import require_java
 
     require_java()
-    project = tmp_path / "project"
-    shutil.copytree(project_copy, project)  # each mode builds in a copy of its own
-    python = _offline_venv(tmp_path / "venv")
     # No PYTHONPATH: the venv alone decides what is imported (a test run sets it), and
     # no Spark interpreter of this process's (the session fixture sets them).
     unset = ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
     env = {k: v for k, v in os.environ.items() if k not in unset}
-    if MODES[mode] is None:
-        _run([python, "-m", "pip", "wheel", *OFFLINE, "-w", tmp_path / "dist", "."], project, env)
-        (wheel,) = (tmp_path / "dist").glob("iqkit-*.whl")
-        _run([python, "-m", "pip", "install", *OFFLINE, wheel], project, env)
-    else:
-        _run([python, "-m", "pip", *MODES[mode], *OFFLINE], project, env)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    result = _run_script(python, elsewhere, env, tmp_path / "stores")
-    installed = project if mode.startswith("editable") else tmp_path / "venv"
-    for module in ("iqkit", "pyspark_iqkit"):
-        assert Path(result[module]).is_relative_to(installed), (module, result[module])
-    assert result["error"] is None, f"{mode}: {result['error']} (pkgutil lists {result['top']})"
-    assert "pyspark_iqkit" in result["top"]
-    assert result["rows"] == [[f"k{i}", f'{{"n":{i}}}'] for i in range(10)]
+    pythons = {mode: _install(mode, project_copy, tmp_path / mode, env) for mode in MODES}
+    # The four Spark sessions run at once (one JVM each): they spend most of their time
+    # starting up, which overlaps well even on two cores.
+    running = {}
+    for mode, python in pythons.items():
+        elsewhere = tmp_path / mode / "elsewhere"
+        elsewhere.mkdir()
+        running[mode] = _start_script(python, elsewhere, env, tmp_path / mode / "stores")
+    results = {mode: _result(done) for mode, done in running.items()}
+    for mode, result in results.items():
+        installed = tmp_path / mode / ("project" if mode.startswith("editable") else "venv")
+        for module in ("iqkit", "pyspark_iqkit"):
+            assert Path(result[module]).is_relative_to(installed), (mode, module, result[module])
+        assert result["error"] is None, f"{mode}: {result['error']} (pkgutil lists {result['top']})"
+        assert "pyspark_iqkit" in result["top"], mode
+        assert result["rows"] == [[f"k{i}", f'{{"n":{i}}}'] for i in range(10)], mode
 
 
-def _run_script(python: Path, cwd: Path, env: dict[str, str], root: Path) -> dict:
-    done = subprocess.run(
+def _start_script(python: Path, cwd: Path, env: dict[str, str], root: Path) -> subprocess.Popen:
+    return subprocess.Popen(
         [python, "-c", SCRIPT, root],
         cwd=cwd,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
-        check=False,
     )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    assert lines, f"the script failed:\n{done.stdout[-3000:]}\n{done.stderr[-4000:]}"
+
+
+def _result(process: subprocess.Popen) -> dict:
+    stdout, stderr = process.communicate(timeout=600)
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT")]
+    assert lines, f"the script failed:\n{stdout[-3000:]}\n{stderr[-4000:]}"
     return json.loads(lines[-1][len("RESULT") :])
