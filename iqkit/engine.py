@@ -203,8 +203,9 @@ class StateEngine:
         view = self._stores.get(request.store_name)
         if view is None or self._closed:
             view = self._view(request.store_name)
-        if view.looks_up_keys and type(request.query) is KeyQuery and request.uses_defaults:
-            result = self._look_up(view, request.query)
+        query = request.query
+        if view.looks_up_keys and type(query) is KeyQuery and request.uses_defaults:
+            result = self._look_up(view, query)
             if result is not None:
                 return result
         with view.snapshot.reading():

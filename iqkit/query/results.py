@@ -133,6 +133,16 @@ class QueryResult(Generic[R]):
         execution_info: str | Iterable[str] = (),
     ) -> QueryResult[N]:
         """A successful result (``None`` is a valid result: "key not found")."""
+        if type(position) is Position and execution_info == ():
+            # Every key lookup makes one: the checks below have nothing to check.
+            obj = object.__new__(cls)
+            set_ = _set_attribute
+            set_(obj, "_result", result)
+            set_(obj, "_failure_reason", None)
+            set_(obj, "_failure_message", None)
+            set_(obj, "_position", position)
+            set_(obj, "_execution_info", ())
+            return obj
         return cls._make(result, None, None, position, execution_info)
 
     @classmethod
@@ -314,9 +324,12 @@ class StateQueryResult(Generic[R]):
 
     def add_result(self, partition: int, query_result: QueryResult[R]) -> None:
         """Record ``query_result`` as the answer of store partition ``partition``."""
-        if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+        is_int = type(partition) is int or (  # the plain int first: the usual case
+            isinstance(partition, int) and not isinstance(partition, bool)
+        )
+        if not is_int or partition < 0:
             raise ValueError(f"partition must be an int >= 0, got {partition!r}")
-        if not isinstance(query_result, QueryResult):
+        if type(query_result) is not QueryResult and not isinstance(query_result, QueryResult):
             raise TypeError(f"expected a QueryResult, got {type(query_result).__name__}")
         self._results[partition] = query_result
 

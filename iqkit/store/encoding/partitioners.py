@@ -280,8 +280,11 @@ class Murmur2Partitioner(Partitioner):
     routes_keys: ClassVar[bool] = True
 
     def partition(self, key_bytes: bytes, num_partitions: int) -> int:
-        if type(key_bytes) is bytes and num_partitions > 0:  # one call less on key lookups
-            return (_murmur2_u32(key_bytes) & 0x7FFFFFFF) % num_partitions
+        if type(key_bytes) is bytes:  # key lookups: one call less, and no hash when
+            if num_partitions == 1:  # every key has one owner (about 1 µs a key)
+                return 0
+            if num_partitions > 1:
+                return (_murmur2_u32(key_bytes) & 0x7FFFFFFF) % num_partitions
         return murmur2_partition(key_bytes, num_partitions)
 
     def partition_many(self, keys: Sequence[bytes] | Any, num_partitions: int) -> np.ndarray:
