@@ -76,19 +76,13 @@ NEVER_WRITTEN = "never written: empty"
 class OpenPartition:
     """A partition of a version opened for queries: its layers and its position."""
 
-    __slots__ = ("fetched", "layers", "lease_version", "never_written", "partition", "position")
+    __slots__ = ("fetched", "layers", "never_written", "partition", "position")
 
     def __init__(
-        self,
-        partition: BytesPartition,
-        layers: Layers,
-        lease_version: int,
-        *,
-        never_written: bool = False,
+        self, partition: BytesPartition, layers: Layers, *, never_written: bool = False
     ) -> None:
         self.partition = partition
         self.layers = layers
-        self.lease_version = lease_version
         self.never_written = never_written
         self.position: Position = partition.commit_record().get("position") or Position.empty()
         #: What opening it cost (files fetched, cache hits, a database built), for the
@@ -101,7 +95,7 @@ def empty_partition(manifest: StoreManifest) -> OpenPartition:
     """What a partition no commit has touched reads as: no rows, an empty position (one
     per store snapshot: it holds nothing, so every such partition can share it)."""
     empty = MemoryPartition(written_by_version=0, location=NEVER_WRITTEN)
-    return OpenPartition(empty, build_layers(manifest, empty, ReadCache()), 0, never_written=True)
+    return OpenPartition(empty, build_layers(manifest, empty, ReadCache()), never_written=True)
 
 
 class PublishedVersion(Protocol):

@@ -45,8 +45,6 @@ ROCKSDB_CURRENT_FILE = "CURRENT"
 #: What RocksDB and rocksdict write beside a database's data (its lock, its info log
 #: ``LOG`` and ``LOG.old.*``, rocksdict's config): views and copies leave them out.
 ROCKSDB_SIDE_FILES = frozenset({"LOCK", "LOG", "rocksdict-config.json"})
-#: RocksDB files never changed once written (tables, blobs): copies hard-link them.
-ROCKSDB_IMMUTABLE_SUFFIXES = (".sst", ".blob")
 #: Prefix of a reading process's folder of private database views (in the system's
 #: temporary folder, never under a store; see rocks.open_for_read).
 READ_VIEWS_PREFIX = "iqkit-views-"

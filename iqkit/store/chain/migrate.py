@@ -159,7 +159,7 @@ def _read_text(store: str, path: Path) -> str | None:
 def _read_manifest(store: str, folder: Path) -> dict[str, Any]:
     text = _read_text(store, folder / MANIFEST_FILE)
     if text is None:
-        raise UnknownStoreError(store, _store_names(folder.parent))
+        raise UnknownStoreError(store, chain_store_names(open_objects(folder.parent)))
     try:
         data = json.loads(text)
     except ValueError as exc:
@@ -383,14 +383,6 @@ def _clean(folder: Path, names: Iterable[str]) -> None:
 
 
 # -- the entry points ------------------------------------------------------------------------
-def _store_names(root: Path) -> list[str]:
-    try:
-        entries = os.listdir(root)
-    except OSError:
-        return []
-    return sorted(e for e in entries if (root / e / MANIFEST_FILE).is_file())
-
-
 def _local_root(root: str | os.PathLike[str]) -> Path | None:
     """The root's folder (``StoreNotFoundError`` when there is none); None for an object
     root, which holds chain stores only (the folder format needs a POSIX file system)."""
@@ -485,6 +477,4 @@ def migrate_root(
 def store_names(root: str | os.PathLike[str]) -> list[str]:
     """Every store under ``root`` (what ``migrate_root`` goes through by default)."""
     local = _local_root(root)
-    if local is None:
-        return chain_store_names(open_objects(root))
-    return _store_names(local)
+    return chain_store_names(open_objects(root if local is None else local))

@@ -507,7 +507,7 @@ class ChainSnapshot:
                 position=commit.get("position"),
                 location=place_on_root(self.objects, f"{self.name}/{CHAIN_SST_DIR}/{p}"),
             )
-            entry = OpenPartition(empty, build_layers(self.manifest, empty, ReadCache()), 0)
+            entry = OpenPartition(empty, build_layers(self.manifest, empty, ReadCache()))
             entry.fetched = KNOWN_EMPTY
             self._open[key] = entry
             return entry
@@ -519,7 +519,7 @@ class ChainSnapshot:
         )
         handle.open()  # the first open: its cost is in the trace, its failure a result
         try:
-            entry = OpenPartition(handle, build_layers(self.manifest, handle, ReadCache()), 0)
+            entry = OpenPartition(handle, build_layers(self.manifest, handle, ReadCache()))
         except BaseException:
             handle.close()
             raise
