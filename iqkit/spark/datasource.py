@@ -140,11 +140,12 @@ from iqkit.query import (
 )
 from iqkit.rows import RowSchema
 from iqkit.store.manifest import StoreManifest
+from iqkit.store.roots import StoreRoot
 
 from .datasource_write import plan_write
 from .read_rows import SparkRows
 from .read_spec import parse_read_options
-from .roots import driver_root
+from .roots import driver_root, driver_store_root
 from .worker_python import require_workers_can_import_iqkit
 from .workers import keep_spark_archive_indexes
 
@@ -167,6 +168,13 @@ def register(spark: Any) -> None:
 
 # -- options and the store's shape ---------------------------------------------------------
 def _root_from_options(options: Any) -> str:
+    """The root the options name, as text (``_store_root_from_options``)."""
+    parsed = _store_root_from_options(options)
+    return parsed.url if parsed.local is None else parsed.text
+
+
+def _store_root_from_options(options: Any) -> StoreRoot:
+    """The root the options name (``root``, or the load/save path), parsed once."""
     root = options.get("root")
     path = options.get("path")
     if root and path and driver_root(root) != driver_root(path):
@@ -176,7 +184,7 @@ def _root_from_options(options: Any) -> str:
         raise ValueError(
             "iqkit: the root folder is missing: use .load(root) or .option('root', root)"
         )
-    return driver_root(chosen)
+    return driver_store_root(chosen)
 
 
 def _store_from_options(options: Any, root: str) -> str:
@@ -241,9 +249,9 @@ class IqkitDataSource(DataSource):
         """``df.write.format("iqkit")``: ``.mode("append")`` upserts, ``.mode("overwrite")``
         replaces the store's contents (see :mod:`iqkit.spark.datasource_write`)."""
         keep_spark_archive_indexes()
-        root = _root_from_options(self.options)
-        store = _store_from_options(self.options, root)
-        return plan_write(self.options, root, store, schema, overwrite)
+        where = _store_root_from_options(self.options)
+        store = _store_from_options(self.options, where.url if where.local is None else where.text)
+        return plan_write(self.options, where, store, schema, overwrite)
 
 
 # -- input partitions ------------------------------------------------------------------------

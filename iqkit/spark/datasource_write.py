@@ -102,6 +102,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from ..store.roots import StoreRoot
 from .write_commit import commit_job, remove_job_fragments
 from .write_options import WriteJob, plan_job
 from .write_tasks import IqkitCommitMessage, write_task
@@ -110,7 +111,7 @@ __all__ = ["IqkitWriter", "plan_write"]
 
 
 def plan_write(
-    options: Mapping[str, Any], root: str, store: str, schema: StructType, overwrite: bool
+    options: Mapping[str, Any], root: StoreRoot, store: str, schema: StructType, overwrite: bool
 ) -> IqkitWriter:
     """Check everything that can be checked without the rows; return the writer."""
     return IqkitWriter(plan_job(options, root, store, schema, overwrite))

@@ -22,7 +22,7 @@ from ..errors import UnknownStoreError
 from ..store.format import StoreFormat
 from ..store.formats import format_for
 from ..store.manifest import StoreManifest
-from ..store.roots import StoreRoot, parse_root
+from ..store.roots import StoreRoot
 from .schema import KAFKA_COLUMNS, ColumnPlan, ensure_spark_store, plan_columns
 
 #: Options the writer understands (Spark lower-cases option names).
@@ -119,16 +119,17 @@ def _text_option(options: Mapping[str, Any], name: str) -> str | None:
 
 
 def plan_job(
-    options: Mapping[str, Any], root: str, store: str, schema: StructType, overwrite: bool
+    options: Mapping[str, Any], where: StoreRoot, store: str, schema: StructType, overwrite: bool
 ) -> WriteJob:
-    """Check everything that can be checked without the rows; return the job."""
+    """Check everything that can be checked without the rows; return the job. ``where``:
+    the root, parsed once by the data source (``spark/roots.driver_store_root``)."""
+    root = where.url if where.local is None else where.text
     unknown = sorted(k for k in options if k.lower() not in WRITE_OPTIONS)
     if unknown:
         raise ValueError(
             f"iqkit: unknown write option(s) {', '.join(map(repr, unknown))} for store "
             f"{store!r} (known: {', '.join(sorted(o for o in WRITE_OPTIONS if o[0] != '_'))})"
         )
-    where = parse_root(root)
     fmt = format_for(where)
     existing = existing_manifest(fmt, store)
     if_exists = _text_option(options, "if_exists")
