@@ -38,3 +38,39 @@ def test_no_upper_bound_means_to_the_end(db):
     # rocksdict yields nothing for a lower bound without an upper one (a quirk
     # store/partitions/rocks.py works around): this scan once returned [].
     assert [k for k, _ in rocks.scan(db, b"\x05", None)] == [k for k in KEYS if k >= b"\x05"]
+
+
+def test_a_views_folder_swept_by_another_process_before_it_was_locked_is_made_again(
+    monkeypatch,
+):
+    # Readers starting at once: one makes its views folder, and before it has opened and
+    # locked it, another's sweep of dead views finds it unlocked and removes it. Three
+    # cache readers starting together failed so ("No such file or directory:
+    # .../iqkit-views-..."). The sweep is run at that exact moment here.
+    import os
+    import shutil
+    import tempfile
+
+    real_mkdtemp = tempfile.mkdtemp
+    swept: list[str] = []
+
+    def mkdtemp_then_swept(*args, **kwargs):
+        folder = real_mkdtemp(*args, **kwargs)
+        if not swept:
+            rocks._remove_dead_views()  # what the other process's sweep does right now
+            swept.append(folder)
+        return folder
+
+    saved = rocks._views_home
+    monkeypatch.setattr(rocks, "_views_home", None)
+    monkeypatch.setattr(rocks.tempfile, "mkdtemp", mkdtemp_then_swept)
+    try:
+        folder = rocks._views_folder()
+        assert swept and not os.path.exists(swept[0])  # the first folder was swept
+        assert os.path.isdir(folder) and folder != swept[0]  # and another one made
+    finally:
+        home = rocks._views_home
+        if home is not None and home is not saved:
+            os.close(home[2])
+            shutil.rmtree(home[1], ignore_errors=True)
+        monkeypatch.setattr(rocks, "_views_home", saved)

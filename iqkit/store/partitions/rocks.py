@@ -192,7 +192,10 @@ def _views_folder() -> str:
     _remove_dead_views()
     while True:
         folder = tempfile.mkdtemp(prefix=READ_VIEWS_PREFIX)
-        fd = os.open(folder, os.O_RDONLY)
+        try:
+            fd = os.open(folder, os.O_RDONLY)
+        except FileNotFoundError:  # another process's sweep took it before we opened it
+            continue
         fcntl.flock(fd, fcntl.LOCK_SH)
         try:
             same = os.stat(folder).st_ino == os.fstat(fd).st_ino
