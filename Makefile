@@ -23,13 +23,19 @@ TEST_ENV := TMPDIR=$(TEST_TMP) SPARK_SUBMIT_OPTS="-Djava.io.tmpdir=$(TEST_TMP) -
 # The browser test drives Debian's chromium (Playwright's own browser download cannot
 # work on a machine without network).
 CHROMIUM ?= /usr/bin/chromium
+# pytest-xdist processes for tests/: each takes whole test files (--dist loadfile, so a
+# module's fixtures stay in one process) and starts its own Spark session when it needs
+# one. Most of a Spark test's time is the JVM starting and waiting, so two overlap well
+# even on two cores. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: test demo lab bench reliability lint check-java check-chromium install clean notebooks
 
 test: $(STAMP) check-java check-chromium
 	$(PY) -m ruff check $(LINTED)
 	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)
-	$(TEST_ENV) IQKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider tests
+	$(TEST_ENV) IQKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider \
+	    -n $(TEST_WORKERS) --dist loadfile tests
 	$(TEST_ENV) IQKIT_STABLE_TIMINGS=1 $(PY) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks
 	rm -rf $(TEST_TMP)
 
