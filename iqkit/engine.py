@@ -54,8 +54,6 @@ Served = PublishedVersion | IqkitError | None
 #: for the text format, so notebooks never parse it themselves).
 _SERVED_AT = "at version"
 _SERVED_VERSION = re.compile(rf"\b{_SERVED_AT} (\d+)\b")
-#: The disabled trace the key-lookup path hands the layers (inert: it records nothing).
-_NO_TRACE = Trace(False)
 
 
 class _StoreView:
@@ -230,7 +228,7 @@ class StateEngine:
                 return None
             layers = entry.layers
             assert isinstance(layers, TypedKeyValueLayer)
-            value = layers.execute_key(key_bytes, query.is_skip_cache, _NO_TRACE)
+            value = layers.execute_key(key_bytes, query.is_skip_cache)
         except (IqkitError, TypeError, ValueError):
             return None
         result: StateQueryResult = StateQueryResult()
@@ -246,11 +244,8 @@ class StateEngine:
         if request.is_all_partitions:
             targets: Iterable[int] = range(n)
             if view.routes_keys and isinstance(query, KeyQuery):
-                key_bytes = _serialize_key(view, query.key)
-                owner = view.partitioner.partition(key_bytes, n)
-                result.add_result(
-                    owner, self._run_partition(view, record, owner, query, request, key_bytes)
-                )
+                owner = view.partitioner.partition(_serialize_key(view, query.key), n)
+                result.add_result(owner, self._run_partition(view, record, owner, query, request))
                 return result
             if view.routes_keys and isinstance(query, MultiKeyQuery):
                 for p, keys in _group_by_owner(view, query.keys).items():
@@ -272,10 +267,9 @@ class StateEngine:
         p: int,
         query: Any,
         request: StateQueryRequest,
-        key_bytes: bytes | None = None,
     ) -> QueryResult[Any]:
-        """Checks, then execution through the partition's layers. ``key_bytes``: a
-        routed KeyQuery whose key was already serialized (for routing), the hot path."""
+        """Checks, then execution through the partition's layers (every request the
+        key-lookup path, ``_look_up``, does not take)."""
         started = time.perf_counter_ns()
         entry, failure = self._prepare(view, record, p, query, request)
         if failure is not None:
@@ -283,12 +277,7 @@ class StateEngine:
         assert entry is not None
         trace = Trace(request.execution_info_enabled)
         try:
-            if key_bytes is not None:
-                layers = entry.layers
-                assert isinstance(layers, TypedKeyValueLayer)
-                value = layers.execute_key(key_bytes, query.is_skip_cache, trace)
-            else:
-                value = entry.layers.execute(query, trace)
+            value = entry.layers.execute(query, trace)
         except IqkitError as exc:
             return self._store_exception(view, p, entry.position, exc, trace)
         if trace.enabled:

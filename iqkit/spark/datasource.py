@@ -167,12 +167,6 @@ def register(spark: Any) -> None:
 
 
 # -- options and the store's shape ---------------------------------------------------------
-def _root_from_options(options: Any) -> str:
-    """The root the options name, as text (``_store_root_from_options``)."""
-    parsed = _store_root_from_options(options)
-    return parsed.url if parsed.local is None else parsed.text
-
-
 def _store_root_from_options(options: Any) -> StoreRoot:
     """The root the options name (``root``, or the load/save path), parsed once."""
     root = options.get("root")
@@ -232,7 +226,7 @@ class IqkitDataSource(DataSource):
     # each entry point keeps Spark's archive indexes (see iqkit.spark.workers).
     def schema(self) -> str:
         keep_spark_archive_indexes()
-        root = _root_from_options(self.options)
+        root = driver_root(_store_root_from_options(self.options))
         store = _store_from_options(self.options, root)
         manifest, _ = _read_manifest(root, store, _as_of_from_options(self.options))
         parse_read_options(self.options, manifest)  # bad read options fail at load()
@@ -250,7 +244,7 @@ class IqkitDataSource(DataSource):
         replaces the store's contents (see :mod:`iqkit.spark.datasource_write`)."""
         keep_spark_archive_indexes()
         where = _store_root_from_options(self.options)
-        store = _store_from_options(self.options, where.url if where.local is None else where.text)
+        store = _store_from_options(self.options, driver_root(where))
         return plan_write(self.options, where, store, schema, overwrite)
 
 
@@ -279,7 +273,7 @@ class IqkitReader(DataSourceReader):
     docstring."""
 
     def __init__(self, options: Any, schema: StructType) -> None:
-        self.root = _root_from_options(options)
+        self.root = driver_root(_store_root_from_options(options))
         self.store = _store_from_options(options, self.root)
         manifest, version = _read_manifest(self.root, self.store, _as_of_from_options(options))
         #: What the options narrow the read to (checked here, on the driver).

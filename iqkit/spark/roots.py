@@ -30,8 +30,8 @@ def driver_store_root(root: str | os.PathLike[str] | StoreRoot) -> StoreRoot:
     return dataclasses.replace(parsed, text=folder, local=Path(folder))
 
 
-def driver_root(root: str | os.PathLike[str]) -> str:
+def driver_root(root: str | os.PathLike[str] | StoreRoot) -> str:
     """``driver_store_root`` as text: the absolute local path, or an object-storage
-    root's canonical URL."""
-    parsed = driver_store_root(root)
+    root's canonical URL (a root already parsed so is not parsed again)."""
+    parsed = root if isinstance(root, StoreRoot) else driver_store_root(root)
     return parsed.url if parsed.local is None else parsed.text

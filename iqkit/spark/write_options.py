@@ -23,6 +23,7 @@ from ..store.format import StoreFormat
 from ..store.formats import format_for
 from ..store.manifest import StoreManifest
 from ..store.roots import StoreRoot
+from .roots import driver_root
 from .schema import KAFKA_COLUMNS, ColumnPlan, ensure_spark_store, plan_columns
 
 #: Options the writer understands (Spark lower-cases option names).
@@ -123,7 +124,7 @@ def plan_job(
 ) -> WriteJob:
     """Check everything that can be checked without the rows; return the job. ``where``:
     the root, parsed once by the data source (``spark/roots.driver_store_root``)."""
-    root = where.url if where.local is None else where.text
+    root = driver_root(where)
     unknown = sorted(k for k in options if k.lower() not in WRITE_OPTIONS)
     if unknown:
         raise ValueError(

@@ -63,6 +63,10 @@ class Trace:
         )
 
 
+#: The disabled trace of untraced lookups (inert: it records nothing).
+_UNTRACED = Trace(False)
+
+
 def _clock(trace: Trace) -> int:
     return time.perf_counter_ns() if trace.enabled else 0
 
@@ -358,19 +362,17 @@ class TypedKeyValueLayer(_TypedLayer):
             RawScanQuery: self._raw_scan,
         }
 
-    def execute_key(self, key_bytes: bytes, skip_cache: bool, trace: Trace) -> Any:
-        """A KeyQuery whose key the engine already serialized (to route it)."""
-        if skip_cache and not trace.enabled:
+    def execute_key(self, key_bytes: bytes, skip_cache: bool) -> Any:
+        """An untraced KeyQuery whose key the engine already serialized (to route it): the
+        engine's key-lookup path."""
+        key = keyspace.DATA_PREFIX + key_bytes
+        if skip_cache:
             # What the caching and RocksDB layers do here, without their two calls: a
             # skipped cache passes the key down and an untraced RocksDB layer only reads.
-            raw = self.inner.inner.partition.get(keyspace.DATA_PREFIX + key_bytes)
-            return None if raw is None else self.value_serde.deserialize(raw)
-        t0 = _clock(trace)
-        raw = self.inner.get(keyspace.DATA_PREFIX + key_bytes, trace, skip_cache)
-        value = None if raw is None else self.value_serde.deserialize(raw)
-        if trace.enabled:
-            trace.add(self.name, t0, f"KeyQuery with serdes {self._serdes}")
-        return value
+            raw = self.inner.inner.partition.get(key)
+        else:
+            raw = self.inner.get(key, _UNTRACED, False)
+        return None if raw is None else self.value_serde.deserialize(raw)
 
     def _key(self, query: KeyQuery, trace: Trace) -> Any:
         raw = self.inner.get(
