@@ -65,6 +65,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_sql.py
 	$(PY) bench/bench_object_store.py
 	$(PY) bench/bench_partitions.py
+	$(PY) bench/bench_explore.py
 
 # Every reliability probe's long variant; rewrites the table in RELIABILITY.md.
 reliability: $(STAMP)
