@@ -516,3 +516,28 @@ def test_cli_help_names_the_command(capsys):
     text = capsys.readouterr().out
     assert "usage: python -m iqkit migrate [-h] root [STORE ...]" in text
     assert "folder format" in text and "chain stores" in text
+
+
+def test_a_symlinked_partition_folder_is_refused_and_nothing_outside_is_read(folder_root):
+    # A link in a folder store could make the migration copy files from outside the
+    # store into its SSTs: refused in one line, as everywhere below a root.
+    version = folder_root / "totals" / "partitions" / "2" / "4"
+    outside = folder_root.parent / "outside"
+    shutil.move(version, outside)
+    version.symlink_to(outside, target_is_directory=True)
+    before = contents(folder_root)
+    with pytest.raises(StoreCorruptedError, match="is a symbolic link, which iqkit never follows"):
+        migrate_store(folder_root, "totals")
+    assert contents(folder_root) == before
+
+
+def test_a_symlinked_version_record_is_refused(folder_root):
+    record = next((folder_root / "totals" / "versions").glob("*.json"))
+    outside = folder_root.parent / "record.json"
+    shutil.copy(record, outside)
+    record.unlink()
+    record.symlink_to(outside)
+    before = contents(folder_root)
+    with pytest.raises(StoreCorruptedError, match="is a symbolic link"):
+        migrate_store(folder_root, "totals")
+    assert contents(folder_root) == before

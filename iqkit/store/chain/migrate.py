@@ -144,8 +144,19 @@ def _damaged(store: str, what: str) -> StoreCorruptedError:
     return StoreCorruptedError(f"store {store!r} was not migrated: {what}")
 
 
+def _no_link_below(store: str, folder: Path, path: Path) -> None:
+    """Refuse ``path`` when it, or a folder between it and the store's ``folder``, is a
+    symbolic link: the migration copies what it reads into the store, and a link could
+    make it copy files from outside (iqkit never follows one below a root)."""
+    while path != folder and path != path.parent:
+        if path.is_symlink():
+            raise _damaged(store, f"{path} is a symbolic link, which iqkit never follows")
+        path = path.parent
+
+
 def _read_text(store: str, path: Path) -> str | None:
     """``path``'s text, None when it is missing; unreadable or not UTF-8 is damage."""
+    _no_link_below(store, path.parent.parent, path)  # the store's files, one level down
     try:
         return path.read_bytes().decode("utf-8")
     except FileNotFoundError:
@@ -235,7 +246,11 @@ def _read_record(store: str, folder: Path, version: int, partitions: int) -> _Fo
     for p, m in record.partitions.items():
         if not 0 <= p < partitions or not 1 <= m <= version:
             raise _damaged(store, f"{path} is damaged: it lists partition {p} at version {m}")
-        if not rocks.database_exists(_partition_dir(folder, p, m)):
+        database = _partition_dir(folder, p, m)
+        _no_link_below(store, folder, database)
+        for entry in os.scandir(database) if database.is_dir() else ():
+            _no_link_below(store, folder, Path(entry.path))
+        if not rocks.database_exists(database):
             raise _damaged(
                 store, f"{_partition_dir(folder, p, m)} (named by {path.name}) holds no database"
             )
