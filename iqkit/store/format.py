@@ -259,12 +259,7 @@ class StoreFormat(ABC):
         return self._publisher(store)
 
     def open_job_commit(
-        self,
-        store: str,
-        *,
-        mode: str = "upsert",
-        who: str = "job",
-        lock_timeout: float = 60.0,
+        self, store: str, *, mode: str = "upsert", who: str = "job", lock_timeout: float = 60.0,
         create: StoreManifest | None = None,
     ) -> JobCommit:
         """A job commit on ``store`` (``create``: the manifest a store not there yet gets
@@ -300,13 +295,7 @@ class StoreFormat(ABC):
 
     @abstractmethod
     def _open_job_commit(
-        self,
-        store: str,
-        *,
-        mode: str,
-        who: str,
-        lock_timeout: float,
-        create: StoreManifest | None,
+        self, store: str, *, mode: str, who: str, lock_timeout: float, create: StoreManifest | None
     ) -> JobCommit: ...
 
     def __repr__(self) -> str:

@@ -88,13 +88,7 @@ class ChainFormat(StoreFormat):
         return ChainPublisher(self.objects, store)
 
     def _open_job_commit(
-        self,
-        store: str,
-        *,
-        mode: str,
-        who: str,
-        lock_timeout: float,
-        create: StoreManifest | None,
+        self, store: str, *, mode: str, who: str, lock_timeout: float, create: StoreManifest | None
     ) -> ChainJobCommit:
         return ChainJobCommit(
             self.objects, store, mode=mode, who=who, create=create, lock_timeout=lock_timeout
