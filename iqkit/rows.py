@@ -51,6 +51,7 @@ __all__ = [
     "RowSchema",
     "arrow_timestamp",
     "ddl_arrow_type",
+    "ddl_text",
     "ddl_names",
     "parse_ddl_columns",
     "parse_ddl_type",
