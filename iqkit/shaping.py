@@ -5,7 +5,9 @@ store scan (``collect`` and ``store_batches`` build rows the same way, here):
   ``partition`` (int32), the key (one column ``key``, or for tuple keys one column per
   element), for window stores ``window_start`` and ``window_end``
   (``timestamp[ms, tz=UTC]``), then the value: dict values (JSON records) become one
-  column per field in first-seen order, any other value is one column ``value``.
+  column per field in first-seen order, any other value is one column ``value``; a store
+  with a value schema (``RowSchema.value_arrow_schema``) has its declared columns, of
+  its declared types, whatever the rows hold.
 * Column types are inferred by Arrow from the Python values, with the serde's type when
   it has one (``int32`` keys stay int32, ``bytes`` become binary). A column Arrow cannot
   type (mixed types: ``1`` in one row, ``"a"`` in another; ints beyond 64 bits) becomes
@@ -43,6 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
+from .errors import IqkitError
 from .query import (
     KeyValue,
     KeyValueIterator,
@@ -50,7 +53,7 @@ from .query import (
     RawKeyQuery,
     RawScanQuery,
 )
-from .rows import KEY, PARTITION, VALUE, WINDOW_END, WINDOW_START, RowSchema, arrow_timestamp
+from .rows import PARTITION, VALUE, WINDOW_END, WINDOW_START, RowSchema, arrow_timestamp
 from .store.manifest import StoreManifest
 from .store.partitions.layers import ScanIterator
 
@@ -289,7 +292,12 @@ class _Shaper:
         self.value_hint = self.value_serde.arrow_type()
         #: Declared tuple keys: always one column per element, even for short keys.
         self.key_names = self.rows.tuple_key_columns
-        #: JSON records are decoded in bulk by ``_json_records``.
+        #: The one key column's name (``key``, or a typed store's written name).
+        self.key_column = self.rows.key_column
+        #: A typed store's value columns (member → column); empty: types are inferred.
+        self.value_names = self.rows.value_column_names()
+        #: JSON records are decoded in bulk by ``_json_records`` (a typed store's by
+        #: ``_typed_values``).
         self.records = self.value_serde.name == "json"
         #: Whether to take stored bytes: only key-value scans hand them over, and only
         #: values some bulk decoding applies to are worth it.
@@ -322,19 +330,22 @@ class _Shaper:
         """``columns`` of stored rows, decoded a column at a time by Arrow, or ``None``
         when that would not be exactly what the row path gives."""
         keys, values = _keys_and_values(segments)
-        records = self.records
+        records = self.records and not self.value_names
         fields = _json_records(values) if records else []
-        value = None if records else self.value_serde.decode_arrow(values)
-        if fields is None or (value is None and not records):
+        value = None if records or self.value_names else self.value_serde.decode_arrow(values)
+        if fields is None or (value is None and not records and not self.value_names):
             return None
         cols = {PARTITION: _Column(self._partitions(segments))}
         if self.key_hint is not None:
             key = self.key_serde.decode_arrow(keys, key_offset)
             if key is None:
                 return None
-            cols[KEY] = _Column(key)
+            cols[self.key_column] = _Column(key)
         else:  # ordered, json: the serde's own chunk decoder, then as the row path
             self._key_columns(self.key_serde.deserialize_many(keys, key_offset), cols)
+        if self.value_names:
+            self._typed_values(self.value_serde.deserialize_many(values), cols)
+            return cols
         if value is not None:  # as the row path: not renamed (it is not a record field)
             cols[VALUE] = _Column(value)
             return cols
@@ -383,7 +394,7 @@ class _Shaper:
     def _key_columns(self, keys: list[Any], cols: dict[str, _Column]) -> None:
         is_tuple = list(map(isinstance, keys, repeat(tuple)))
         if not self.key_names and not any(is_tuple):
-            cols[KEY] = _column(keys, self.key_hint)
+            cols[self.key_column] = _column(keys, self.key_hint)
             return
         if not all(is_tuple):
             keys = self.rows.key_parts(keys)  # a bare key is the 1-tuple (k,)
@@ -396,7 +407,20 @@ class _Shaper:
                 element = [k[i] if len(k) > i else None for k in keys]
             cols[self.rows.key_element_column(i)] = _column(element, None)
 
+    def _typed_values(self, values: list[Any], cols: dict[str, _Column]) -> None:
+        """A typed store's value columns, of its declared types (``RowSchema``); a value
+        that does not fit them raises ``IqkitError`` naming the store and column."""
+        try:
+            arrays = self.rows.value_arrow_arrays(values)
+        except ValueError as exc:
+            raise IqkitError(str(exc)) from None
+        for member, array in zip(self.value_names, arrays, strict=True):
+            cols[self.value_names[member]] = _Column(array)
+
     def _value_columns(self, values: list[Any], cols: dict[str, _Column]) -> None:
+        if self.value_names:
+            self._typed_values(values, cols)
+            return
         if not values or not all(map(isinstance, values, repeat(dict))):
             cols[VALUE] = _column(values, self.value_hint)
             return

@@ -24,7 +24,10 @@ Options
                    that is not retained fails at planning, naming the retained ones).
 ``value_schema``   a DDL string (``"customer string, total bigint"``) for ``json`` values:
                    each JSON object is decoded into these top-level columns instead of one
-                   ``value`` column.
+                   ``value`` column. By default the store's own (its manifest's
+                   ``properties["value_schema"]``, which the Spark writers record for a
+                   record of columns); ``""`` reads the whole value as one ``value``
+                   column of JSON text.
 ``partitions``, ``key``, ``keys``, ``prefix``, ``key_from``, ``key_to``, ``time_from``,
 ``time_to``        narrow the read to what an IQv2 query would return; a key lookup reads
                    only the partition that owns the key (:mod:`iqkit.spark.read_spec`).
@@ -78,6 +81,10 @@ timestamp, window_end timestamp``, then the value column(s): the row schema of
 :mod:`iqkit.rows`, which Arrow tables and SQL share; rows are built by
 :mod:`iqkit.spark.read_rows`.
 
+* A store with a value schema (one a Spark writer made from a record of columns) reads
+  back typed: the key column under its written name, each value column with its own
+  name and Spark type (a member named like ``partition`` or a window column becomes
+  ``value.<name>``, as in Arrow tables).
 * Scalar serdes map to Spark types: ``string`` → string, ``int32`` → int, ``int64`` →
   bigint, ``double`` → double, ``bytes`` → binary; ``json`` → string holding the compact
   JSON text (as iqkit's json serde writes it).
@@ -206,6 +213,12 @@ def _as_of_from_options(options: Any) -> int | None:
     return version
 
 
+def _value_schema_option(options: Any) -> str | None:
+    """The ``value_schema`` option as given (``None``: absent, the manifest's is used)."""
+    text = options.get("value_schema")
+    return None if text is None else str(text)
+
+
 def _read_manifest(root: str, store: str, as_of: int | None) -> tuple[StoreManifest, int | None]:
     """The store's manifest and the version to read (checked: an unknown store raises
     ``UnknownStoreError`` with a did-you-mean hint, an unretained ``as_of`` a
@@ -230,10 +243,8 @@ class IqkitDataSource(DataSource):
         store = _store_from_options(self.options, root)
         manifest, _ = _read_manifest(root, store, _as_of_from_options(self.options))
         parse_read_options(self.options, manifest)  # bad read options fail at load()
-        value_schema = self.options.get("value_schema")
-        if value_schema is not None and not str(value_schema).strip():
-            value_schema = None
-        return RowSchema(manifest).spark_ddl(value_schema)
+        rows = RowSchema(manifest)
+        return rows.spark_ddl(rows.spark_value_schema(_value_schema_option(self.options)))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         keep_spark_archive_indexes()
@@ -283,9 +294,9 @@ class IqkitReader(DataSourceReader):
         self.version = version
         self.trace_dir = options.get("_trace_dir") or None
         #: How records become rows of ``schema`` (checked here too).
-        self.rows = SparkRows(
-            RowSchema(manifest), schema, value_schema=options.get("value_schema") not in (None, "")
-        )
+        rows = RowSchema(manifest)
+        value_schema = rows.spark_value_schema(_value_schema_option(options))
+        self.rows = SparkRows(rows, schema, value_schema=value_schema is not None)
 
     # -- planning --------------------------------------------------------------------------
     def partitions(self) -> list[InputPartition]:

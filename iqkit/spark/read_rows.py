@@ -44,7 +44,7 @@ from pyspark.sql.types import (
 )
 
 from iqkit.errors import IqkitError
-from iqkit.rows import KEY, RowSchema
+from iqkit.rows import RowSchema
 
 __all__ = ["SparkRows", "coerce", "json_text"]
 
@@ -67,7 +67,7 @@ class SparkRows:
             self.key_names = [n for n, _ in declared]
         else:
             self.key_mode = "json" if rows.key_serde.json_text else "value"
-            self.key_names = [KEY]
+            self.key_names = [rows.key_column]
         fixed = rows.fixed_columns(self.key_names)
         if len(set(fixed)) != len(fixed):
             raise ValueError(

@@ -25,6 +25,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ..errors import StoreExistsError
+from ..rows import ddl_text, parse_ddl_columns, quote_ddl
 from ..store.encoding.serdes import all_serdes
 from ..store.format import StoreFormat
 from ..store.kinds import StoreKind
@@ -59,6 +61,9 @@ class ColumnPlan:
     #: The columns written as JSON text (the record's, or a ``json`` value column) whose
     #: type holds floating-point numbers: checked for NaN and infinities.
     float_json_columns: tuple[str, ...] = ()
+    #: The record's columns with their Spark types (DDL), recorded as the store's value
+    #: schema (``properties["value_schema"]``, read back by :mod:`iqkit.rows`).
+    value_schema: str | None = None
 
     @property
     def composite_key(self) -> bool:
@@ -156,6 +161,11 @@ def plan_columns(
         float_json_columns=tuple(
             c for c in json_columns if _holds_floats(_field(df, c, store, "value").dataType)
         ),
+        value_schema=", ".join(
+            f"{quote_ddl(c)} {_field(df, c, store, 'value').dataType.simpleString()}"
+            for c in record
+        )
+        or None,
     )
 
 
@@ -281,10 +291,39 @@ def ensure_spark_store(
             "key_types": list(key_types),
             "value_column": plan.value_column,
             "record_columns": list(plan.record_columns),
+            **({"value_schema": plan.value_schema} if plan.value_schema else {}),
             "written_by": written_by,
         },
     )
-    return fmt.ensure_store(wanted, settings=settings, asked="the DataFrame needs")
+    got = fmt.ensure_store(wanted, settings=settings, asked="the DataFrame needs")
+    _check_value_schema(got, plan)
+    return got
+
+
+def _check_value_schema(existing: StoreManifest, plan: ColumnPlan) -> None:
+    """A store with a value schema takes only DataFrames whose record has the same
+    columns and types (in any order): its manifest never changes, so a column it does not
+    declare could not be read back typed, and one of another type would not fit."""
+    declared = existing.properties.get("value_schema")
+    if not declared or existing.value_serde != "json":
+        return  # a store without a schema (made before, or by Python) stays as it is
+    have = dict(parse_ddl_columns(str(declared)))
+    want = dict(parse_ddl_columns(plan.value_schema)) if plan.value_schema else {}
+    if have != want:
+        diffs = [
+            f"{n} {_ddl(want[n])} (store: {_ddl(have.get(n))})"
+            for n in want
+            if want[n] != have.get(n)
+        ]
+        diffs += [f"no {n}" for n in have if n not in want]
+        raise StoreExistsError(
+            f"store {existing.name!r} exists with value schema {declared!r}; the DataFrame's "
+            f"record differs: {', '.join(diffs) or 'a single value column'}"
+        )
+
+
+def _ddl(t: tuple | None) -> str:
+    return "absent" if t is None else ddl_text(t)
 
 
 def one_window_size(store: str, column: str | None, lo: int | None, hi: int | None) -> int:
