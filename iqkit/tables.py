@@ -41,6 +41,7 @@ from .store.columnar.shaping import (  # the chunk shaper's parts both readers b
     _Segments,
     _Shaper,
     _Stored,
+    _unified_type,
     bulk_decode,
 )
 from .store.manifest import StoreManifest
@@ -459,22 +460,39 @@ def _twin_batches(
         raise
 
     def batches() -> Iterator[pa.RecordBatch]:
+        # Batches of exactly ``batch_size`` rows (fewer at the end), as the row path
+        # cuts them: pieces of tables, across partitions, put together.
+        pieces: list[pa.RecordBatch] = []
+        filled = 0
         try:
             for p, tables in twins:
                 assert tables is not None
                 table = firsts.pop(p, None)
                 while table is not None:
-                    for offset in range(0, table.num_rows, batch_size):
-                        piece = shaper.twin_columns(p, table.slice(offset, batch_size))
-                        yield conformer.batch(piece, [p])
+                    offset = 0
+                    while offset < table.num_rows:
+                        take = min(batch_size - filled, table.num_rows - offset)
+                        piece = shaper.twin_columns(p, table.slice(offset, take))
+                        pieces.append(conformer.batch(piece, [p]))
+                        offset += take
+                        filled += take
+                        if filled == batch_size:
+                            yield _one_batch(pieces)
+                            pieces, filled = [], 0
                     table = _next_table(store, p, tables)
                 if getattr(engine, "is_closed", False):
                     raise IqkitError(f"store {store!r}: the engine was closed during the scan")
+            if pieces:
+                yield _one_batch(pieces)
         finally:
             for it in iterators:
                 it.close()
 
     return pa.RecordBatchReader.from_batches(conformer.schema, batches())
+
+
+def _one_batch(pieces: list[pa.RecordBatch]) -> pa.RecordBatch:
+    return pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
 
 
 def _next_table(store: str, p: int, tables: Iterator[pa.Table]) -> pa.Table | None:
@@ -490,6 +508,10 @@ def _infer_columns(store: str, chunks: list[dict[str, _Column]], rows: int) -> _
     """The stream's schema from columns already shaped (twin tables): as ``_infer``."""
     table = _assemble(chunks)
     json_cols = {n for c in chunks for n, col in c.items() if col.json}
+    for name in table.column_names:  # no type fits every chunk: JSON text (``_assemble``)
+        types = [c[name].array.type for c in chunks if name in c]
+        if name not in json_cols and _unified_type(name, types) is None:
+            json_cols.add(name)
     cols = {
         n: _Column(table.column(n).combine_chunks(), json=n in json_cols)
         for n in table.column_names

@@ -38,6 +38,7 @@ from typing import Any
 
 from ...errors import IqkitError, StoreCorruptedError, StoreIOError, StoreNotFoundError
 from ..cache import STALE_TMP_SECONDS, CacheStats, FileCache, PinnedFile, counted, is_disk_full
+from ..manifest import StoreManifest
 from ..names import CACHE_BUILDING_PREFIX, CACHE_DBS_DIR, CHAIN_SST_DIR
 from ..objects import NotPlainFileError, ObjectStore, check_key, link_plain_file
 from ..partitions import rocks
@@ -374,14 +375,17 @@ def plan_twin_scan(
     cache: FileCache,
     objects: ObjectStore,
     chain: PartitionChain,
+    manifest: StoreManifest,
     lower: bytes,
     upper: bytes | None,
     reverse: bool,
 ) -> Any:
     """A ``TwinScan`` of ``chain``'s columnar twins (every file has one) for
     ``[lower, upper)``: read in place on a local root, else from the cache (fetched if
-    missing, pinned until the scan is gone). No database is opened or built."""
+    missing, pinned until the scan is gone). No database is opened or built. None when
+    the twins were written for another layout than ``manifest``'s."""
     from ..columnar.scan import TwinScan  # pyarrow: imported once twins are read
+    from ..columnar.twins import layout_of
 
     keys = [f.twin_name for f in chain.files]
     local = [objects.local_file(k) for k in keys if k is not None]
@@ -400,11 +404,17 @@ def plan_twin_scan(
         paths = [os.fspath(p.path) for p in pins]
     names = [place_on_root(objects, k) for k in keys if k is not None]
     try:
-        scan = TwinScan(paths, lower, upper, reverse=reverse, names=names)
+        scan = TwinScan(
+            paths, lower, upper, reverse=reverse, names=names, layout=layout_of(manifest)
+        )
     except BaseException:
         for pin in pins:
             pin.release()
         raise
+    if scan.stale:
+        for pin in pins:
+            pin.release()
+        return None
     for pin in pins:  # released when the scan is gone (its rows read, or dropped)
         weakref.finalize(scan, pin.release)
     return scan

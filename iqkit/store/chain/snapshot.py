@@ -534,11 +534,11 @@ class ChainSnapshot:
             entry.fetched = KNOWN_EMPTY
             self._open[key] = entry
             return entry
-        cache, objects = self.cache, self.objects
+        cache, objects, manifest = self.cache, self.objects, self.manifest
         twins = None
         if chain.twinned:
             def twins(lower: bytes, upper: bytes | None, reverse: bool) -> Any:
-                return plan_twin_scan(cache, objects, chain, lower, upper, reverse)
+                return plan_twin_scan(cache, objects, chain, manifest, lower, upper, reverse)
 
         handle = ReopenablePartition(
             lambda: open_partition(cache, objects, self.name, p, chain),

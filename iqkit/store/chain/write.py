@@ -265,12 +265,13 @@ def commit_partition(
                 assert manifest is not None
                 from ..columnar import twins  # pyarrow: imported by writers only
 
-                twins.write_twin_of_rows(twin, manifest, rows)
+                if not twins.try_write(twins.write_twin_of_rows, twin, manifest, rows):
+                    twin = None
         del rows
         key = sst_key(store, partition, version)
         objects.put_immutable(key, upload)
         twin_size = None
-        if twin is not None:
+        if twin is not None and twin.exists():
             objects.put_immutable(twin_key(key), twin)
             twin_size = twin.stat().st_size
         new = ChainFile(key, upload.stat().st_size, twin_size)
@@ -307,11 +308,15 @@ def _compact(
                 rocks.write_sst(base, rocks.scan(db, b"", None))
                 keys = [f.twin_name for f in files]
                 with cache.sources(objects, [k for k in keys if k]) as twin_paths:
-                    twins.write_merged_twin(twin, manifest, twin_paths, delta_rows)
+                    made = twins.try_write(
+                        twins.write_merged_twin, twin, manifest, twin_paths, delta_rows
+                    )
             else:  # an earlier iqkit's files: the twin from the base's rows
                 rows = list(rocks.scan(db, b"", None))
                 rocks.write_sst(base, iter(rows))
-                twins.write_twin_of_rows(twin, manifest, rows)
+                made = twins.try_write(twins.write_twin_of_rows, twin, manifest, rows)
+            if not made:
+                twin.unlink(missing_ok=True)
     finally:
         rocks.close_quietly(db)
         with contextlib.suppress(OSError):

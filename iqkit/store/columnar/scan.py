@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from ...errors import StoreCorruptedError
 from .shaping import _assemble, _Column
-from .twins import DELETED, JSON_TEXT, KEY_BYTES
+from .twins import DELETED, JSON_TEXT, KEY_BYTES, LAYOUT
 
 __all__ = ["TwinScan"]
 
@@ -70,8 +70,12 @@ class TwinScan:
         reverse: bool = False,
         columns: Sequence[str] | None = None,
         names: Sequence[str] | None = None,
+        layout: bytes | None = None,
     ) -> None:
         self.lower, self.upper, self.reverse = lower, upper, reverse
+        #: Whether a file was written for another layout than ``layout`` (the store's
+        #: manifest was changed since): the caller then does not read the twins.
+        self.stale = False
         self.files: list[_File] = []
         self.groups_total = 0
         self._names = list(names) if names is not None else [os.fspath(p) for p in paths]
@@ -82,6 +86,9 @@ class TwinScan:
                 leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
                 if KEY_BYTES not in leaves or DELETED not in leaves:
                     raise ValueError(f"no {KEY_BYTES} or {DELETED} column")
+                recorded = (parquet.schema_arrow.metadata or {}).get(LAYOUT)
+                if layout is not None and recorded != layout:
+                    self.stale = True
                 key_index = leaves.index(KEY_BYTES)
             groups = []
             for g in range(meta.num_row_groups):

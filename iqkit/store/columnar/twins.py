@@ -28,6 +28,7 @@ read (never by ``import iqkit``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -47,11 +48,14 @@ __all__ = [
     "HIDDEN",
     "JSON_TEXT",
     "KEY_BYTES",
+    "LAYOUT",
     "ROW_GROUP_ROWS",
     "TWIN_SUFFIX",
     "VALUE_BYTES",
     "keeps_value_bytes",
+    "layout_of",
     "twin_key",
+    "try_write",
     "twin_table",
     "write_twin",
 ]
@@ -63,9 +67,26 @@ VALUE_BYTES = "__value"
 HIDDEN = (KEY_BYTES, DELETED, VALUE_BYTES)
 #: Field metadata marking a column of JSON text (values without one Arrow type).
 JSON_TEXT = b"iqkit.json_text"
+#: Schema metadata: the layout the twin was written for (``layout_of``).
+LAYOUT = b"iqkit.layout"
 #: Rows per row group: small enough that a 1% prefix scan of a 1M-row store skips most of
 #: a file by statistics, big enough that a full scan is not dominated by per-group work.
 ROW_GROUP_ROWS = 16_384
+
+
+def layout_of(manifest: StoreManifest) -> bytes:
+    """What a twin's columns depend on: the serdes and the manifest's properties (key
+    column names, value schema). A twin whose recorded layout differs from its store's
+    manifest (only a manifest edited by hand can make one) is not read: scans of its
+    partition read RocksDB."""
+    import json
+
+    facts = {
+        "key_serde": manifest.key_serde,
+        "value_serde": manifest.value_serde,
+        "properties": manifest.properties,
+    }
+    return json.dumps(facts, sort_keys=True, default=str).encode()
 
 
 def keeps_value_bytes(manifest: StoreManifest) -> bool:
@@ -115,7 +136,7 @@ def twin_table(manifest: StoreManifest, rows: Sequence[tuple[bytes, bytes | None
         arrays.append(column.array)
         metadata = {JSON_TEXT: b"1"} if column.json else None
         fields.append(pa.field(name, column.array.type, metadata=metadata))
-    schema = pa.schema(fields)
+    schema = pa.schema(fields, metadata={LAYOUT: layout_of(manifest)})
     table = pa.Table.from_arrays(arrays, schema=schema)
     if dead:
         tombstones = pa.Table.from_arrays(
@@ -200,3 +221,17 @@ def stored_rows(table: pa.Table, value_serde: Any) -> list[tuple[bytes, bytes]]:
 def row_columns(table: pa.Table) -> list[str]:
     """The row layout's columns of a twin table (its own columns left out)."""
     return [n for n in table.column_names if n not in HIDDEN]
+
+
+def try_write(write: Any, path: str | os.PathLike[str], *args: Any) -> bool:
+    """``write(path, *args)``, or False when the rows have no twin: values a scan could
+    not decode, or columns Parquet cannot hold (a record field that is an empty object).
+    Such an SST is published without a twin and its partition's scans read RocksDB; a
+    commit never fails for want of a twin."""
+    try:
+        write(path, *args)
+    except (pa.ArrowException, ValueError, TypeError, OverflowError, RecursionError):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return False
+    return True

@@ -17,6 +17,7 @@ Without execution info the layers do no timing and build no strings.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -72,6 +73,25 @@ def _clock(trace: Trace) -> int:
 
 
 # -- bytes layers --------------------------------------------------------------------------
+#: Whether scans read columnar twins where a partition has them; set only through
+#: ``twin_scans``.
+_TWIN_SCANS = True
+
+
+@contextlib.contextmanager
+def twin_scans(enabled: bool) -> Iterator[None]:
+    """Within the block, key-value scans read the partitions' columnar twins where they
+    have them (``True``, the default) or RocksDB always (``False``): tests and
+    benchmarks compare the two. Process-wide, like ``shaping.bulk_decode``; restored
+    when the block ends, however it ends."""
+    global _TWIN_SCANS
+    old, _TWIN_SCANS = _TWIN_SCANS, enabled
+    try:
+        yield
+    finally:
+        _TWIN_SCANS = old
+
+
 class RocksDBLayer:
     """The bottom layer: reads the partition's published RocksDB version."""
 
@@ -123,7 +143,7 @@ class RocksDBLayer:
         ``TwinScan``) for ``[lower, upper)``, or None when it has none (then scans read
         RocksDB). Planning reads the twins' footers, never the database."""
         plan = getattr(self.partition, "twin_scan", None)
-        if plan is None:
+        if plan is None or not _TWIN_SCANS:
             return None
         t0 = _clock(trace)
         scan = plan(lower, upper, reverse)
@@ -355,7 +375,18 @@ class ScanIterator(KeyValueIterator[Any, Any]):
         ``convert`` exactly as RocksDB's would be, or, through ``take_twin``, the typed
         tables themselves."""
         tables = scan.batches()
-        it = cls.over(map(stored, tables), convert, key_offset)
+
+        def chunks() -> Iterator[list[tuple[bytes, bytes]]]:
+            yield from map(stored, tables)
+
+        rows = chunks()
+
+        def close() -> None:  # a generator not started ignores close(): close both
+            rows.close()
+            tables.close()
+
+        it = cls.over(rows, convert, key_offset)
+        it._on_close = close
         it.twin = tables
         return it
 
