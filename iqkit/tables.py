@@ -3,7 +3,8 @@
 ``collect`` turns one ``StateQueryResult`` into a ``pa.Table`` (closing every iterator it
 holds); ``store_batches`` streams a full scan of a store as a ``pa.RecordBatchReader``
 for DuckDB. Both pull rows a chunk at a time and leave turning them into columns to
-:mod:`iqkit.shaping` (the row schema, type inference, the JSON-text fallback and the bulk
+:mod:`iqkit.store.columnar.shaping` (the row schema, type inference, the JSON-text
+fallback and the bulk
 decoding of stored bytes are described there), so a result and a scan of the same rows
 give the same table.
 """
@@ -30,8 +31,7 @@ from .query import (
     StateQueryRequest,
     StateQueryResult,
 )
-from .rows import PARTITION
-from .shaping import (  # the chunk shaper's parts both readers below drive
+from .store.columnar.shaping import (  # the chunk shaper's parts both readers below drive
     _ARROW_ERRORS,
     _as_json,
     _assemble,
@@ -41,9 +41,11 @@ from .shaping import (  # the chunk shaper's parts both readers below drive
     _Segments,
     _Shaper,
     _Stored,
+    _unified_type,
     bulk_decode,
 )
 from .store.manifest import StoreManifest
+from .store.rows import PARTITION
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -178,6 +180,13 @@ def collect(
                     rows_per[p] = len(rows)
                     total += len(rows)
                     continue
+                twin = shaper.twin_take(value)
+                if twin is not None:
+                    total, left = _collect_twin(
+                        shaper, p, twin, chunks, limit, total, rows_per, read_ns, progress
+                    )
+                    truncated = truncated or left
+                    continue
                 it, how = shaper.rows_of(value)
                 buffer: list[Any] = []
                 while True:
@@ -212,6 +221,47 @@ def collect(
         for it in iterators:
             it.close()
     return Collected(table, rows_per, read_ns, truncated)
+
+
+def _collect_twin(
+    shaper: _Shaper,
+    p: int,
+    tables: Iterator[pa.Table],
+    chunks: list[dict[str, _Column]],
+    limit: int | None,
+    total: int,
+    rows_per: dict[int, int],
+    read_ns: dict[int, int],
+    progress: Callable[[int], None] | None,
+) -> tuple[int, bool]:
+    """``collect`` of one partition read from columnar twins: its tables as chunks, up
+    to ``limit`` rows in all. Returns the new total and whether rows were left."""
+    while True:
+        t0 = time.perf_counter_ns()
+        try:
+            table = next(tables, None)
+        except IqkitError as exc:
+            raise _in_context(
+                exc, f"store {shaper.store!r} partition {p}: reading rows failed: {exc}"
+            ) from exc
+        read_ns[p] += time.perf_counter_ns() - t0
+        if table is None:
+            return total, False
+        if limit is not None and total + table.num_rows > limit:
+            table = table.slice(0, limit - total)
+            left = True
+        else:
+            left = False
+        if table.num_rows:
+            chunks.append(shaper.twin_columns(p, table))
+            total += table.num_rows
+            rows_per[p] += table.num_rows
+            if progress is not None:
+                progress(total)
+        if left:
+            return total, True
+        if limit is not None and total >= limit:
+            return total, next(tables, None) is not None
 
 
 # -- store_batches -------------------------------------------------------------------------
@@ -337,6 +387,9 @@ def store_batches(
             it.close()
         raise
     shaper = _Shaper(manifest, query)
+    if iterators and all(shaper.twin_ready(v) for _, v in iterators):
+        twins = [(p, shaper.twin_take(v)) for p, v in iterators]
+        return _twin_batches(engine, shaper, twins, [v for _, v in iterators], batch_size, schema)
     sources: list[tuple[int, Iterator[Any], _Stored | None]] = []
     try:
         with _gc_paused():
@@ -376,6 +429,96 @@ def store_batches(
     return pa.RecordBatchReader.from_batches(conformer.schema, batches())
 
 
+def _twin_batches(
+    engine: Any,
+    shaper: _Shaper,
+    twins: list[tuple[int, Iterator[pa.Table] | None]],
+    iterators: list[KeyValueIterator[Any, Any]],
+    batch_size: int,
+    schema: pa.Schema | None,
+) -> pa.RecordBatchReader:
+    """``store_batches`` of partitions read from columnar twins: the schema from each
+    partition's first table (a whole twin file's columns, not a sample of rows), the
+    batches its tables cut to ``batch_size``."""
+    store = shaper.store
+    firsts: dict[int, pa.Table] = {}
+    try:
+        for p, tables in twins:
+            assert tables is not None
+            first = _next_table(store, p, tables)
+            if first is not None:
+                firsts[p] = first
+        if schema is None:
+            samples = [shaper.twin_columns(p, t) for p, t in firsts.items()]
+            rows = sum(t.num_rows for t in firsts.values())
+            conformer = _infer_columns(store, samples or [shaper.empty_columns()], rows)
+        else:
+            conformer = _Conformer(store, schema, set(), set(), "the given schema")
+    except BaseException:
+        for it in iterators:
+            it.close()
+        raise
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        # Batches of exactly ``batch_size`` rows (fewer at the end), as the row path
+        # cuts them: pieces of tables, across partitions, put together.
+        pieces: list[pa.RecordBatch] = []
+        filled = 0
+        try:
+            for p, tables in twins:
+                assert tables is not None
+                table = firsts.pop(p, None)
+                while table is not None:
+                    offset = 0
+                    while offset < table.num_rows:
+                        take = min(batch_size - filled, table.num_rows - offset)
+                        piece = shaper.twin_columns(p, table.slice(offset, take))
+                        pieces.append(conformer.batch(piece, [p]))
+                        offset += take
+                        filled += take
+                        if filled == batch_size:
+                            yield _one_batch(pieces)
+                            pieces, filled = [], 0
+                    table = _next_table(store, p, tables)
+                if getattr(engine, "is_closed", False):
+                    raise IqkitError(f"store {store!r}: the engine was closed during the scan")
+            if pieces:
+                yield _one_batch(pieces)
+        finally:
+            for it in iterators:
+                it.close()
+
+    return pa.RecordBatchReader.from_batches(conformer.schema, batches())
+
+
+def _one_batch(pieces: list[pa.RecordBatch]) -> pa.RecordBatch:
+    return pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
+
+
+def _next_table(store: str, p: int, tables: Iterator[pa.Table]) -> pa.Table | None:
+    try:
+        return next(tables, None)
+    except IqkitError as exc:
+        raise _in_context(
+            exc, f"store {store!r} partition {p}: reading rows failed: {exc}"
+        ) from exc
+
+
+def _infer_columns(store: str, chunks: list[dict[str, _Column]], rows: int) -> _Conformer:
+    """The stream's schema from columns already shaped (twin tables): as ``_infer``."""
+    table = _assemble(chunks)
+    json_cols = {n for c in chunks for n, col in c.items() if col.json}
+    for name in table.column_names:  # no type fits every chunk: JSON text (``_assemble``)
+        types = [c[name].array.type for c in chunks if name in c]
+        if name not in json_cols and _unified_type(name, types) is None:
+            json_cols.add(name)
+    cols = {
+        n: _Column(table.column(n).combine_chunks(), json=n in json_cols)
+        for n in table.column_names
+    }
+    return _conformer_of(store, cols, rows)
+
+
 def _read(store: str, p: int, it: Iterator[Any], n: int) -> list[Any]:
     """Up to ``n`` rows of partition ``p``; a read error names the store and partition."""
     try:
@@ -389,13 +532,18 @@ def _read(store: str, p: int, it: Iterator[Any], n: int) -> list[Any]:
 def _infer(store: str, shaper: _Shaper, sample: _Segments) -> _Conformer:
     """The stream's schema, from the sampled rows (or the serdes when there are none)."""
     cols = shaper.shape(sample) if sample else shaper.empty_columns()
+    return _conformer_of(store, cols, sum(len(r) for _, r, _ in sample))
+
+
+def _conformer_of(store: str, cols: dict[str, _Column], rows: int) -> _Conformer:
+    """A stream's conformer whose schema is that of ``cols`` (shaped from ``rows`` rows):
+    JSON-text columns stay text, columns seen only as nulls are loose text."""
     json_cols = {n for n, c in cols.items() if c.json}
     # Only nulls seen: no type to infer, so text (later strings as is, others JSON).
     loose = {n for n, c in cols.items() if pa.types.is_null(c.array.type)}
     schema = pa.schema(
         [pa.field(n, pa.string() if n in loose else c.array.type) for n, c in cols.items()]
     )
-    rows = sum(len(r) for _, r, _ in sample)
     origin = f"the schema inferred from a sample of {rows} rows"
     return _Conformer(store, schema, json_cols, loose, origin)
 

@@ -28,12 +28,10 @@ LAYERS: dict[str, set[str]] = {
     "query": {"errors"},
     "store": {"errors", "query"},
     "engine": {"errors", "query", "store"},
-    "rows": {"errors", "query", "store"},
-    "shaping": {"errors", "query", "store", "rows"},
-    "tables": {"errors", "query", "store", "rows", "shaping"},
-    "sqlsession": {"errors", "query", "store", "engine", "rows", "shaping", "tables"},
-    "spark": {"errors", "query", "store", "rows"},
-    "jupyter": {"errors", "query", "store", "engine", "rows", "shaping", "tables", "sqlsession"},
+    "tables": {"errors", "query", "store"},
+    "sqlsession": {"errors", "query", "store", "engine", "tables"},
+    "spark": {"errors", "query", "store"},
+    "jupyter": {"errors", "query", "store", "engine", "tables", "sqlsession"},
 }
 TOP = {"__init__", "__main__", "demo"}
 

@@ -1,4 +1,4 @@
-"""The row schema (``iqkit.rows``, issue 12 item 1): one layout of a store's rows for
+"""The row schema (``iqkit.store.rows``, issue 12 item 1): one layout of a store's rows for
 Arrow tables (``%iq``, the panel, SQL) and the Spark reader."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from helpers import store_manifest as manifest
 from helpers import write_store
 
 import iqkit
-from iqkit.rows import RowSchema, ddl_names, split_ddl_list
+from iqkit.store.rows import RowSchema, ddl_names, split_ddl_list
 from iqkit.tables import store_batches
 
 

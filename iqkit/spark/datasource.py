@@ -78,7 +78,7 @@ Schema rules
 ------------
 ``partition int`` first, then the key column(s), for window stores ``window_start
 timestamp, window_end timestamp``, then the value column(s): the row schema of
-:mod:`iqkit.rows`, which Arrow tables and SQL share; rows are built by
+:mod:`iqkit.store.rows`, which Arrow tables and SQL share; rows are built by
 :mod:`iqkit.spark.read_rows`.
 
 * A store with a value schema (one a Spark writer made from a record of columns) reads
@@ -145,9 +145,9 @@ from iqkit.query import (
     Query,
     StateQueryRequest,
 )
-from iqkit.rows import RowSchema
 from iqkit.store.manifest import StoreManifest
 from iqkit.store.roots import StoreRoot
+from iqkit.store.rows import RowSchema
 
 from .datasource_write import plan_write
 from .read_rows import SparkRows
@@ -278,7 +278,7 @@ class IqkitReader(DataSourceReader):
     Three jobs, three homes: what to read is planned here from the options
     (:mod:`iqkit.spark.read_spec`: which partitions, which IQv2 queries), a partition is
     read by ``_read_partition`` in its task, and records become rows of the schema as
-    :class:`iqkit.spark.read_rows.SparkRows` says (the layout is :mod:`iqkit.rows`').
+    :class:`iqkit.spark.read_rows.SparkRows` says (the layout is :mod:`iqkit.store.rows`').
 
     Deliberately no ``pushFilters``: see "Narrowing is by options" in the module
     docstring."""

@@ -2,7 +2,7 @@
 DataFrame's schema.
 
 The layout (which columns, in which order, of which types) is the row schema's
-(:mod:`iqkit.rows`), shared with Arrow tables and SQL; this module only makes Spark
+(:mod:`iqkit.store.rows`), shared with Arrow tables and SQL; this module only makes Spark
 values of a record ``(key, window, value)`` for the columns a schema asks for (the
 reader's own, or a user-given ``spark.read.schema(...)``): key elements and
 ``value_schema`` members coerced to the declared Spark types (PERMISSIVE, like
@@ -44,7 +44,7 @@ from pyspark.sql.types import (
 )
 
 from iqkit.errors import IqkitError
-from iqkit.rows import RowSchema
+from iqkit.store.rows import RowSchema
 
 __all__ = ["SparkRows", "coerce", "json_text"]
 

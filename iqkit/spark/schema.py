@@ -26,11 +26,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..errors import StoreExistsError
-from ..rows import ddl_text, parse_ddl_columns, quote_ddl
 from ..store.encoding.serdes import all_serdes
 from ..store.format import StoreFormat
 from ..store.kinds import StoreKind
 from ..store.manifest import STORE_SETTINGS, StoreManifest
+from ..store.rows import ddl_text, parse_ddl_columns, quote_ddl
 
 #: The serde a single key or value column gets when none is named, by the column's
 #: Spark type name (``DataType.typeName()``); the serdes say which types are theirs.
@@ -62,7 +62,7 @@ class ColumnPlan:
     #: type holds floating-point numbers: checked for NaN and infinities.
     float_json_columns: tuple[str, ...] = ()
     #: The record's columns with their Spark types (DDL), recorded as the store's value
-    #: schema (``properties["value_schema"]``, read back by :mod:`iqkit.rows`).
+    #: schema (``properties["value_schema"]``, read back by :mod:`iqkit.store.rows`).
     value_schema: str | None = None
 
     @property

@@ -72,6 +72,12 @@ class StoreKind(StrEnum):
         return self is StoreKind.WINDOW
 
     @property
+    def has_twins(self) -> bool:
+        """Whether commits to stores of this kind write columnar twins of their SSTs
+        (store/columnar/twins.py): key-value stores; window stores not yet."""
+        return not self.windowed
+
+    @property
     def label(self) -> str:
         """What users call a store of this kind ("key-value store", "window store")."""
         return _TRAITS[self].label

@@ -63,6 +63,16 @@ CHAIN_RECORD_DIGITS = 12
 #: Immutable SST files: ``sst/<p>/<version>-<milliseconds>-<random>.sst``; the writer's
 #: clock in the name lets retention judge an object's age without a request per object.
 CHAIN_SST_DIR = "sst"
+
+#: A columnar twin's suffix (store/columnar/twin.py): it sits beside its SST, named like it.
+TWIN_SUFFIX = ".parquet"
+_SST_SUFFIX = ".sst"
+
+
+def twin_key(sst_key: str) -> str:
+    """The key of an SST's columnar twin: the SST's, ``.sst`` replaced by ``.parquet``."""
+    base = sst_key[: -len(_SST_SUFFIX)] if sst_key.endswith(_SST_SUFFIX) else sst_key
+    return base + TWIN_SUFFIX
 #: In the local cache: ``dbs/<root id>/<store>/<p>/<version>-<chain hash>/`` is a
 #: partition chain ingested into a RocksDB folder (built once, reused by later opens).
 CACHE_DBS_DIR = "dbs"

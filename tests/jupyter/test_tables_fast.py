@@ -1,6 +1,9 @@
 """iqkit.tables decoding stored bytes in bulk with Arrow (``tables.bulk_decode``) must
 give exactly what decoding every row with the engine gives: same schema, values, chunks
-and errors. Each test runs the same query on the same real RocksDB store both ways."""
+and errors. Each test runs the same query on the same real RocksDB store both ways.
+
+Scans here read RocksDB (``twin_scans(False)``): the columnar twins, which a scan reads
+by default, are held to the RocksDB path by tests/store/test_twin_scans.py."""
 
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ from hypothesis import strategies as st
 
 import iqkit
 from iqkit import PrefixScanQuery, RangeQuery, RawScanQuery, tables
-from iqkit.store.partitions.layers import ScanIterator
+from iqkit.store.columnar import twins
+from iqkit.store.partitions.layers import ScanIterator, twin_scans
 from iqkit.tables import collect, store_batches
 
 
@@ -81,19 +85,37 @@ def assert_same_both_ways(fn: Callable[[], Any]) -> Any:
     return bulk
 
 
+@pytest.fixture(autouse=True)
+def scans_read_rocksdb() -> Iterator[None]:
+    with twin_scans(False):
+        yield
+
+
 @pytest.fixture
 def bulk_chunks(monkeypatch) -> list[bool]:
-    """For every chunk offered to bulk decoding: whether it was decoded in bulk (True)
-    or left to the row path (False)."""
+    """For every chunk a scan offered to bulk decoding: whether it was decoded in bulk
+    (True) or left to the row path (False). A commit shaping its columnar twin's
+    columns offers chunks too; those are not recorded."""
     seen: list[bool] = []
     decode = tables._Shaper._bulk_columns
+    twin_table = twins.twin_table
+    writing = []
 
     def recording(self, segments, key_offset):
         cols = decode(self, segments, key_offset)
-        seen.append(cols is not None)
+        if not writing:
+            seen.append(cols is not None)
         return cols
 
+    def shaping_a_twin(*args, **kwargs):
+        writing.append(True)
+        try:
+            return twin_table(*args, **kwargs)
+        finally:
+            writing.pop()
+
     monkeypatch.setattr(tables._Shaper, "_bulk_columns", recording)
+    monkeypatch.setattr(twins, "twin_table", shaping_a_twin)
     return seen
 
 

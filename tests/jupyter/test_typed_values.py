@@ -15,7 +15,7 @@ from helpers import request, write_store
 import iqkit
 from iqkit import RangeQuery
 from iqkit.errors import IqkitError
-from iqkit.rows import RowSchema, ddl_arrow_type, parse_ddl_type
+from iqkit.store.rows import RowSchema, ddl_arrow_type, parse_ddl_type
 from iqkit.tables import collect, store_batches
 
 DDL = (
@@ -140,7 +140,7 @@ def test_an_undeclared_member_or_a_non_object_is_refused():
 
 @pytest.mark.parametrize("bulk", [True, False])
 def test_collect_and_store_batches_give_the_declared_columns(typed, bulk):
-    from iqkit.shaping import bulk_decode
+    from iqkit.store.columnar.shaping import bulk_decode
 
     columns = ["partition", "customer", *TYPED]
     with bulk_decode(bulk), iqkit.open(typed) as engine:

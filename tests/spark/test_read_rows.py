@@ -1,5 +1,5 @@
 """Row building of the Spark reader (``iqkit.spark.read_rows``) on its own: records of a
-store as rows of a Spark schema, in the row schema's layout (``iqkit.rows``). Pure
+store as rows of a Spark schema, in the row schema's layout (``iqkit.store.rows``). Pure
 Python: Spark's type objects need no session."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pyspark.sql.types import (
 )
 
 from iqkit.errors import IqkitError
-from iqkit.rows import RowSchema
 from iqkit.spark.read_rows import SparkRows, coerce, json_text
+from iqkit.store.rows import RowSchema
 
 UTC = dt.UTC
 

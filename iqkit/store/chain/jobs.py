@@ -93,8 +93,8 @@ class StagedChain:
     position: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def files(self) -> set[str]:
-        """The SST keys its chain lists."""
-        return {f.name for f in self.chain.files}
+        """The keys its chain lists (SSTs and their twins)."""
+        return self.chain.object_keys()
 
     def to_text(self) -> str:
         """The staged chain as one JSON text (how a task returns it in a DataFrame)."""
@@ -180,6 +180,7 @@ class ChainJobSpec:
             cache=FileCache(),
             position=position,
             work=work,
+            manifest=self.manifest,
         )
         return StagedChain(
             partition=partition,
@@ -331,6 +332,7 @@ class ChainJobCommit:
             position=position,
             counts={"puts": puts, "deletes": deletes},
             uploaded=tuple(runs),
+            manifest=spec.manifest,
         )
         staged = StagedChain(
             partition=partition,
@@ -418,8 +420,8 @@ class ChainJobCommit:
         that chain retention removes after its grace period."""
         self._finished = True
         uploaded, self._uploaded = self._uploaded, []
-        doomed = {f.name for s in uploaded for f in s.chain.files}
-        doomed -= {f.name for c in self.spec.base_partitions.values() for f in c.files}
+        doomed = {k for s in uploaded for k in s.chain.object_keys()}
+        doomed -= {k for c in self.spec.base_partitions.values() for k in c.object_keys()}
         with contextlib.suppress(IqkitError, OSError):
             if doomed:
                 latest = latest_version(self._objects, self.spec.store)

@@ -31,18 +31,28 @@ import re
 import shutil
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ...errors import IqkitError, StoreCorruptedError, StoreIOError, StoreNotFoundError
 from ..cache import STALE_TMP_SECONDS, CacheStats, FileCache, PinnedFile, counted, is_disk_full
+from ..manifest import StoreManifest
 from ..names import CACHE_BUILDING_PREFIX, CACHE_DBS_DIR, CHAIN_SST_DIR
 from ..objects import NotPlainFileError, ObjectStore, check_key, link_plain_file
 from ..partitions import rocks
 from ..partitions.partition import RocksDBPartition
 from .records import PartitionChain
 
-__all__ = ["ChainPartition", "build_database", "database_folder", "open_partition", "place_on_root"]
+__all__ = [
+    "ChainPartition",
+    "build_database",
+    "database_folder",
+    "open_partition",
+    "place_on_root",
+    "plan_twin_scan",
+]
 
 
 def build_database(
@@ -359,3 +369,52 @@ def _build_in_place(
         finally:
             with contextlib.suppress(OSError):
                 shutil.rmtree(tmp)
+
+
+def plan_twin_scan(
+    cache: FileCache,
+    objects: ObjectStore,
+    chain: PartitionChain,
+    manifest: StoreManifest,
+    lower: bytes,
+    upper: bytes | None,
+    reverse: bool,
+) -> Any:
+    """A ``TwinScan`` of ``chain``'s columnar twins (every file has one) for
+    ``[lower, upper)``: read in place on a local root, else from the cache (fetched if
+    missing, pinned until the scan is gone). No database is opened or built. None when
+    the twins were written for another layout than ``manifest``'s."""
+    from ..columnar.scan import TwinScan  # pyarrow: imported once twins are read
+    from ..columnar.twins import layout_of
+
+    keys = [f.twin_name for f in chain.files]
+    local = [objects.local_file(k) for k in keys if k is not None]
+    pins: list[PinnedFile] = []
+    if len(local) == len(keys) and all(p is not None for p in local):
+        paths = [os.fspath(p) for p in local if p is not None]
+    else:
+        try:
+            for k in keys:
+                assert k is not None
+                pins.append(cache.pin(objects, k))
+        except BaseException:
+            for pin in pins:
+                pin.release()
+            raise
+        paths = [os.fspath(p.path) for p in pins]
+    names = [place_on_root(objects, k) for k in keys if k is not None]
+    try:
+        scan = TwinScan(
+            paths, lower, upper, reverse=reverse, names=names, layout=layout_of(manifest)
+        )
+    except BaseException:
+        for pin in pins:
+            pin.release()
+        raise
+    if scan.stale:
+        for pin in pins:
+            pin.release()
+        return None
+    for pin in pins:  # released when the scan is gone (its rows read, or dropped)
+        weakref.finalize(scan, pin.release)
+    return scan

@@ -41,7 +41,7 @@ from ...errors import (
     VersionLimitError,
 )
 from ...query.position import Position
-from ..names import CHAIN_RECORD_DIGITS, CHAIN_RECORDS_DIR, CHAIN_SST_DIR
+from ..names import CHAIN_RECORD_DIGITS, CHAIN_RECORDS_DIR, CHAIN_SST_DIR, twin_key
 from ..objects import ObjectStore, check_key
 from ..partitions.partition import parse_commit_record
 from ..sinks import carry_forward as carry_sinks_forward
@@ -76,10 +76,29 @@ ROWS_AT_MOST = "rows_at_most"
 
 @dataclass(frozen=True)
 class ChainFile:
-    """One immutable SST of a chain: its key on the root and its size in bytes."""
+    """One immutable SST of a chain: its key on the root and its size in bytes, and the
+    size of its columnar twin (``store/columnar/twin.py``; its key is ``twin_key(name)``)
+    when it has one (None: written by an earlier iqkit, or a window store's)."""
 
     name: str
     size: int
+    twin: int | None = None
+
+    @property
+    def twin_name(self) -> str | None:
+        return twin_key(self.name) if self.twin is not None else None
+
+    def object_keys(self) -> tuple[str, ...]:
+        """Its keys on the root: the SST's, then its twin's if it has one."""
+        twin = self.twin_name
+        return (self.name,) if twin is None else (self.name, twin)
+
+
+def _file_json(f: ChainFile) -> dict[str, Any]:
+    data: dict[str, Any] = {"name": f.name, "size": f.size}
+    if f.twin is not None:
+        data["twin"] = f.twin
+    return data
 
 
 @dataclass(frozen=True)
@@ -102,6 +121,15 @@ class PartitionChain:
     def size(self) -> int:
         return sum(f.size for f in self.files)
 
+    @property
+    def twinned(self) -> bool:
+        """Whether every file has a twin (scans may then read the twins alone)."""
+        return all(f.twin is not None for f in self.files)
+
+    def object_keys(self) -> set[str]:
+        """Every key on the root the chain needs: its SSTs and their twins."""
+        return {k for f in self.files for k in f.object_keys()}
+
     def commit_record(self) -> dict[str, Any]:
         """The decoded commit record (position as a ``Position``)."""
         return parse_commit_record(self.commit, f"the chain of version {self.written_by}")
@@ -120,7 +148,7 @@ class PartitionChain:
         if kept is not None:
             return kept  # type: ignore[no-any-return]
         return {
-            "files": [{"name": f.name, "size": f.size} for f in self.files],
+            "files": [_file_json(f) for f in self.files],
             "commit": json.loads(self.commit),
             "written_by": self.written_by,
         }
@@ -128,7 +156,14 @@ class PartitionChain:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PartitionChain:
         chain = cls(
-            files=tuple(ChainFile(str(f["name"]), int(f["size"])) for f in data["files"]),
+            files=tuple(
+                ChainFile(
+                    str(f["name"]),
+                    int(f["size"]),
+                    None if f.get("twin") is None else int(f["twin"]),
+                )
+                for f in data["files"]
+            ),
             commit=json.dumps(data["commit"], sort_keys=True).encode(),
             written_by=int(data["written_by"]),
         )
@@ -152,8 +187,8 @@ class ChainVersion:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def files(self) -> set[str]:
-        """Every SST key this version needs."""
-        return {f.name for chain in self.partitions.values() for f in chain.files}
+        """Every key on the root this version needs: SSTs and their twins."""
+        return {k for chain in self.partitions.values() for k in chain.object_keys()}
 
     def to_json(self) -> str:
         return json.dumps(

@@ -28,6 +28,7 @@ import resource
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 from ...errors import IqkitError, StoreCorruptedError
@@ -39,7 +40,7 @@ from ..objects import ObjectStore
 from ..partitions.layers import ReadCache, build_layers
 from ..partitions.memory import MemoryPartition
 from ..partitions.rocks import FIRST_CHUNK_ROWS, MAX_CHUNK_ROWS, database_exists
-from .read import ChainPartition, database_folder, open_partition, place_on_root
+from .read import ChainPartition, database_folder, open_partition, place_on_root, plan_twin_scan
 from .records import (
     MAX_CHAIN_VERSION,
     ChainVersion,
@@ -162,8 +163,15 @@ class ReopenablePartition:
         chain: PartitionChain,
         bound: OpenChains,
         where: str,
+        twins: Callable[[bytes, bytes | None, bool], Any] | None = None,
     ) -> None:
         self._opener = opener
+        #: Plans a scan of the chain's columnar twins (``read.plan_twin_scan``) when
+        #: every file has one: scans then read those and never open the database.
+        self._twins = twins
+        #: Told what each open of the database cost (``trace_line``): a partition
+        #: opened by a query, not when it was made, reports it to that query's trace.
+        self.on_open: Callable[[str | None], None] | None = None
         self._bound = bound
         self._part: ChainPartition | MemoryPartition | None = None
         self._small = chain.size <= SMALL_CHAIN_BYTES
@@ -188,6 +196,8 @@ class ReopenablePartition:
         if part is None:
             opened = self._opener()
             self._trace = opened.trace_line()
+            if self.on_open is not None:
+                self.on_open(self._trace)
             if self._small:
                 part = self._part = _memory_copy(opened)
                 self.descriptors, self.memory_bytes = 0, _copy_bytes(part)
@@ -215,6 +225,14 @@ class ReopenablePartition:
         self._bound.closed(self)
         if part is not None:
             part.close()
+
+    def twin_scan(self, lower: bytes, upper: bytes | None, reverse: bool) -> Any:
+        """A planned ``TwinScan`` of ``[lower, upper)``, or None (no twins)."""
+        if self._twins is None:
+            return None
+        if self._closed:
+            raise StoreCorruptedError(f"partition {self.location} is closed")
+        return self._twins(lower, upper, reverse)
 
     # -- BytesPartition ------------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:
@@ -490,6 +508,11 @@ class ChainSnapshot:
             handle = entry.partition
             if not isinstance(handle, ReopenablePartition):
                 return entry  # known to hold no rows (below): nothing to open
+            if handle.on_open is not None:
+                # Twins: scans never open the database, and a key lookup opens it
+                # (its failure is that query's result, its cost in that query's trace).
+                entry.fetched = None
+                return entry
             if not handle.is_open and not database_exists(
                 database_folder(self.cache, self.objects, self.name, p, chain)
             ):
@@ -511,19 +534,33 @@ class ChainSnapshot:
             entry.fetched = KNOWN_EMPTY
             self._open[key] = entry
             return entry
+        cache, objects, manifest = self.cache, self.objects, self.manifest
+        twins = None
+        if chain.twinned:
+            def twins(lower: bytes, upper: bytes | None, reverse: bool) -> Any:
+                return plan_twin_scan(cache, objects, chain, manifest, lower, upper, reverse)
+
         handle = ReopenablePartition(
-            lambda: open_partition(self.cache, self.objects, self.name, p, chain),
+            lambda: open_partition(cache, objects, self.name, p, chain),
             chain,
             self.bound,
-            place_on_root(self.objects, f"{self.name}/{CHAIN_SST_DIR}/{p}"),
+            place_on_root(objects, f"{self.name}/{CHAIN_SST_DIR}/{p}"),
+            twins,
         )
-        handle.open()  # the first open: its cost is in the trace, its failure a result
+        if twins is None:
+            # The first open: its cost is in the trace, its failure a result. A chain
+            # with twins opens its database only when a key lookup needs it (its scans
+            # read the twins), so a scan of a version builds no database.
+            handle.open()
         try:
             entry = OpenPartition(handle, build_layers(self.manifest, handle, ReadCache()))
         except BaseException:
             handle.close()
             raise
-        entry.fetched = handle.trace_line()
+        if twins is None:
+            entry.fetched = handle.trace_line()
+        else:
+            handle.on_open = partial(setattr, entry, "fetched")
         self._open[key] = entry
         return entry
 

@@ -214,6 +214,7 @@ class ChainPublisher:
             source_end=source_end,
             metadata=metadata,
             who=who,
+            manifest=self.manifest,
         )
         clean_after_publish(self.objects, self.store, record.version, self.manifest.retention)
         return record.version

@@ -50,7 +50,8 @@ from typing import Any
 from ...errors import ObjectMissingError
 from ...query.position import Position
 from ..cache import FileCache
-from ..names import CHAIN_SST_DIR, CHAIN_WORK_PREFIX, COMMIT_KEY, META_PREFIX
+from ..manifest import StoreManifest
+from ..names import CHAIN_SST_DIR, CHAIN_WORK_PREFIX, COMMIT_KEY, META_PREFIX, twin_key
 from ..objects import ObjectStore
 from ..partitions import rocks
 from ..partitions.partition import encode_commit_record
@@ -234,6 +235,7 @@ def commit_partition(
     compact_after: int = COMPACT_AFTER_DELTAS,
     work: str | os.PathLike[str] | None = None,
     uploaded: tuple[ChainFile, ...] = (),
+    manifest: StoreManifest | None = None,
 ) -> PartitionChain:
     """Upload ``partition``'s changes for ``version`` (module docstring); returns its new
     chain. Nothing is published here; ``cache`` serves the previous chain's files when
@@ -241,21 +243,38 @@ def commit_partition(
 
     ``uploaded``: SSTs of this commit already on the root (a Spark data source write's
     task fragments, in the order they apply), which go between ``previous``'s files and
-    the delta holding ``changes`` and the commit record."""
+    the delta holding ``changes`` and the commit record.
+
+    ``manifest``: the store's, when its SSTs get columnar twins (``store/columnar/twins.py``):
+    the uploaded SST's twin is uploaded beside it."""
     commit = _commit_record(previous, version, position, counts)
     old = (*(previous.files if previous is not None else ()), *uploaded)
+    twinned = manifest is not None and manifest.kind.has_twins
     with work_folder(work) as tmp:
         delta = Path(tmp) / "delta.sst"
-        rocks.write_changes_sst(delta, _checked(changes, commit))
+        rows = list(_checked(changes, commit))
+        rocks.write_changes_sst(delta, rows)
+        twin: Path | None = Path(tmp) / "upload.parquet" if twinned else None
         if old and len(old) > compact_after:
             upload = Path(tmp) / "base.sst"
-            _compact(cache, objects, old, delta, Path(tmp) / "db", upload)
+            _compact(cache, objects, old, delta, Path(tmp) / "db", upload, manifest, rows, twin)
             kept: tuple[ChainFile, ...] = ()
         else:
             upload, kept = delta, old
+            if twin is not None:
+                assert manifest is not None
+                from ..columnar import twins  # pyarrow: imported by writers only
+
+                if not twins.try_write(twins.write_twin_of_rows, twin, manifest, rows):
+                    twin = None
+        del rows
         key = sst_key(store, partition, version)
         objects.put_immutable(key, upload)
-        new = ChainFile(key, upload.stat().st_size)
+        twin_size = None
+        if twin is not None and twin.exists():
+            objects.put_immutable(twin_key(key), twin)
+            twin_size = twin.stat().st_size
+        new = ChainFile(key, upload.stat().st_size, twin_size)
     return PartitionChain(files=(*kept, new), commit=commit, written_by=version)
 
 
@@ -266,16 +285,38 @@ def _compact(
     delta: Path,
     db_dir: Path,
     base: Path,
+    manifest: StoreManifest | None,
+    delta_rows: list[Change],
+    twin: Path | None,
 ) -> None:
-    """Write ``base``: every live row of ``files`` plus ``delta``, no tombstones. The
-    files are read where ``FileCache.sources`` says: in place on a local root, else
-    the cache's copies."""
+    """Write ``base``: every live row of ``files`` plus ``delta``, no tombstones, and its
+    twin at ``twin`` when asked: merged from the files' twins and the delta's rows when
+    every file has one, else made from the base's rows. The files are read where
+    ``FileCache.sources`` says: in place on a local root, else the cache's copies."""
     with cache.sources(objects, [f.name for f in files]) as paths:
         names = [*(place_on_root(objects, f.name) for f in files), "this commit's delta"]
         build_database(db_dir, [*paths, delta], names)
     db = rocks.open_for_read(db_dir)
     try:
-        rocks.write_sst(base, rocks.scan(db, b"", None))
+        if twin is None:
+            rocks.write_sst(base, rocks.scan(db, b"", None))
+        else:
+            from ..columnar import twins  # pyarrow: imported by writers only
+
+            assert manifest is not None
+            if all(f.twin is not None for f in files):
+                rocks.write_sst(base, rocks.scan(db, b"", None))
+                keys = [f.twin_name for f in files]
+                with cache.sources(objects, [k for k in keys if k]) as twin_paths:
+                    made = twins.try_write(
+                        twins.write_merged_twin, twin, manifest, twin_paths, delta_rows
+                    )
+            else:  # an earlier iqkit's files: the twin from the base's rows
+                rows = list(rocks.scan(db, b"", None))
+                rocks.write_sst(base, iter(rows))
+                made = twins.try_write(twins.write_twin_of_rows, twin, manifest, rows)
+            if not made:
+                twin.unlink(missing_ok=True)
     finally:
         rocks.close_quietly(db)
         with contextlib.suppress(OSError):
@@ -361,6 +402,7 @@ def commit_version(
     who: str = "writer",
     compact_after: int = COMPACT_AFTER_DELTAS,
     work: str | os.PathLike[str] | None = None,
+    manifest: StoreManifest | None = None,
 ) -> ChainVersion:
     """Commit ``changes`` (partition -> sorted changes) on top of ``previous`` (the
     latest version this writer read, or None for the first) and publish the next
@@ -384,6 +426,7 @@ def commit_version(
             counts=(counts or {}).get(p),
             compact_after=compact_after,
             work=work,
+            manifest=manifest,
         )
         for p, rows in sorted(changes.items())
     }

@@ -17,6 +17,7 @@ Without execution info the layers do no timing and build no strings.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -72,6 +73,25 @@ def _clock(trace: Trace) -> int:
 
 
 # -- bytes layers --------------------------------------------------------------------------
+#: Whether scans read columnar twins where a partition has them; set only through
+#: ``twin_scans``.
+_TWIN_SCANS = True
+
+
+@contextlib.contextmanager
+def twin_scans(enabled: bool) -> Iterator[None]:
+    """Within the block, key-value scans read the partitions' columnar twins where they
+    have them (``True``, the default) or RocksDB always (``False``): tests and
+    benchmarks compare the two. Process-wide, like ``shaping.bulk_decode``; restored
+    when the block ends, however it ends."""
+    global _TWIN_SCANS
+    old, _TWIN_SCANS = _TWIN_SCANS, enabled
+    try:
+        yield
+    finally:
+        _TWIN_SCANS = old
+
+
 class RocksDBLayer:
     """The bottom layer: reads the partition's published RocksDB version."""
 
@@ -117,6 +137,19 @@ class RocksDBLayer:
                 f"{upper.hex() if upper is not None else '∞'}) on {self._where}",
             )
         return rows
+
+    def twin_scan(self, lower: bytes, upper: bytes | None, reverse: bool, trace: Trace) -> Any:
+        """A planned scan of the partition's columnar twins (``store/columnar/scan.py``
+        ``TwinScan``) for ``[lower, upper)``, or None when it has none (then scans read
+        RocksDB). Planning reads the twins' footers, never the database."""
+        plan = getattr(self.partition, "twin_scan", None)
+        if plan is None or not _TWIN_SCANS:
+            return None
+        t0 = _clock(trace)
+        scan = plan(lower, upper, reverse)
+        if scan is not None and trace.enabled:
+            trace.add("ColumnarScan", t0, f"{scan.trace_line()} of {self._where}")
+        return scan
 
 
 class ReadCache:
@@ -205,6 +238,9 @@ class CachingLayer:
         if trace.enabled:
             trace.add(self.name, t0, "passed through (scans are not cached)")
         return rows
+
+    def twin_scan(self, lower: bytes, upper: bytes | None, reverse: bool, trace: Trace) -> Any:
+        return self.inner.twin_scan(lower, upper, reverse, trace)
 
 
 # -- typed layers --------------------------------------------------------------------------
@@ -303,7 +339,7 @@ class ScanIterator(KeyValueIterator[Any, Any]):
     (same bounds, order and version), so it cannot disagree with the rows it skips.
     """
 
-    __slots__ = ("_rows", "decode", "key_offset")
+    __slots__ = ("_rows", "decode", "key_offset", "twin")
 
     #: Turns a list of stored ``(key, value)`` bytes into the ``KeyValue`` rows this
     #: iterator yields for them (same values, same errors).
@@ -323,8 +359,44 @@ class ScanIterator(KeyValueIterator[Any, Any]):
         rows = _ScanRows(chunks, convert)
         it = cls.of_key_values(rows, getattr(chunks, "close", None))
         assert isinstance(it, ScanIterator)
-        it._rows, it.decode, it.key_offset = rows, convert, key_offset
+        it._rows, it.decode, it.key_offset, it.twin = rows, convert, key_offset, None
         return it
+
+    @classmethod
+    def over_twins(
+        cls,
+        scan: Any,
+        convert: Callable[[list[tuple[bytes, bytes]]], list[KeyValue[Any, Any]]],
+        key_offset: int,
+        stored: Callable[[Any], list[tuple[bytes, bytes]]],
+    ) -> ScanIterator:
+        """A scan read from the partition's columnar twins (``scan``, a ``TwinScan``):
+        its rows are the twins' stored bytes (``stored`` of each table), decoded by
+        ``convert`` exactly as RocksDB's would be, or, through ``take_twin``, the typed
+        tables themselves."""
+        tables = scan.batches()
+
+        def chunks() -> Iterator[list[tuple[bytes, bytes]]]:
+            yield from map(stored, tables)
+
+        rows = chunks()
+
+        def close() -> None:  # a generator not started ignores close(): close both
+            rows.close()
+            tables.close()
+
+        it = cls.over(rows, convert, key_offset)
+        it._on_close = close
+        it.twin = tables
+        return it
+
+    def take_twin(self) -> Iterator[Any] | None:
+        """The rows as the twins' tables (``TwinScan.batches``: row columns plus the
+        twin's own), when the scan reads twins and was not read from or closed; the
+        iterator then yields nothing (as after ``take_chunks``)."""
+        if self.twin is None or self.take_chunks() is None:
+            return None
+        return self.twin  # type: ignore[no-any-return]
 
     def take_chunks(self) -> Iterator[list[tuple[bytes, bytes]]] | None:
         """The rows, undecoded: lists of stored ``(key, value)`` bytes, in this
@@ -393,19 +465,31 @@ class TypedKeyValueLayer(_TypedLayer):
         if lo is not None and hi is not None and lo > hi:
             return KeyValueIterator.empty()  # lo > hi is an empty success (Kafka)
         lower, upper = keyspace.kv_range(lo, hi)
-        reverse = query.result_order is ResultOrder.DESCENDING
-        chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
+        return self._scan(lower, upper, query.result_order is ResultOrder.DESCENDING, trace)
+
+    def _scan(self, lower: bytes, upper: bytes, reverse: bool, trace: Trace) -> ScanIterator:
+        """Rows of ``[lower, upper)``: from the columnar twins when the partition has
+        them (no database is opened), else from RocksDB."""
         strip = keyspace.RAW_PREFIX_LEN
+        twins = self.inner.twin_scan(lower, upper, reverse, trace)
+        if twins is not None:
+            return ScanIterator.over_twins(twins, self._kv_chunk(strip), strip, self._stored)
+        chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
         return ScanIterator.over(chunks, self._kv_chunk(strip), strip)
+
+    def _stored(self, table: Any) -> list[tuple[bytes, bytes]]:
+        """A twin table's rows as the ``(key, value)`` bytes RocksDB holds: the stored
+        values (``__value``), or the value column serialized back (its serde's Arrow
+        type gives the stored bytes exactly)."""
+        from ..columnar.twins import stored_rows  # pyarrow: only once twins are read
+
+        return stored_rows(table, self.value_serde)
 
     def _prefix(self, query: PrefixScanQuery, trace: Trace) -> KeyValueIterator[Any, Any]:
         serde = get_serde(query.prefix_serde) if query.prefix_serde else None
         prefix = self.serialize_key(query.prefix, serde)
         lower, upper = keyspace.kv_prefix_range(prefix)
-        reverse = query.result_order is ResultOrder.DESCENDING
-        chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
-        strip = keyspace.RAW_PREFIX_LEN
-        return ScanIterator.over(chunks, self._kv_chunk(strip), strip)
+        return self._scan(lower, upper, query.result_order is ResultOrder.DESCENDING, trace)
 
     def _raw_key(self, query: RawKeyQuery, trace: Trace) -> bytes | None:
         return self.inner.get(keyspace.kv_key(query.key), trace, True)

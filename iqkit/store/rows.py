@@ -36,8 +36,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .store.encoding.serdes import Serde, get_serde
-from .store.manifest import StoreManifest
+from .encoding.serdes import Serde, get_serde
+from .manifest import StoreManifest
 
 if TYPE_CHECKING:
     import pyarrow as pa

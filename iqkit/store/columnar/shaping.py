@@ -1,7 +1,7 @@
 """Rows into Arrow columns: how ``iqkit.tables`` shapes a chunk of a query result or of a
 store scan (``collect`` and ``store_batches`` build rows the same way, here):
 
-* The columns are the row schema's (:mod:`iqkit.rows`, shared with the Spark reader):
+* The columns are the row schema's (:mod:`iqkit.store.rows`, shared with the Spark reader):
   ``partition`` (int32), the key (one column ``key``, or for tuple keys one column per
   element), for window stores ``window_start`` and ``window_end``
   (``timestamp[ms, tz=UTC]``), then the value: dict values (JSON records) become one
@@ -45,17 +45,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from .errors import IqkitError
-from .query import (
+from ...errors import IqkitError
+from ...query import (
     KeyValue,
     KeyValueIterator,
     Query,
     RawKeyQuery,
     RawScanQuery,
 )
-from .rows import PARTITION, VALUE, WINDOW_END, WINDOW_START, RowSchema, arrow_timestamp
-from .store.manifest import StoreManifest
-from .store.partitions.layers import ScanIterator
+from ..manifest import StoreManifest
+from ..partitions.layers import ScanIterator
+from ..rows import PARTITION, VALUE, WINDOW_END, WINDOW_START, RowSchema, arrow_timestamp
 
 if TYPE_CHECKING:
     pass
@@ -278,7 +278,7 @@ _Segments = Sequence[tuple[int, Sequence[Any], _Stored | None]]
 
 class _Shaper:
     """Turns lists of ``KeyValue``s into named Arrow columns for one store and query, in
-    the row schema's layout (``iqkit.rows``)."""
+    the row schema's layout (``iqkit.store.rows``)."""
 
     def __init__(self, manifest: StoreManifest, query: Query[Any] | None) -> None:
         self.store = manifest.name
@@ -360,6 +360,35 @@ class _Shaper:
             np.array([p for p, _ in segments], dtype=np.int32), np.array(counts, dtype=np.int64)
         )
         return pa.array(parts, pa.int32())
+
+    @staticmethod
+    def twin_ready(value: Any) -> bool:
+        """Whether ``twin_take`` of ``value`` would give its twin tables."""
+        return bool(_BULK_DECODE and isinstance(value, ScanIterator) and value.twin is not None)
+
+    def twin_take(self, value: KeyValueIterator[Any, Any]) -> Iterator[pa.Table] | None:
+        """The tables of a scan read from columnar twins (``ScanIterator.take_twin``),
+        or None when ``value`` is not one (or bulk decoding is off: then every path
+        decodes the stored bytes, which tests compare against)."""
+        if not (_BULK_DECODE and isinstance(value, ScanIterator)):
+            return None
+        return value.take_twin()  # type: ignore[no-any-return]
+
+    def twin_columns(self, p: int, table: pa.Table) -> dict[str, _Column]:
+        """``columns`` of a twin table of partition ``p``: its row columns as they are
+        (the twin was shaped by this module when it was written)."""
+        from .twins import HIDDEN, JSON_TEXT
+
+        n = table.num_rows
+        cols = {PARTITION: _Column(pa.array(np.full(n, p, dtype=np.int32), pa.int32()))}
+        for name, field in zip(table.column_names, table.schema, strict=True):
+            if name in HIDDEN:
+                continue
+            column = table.column(name)
+            array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+            json_text = bool(field.metadata and field.metadata.get(JSON_TEXT))
+            cols[name] = _Column(array, json=json_text)
+        return cols
 
     def empty_columns(self) -> dict[str, _Column]:
         """The columns of a result without rows (types from the serdes where known)."""
@@ -496,7 +525,7 @@ def _assemble(chunks: list[dict[str, _Column]]) -> pa.Table:
             converted = [_as_json(c[name]) if name in c else None for c in chunks]
         fields.append(pa.field(name, target))
         for i, (chunk, array) in enumerate(zip(chunks, converted, strict=True)):
-            n = len(chunk[PARTITION].array)
+            n = len(next(iter(chunk.values())).array)
             arrays[i].append(array if array is not None else pa.nulls(n, target))
     schema = pa.schema(fields)
     return pa.Table.from_batches(

@@ -1,0 +1,213 @@
+"""Scanning a partition's chain through its twins: the rows of one version between two
+RocksDB keys, in key order, without building its database.
+
+A chain is a base and deltas; a key's row is the one in the newest file that has the key,
+and a tombstone there means no row. ``TwinScan`` plans a scan from the files' footers
+alone (which row groups can hold keys between the bounds, by their ``__key``
+statistics), and reads lazily:
+
+* one file: its row groups stream one at a time (reversed for a descending scan), so a
+  full scan of a big partition never holds more than a row group of it;
+* several files: the row groups each file needs are read, every file's rows whose key a
+  newer file has are dropped (``is_in`` against the newer files' keys), tombstones are
+  dropped, and what is left is sorted by key: one table, as big as the rows scanned.
+
+Files whose columns differ (a field only some commits wrote, ints in one file and
+floats in another) are put together as a scan's chunks are (``shaping._assemble``): the
+union of the columns, each cast to the type all files' columns fit, else JSON text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ...errors import StoreCorruptedError
+from .shaping import _assemble, _Column
+from .twins import DELETED, JSON_TEXT, KEY_BYTES, LAYOUT
+
+__all__ = ["TwinScan"]
+
+
+@dataclass
+class _File:
+    path: str
+    parquet: pq.ParquetFile
+    groups: list[int]
+
+
+def _overlaps(stats: pq.Statistics | None, lower: bytes, upper: bytes | None) -> bool:
+    """Whether a row group whose ``__key`` statistics are ``stats`` can hold keys in
+    ``[lower, upper)`` (no statistics: it might)."""
+    if stats is None or not stats.has_min_max:
+        return True
+    lo, hi = stats.min, stats.max
+    if isinstance(lo, str):  # statistics of a column pyarrow took for text
+        lo, hi = lo.encode("utf-8", "surrogateescape"), hi.encode("utf-8", "surrogateescape")
+    return hi >= lower and (upper is None or lo < upper)
+
+
+class TwinScan:
+    """A planned scan of one partition version's twins (oldest file first) for RocksDB
+    keys in ``[lower, upper)`` (``upper`` None: to the end), ascending or not.
+
+    ``columns``: the row columns to read (None: all); ``__key`` and ``__deleted`` are
+    always read. Planning reads each file's footer; ``batches`` reads rows."""
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike[str]],
+        lower: bytes,
+        upper: bytes | None,
+        *,
+        reverse: bool = False,
+        columns: Sequence[str] | None = None,
+        names: Sequence[str] | None = None,
+        layout: bytes | None = None,
+    ) -> None:
+        self.lower, self.upper, self.reverse = lower, upper, reverse
+        #: Whether a file was written for another layout than ``layout`` (the store's
+        #: manifest was changed since): the caller then does not read the twins.
+        self.stale = False
+        self.files: list[_File] = []
+        self.groups_total = 0
+        self._names = list(names) if names is not None else [os.fspath(p) for p in paths]
+        for path, name in zip(paths, self._names, strict=True):
+            with _damage(name):
+                parquet = pq.ParquetFile(os.fspath(path))
+                meta = parquet.metadata
+                leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
+                if KEY_BYTES not in leaves or DELETED not in leaves:
+                    raise ValueError(f"no {KEY_BYTES} or {DELETED} column")
+                recorded = (parquet.schema_arrow.metadata or {}).get(LAYOUT)
+                if layout is not None and recorded != layout:
+                    self.stale = True
+                key_index = leaves.index(KEY_BYTES)
+            groups = []
+            for g in range(meta.num_row_groups):
+                group = meta.row_group(g)
+                if group.num_rows and _overlaps(group.column(key_index).statistics, lower, upper):
+                    groups.append(g)
+            self.groups_total += meta.num_row_groups
+            self.files.append(_File(name, parquet, groups))
+        self.columns = None if columns is None else list(columns)
+
+    @property
+    def groups_read(self) -> int:
+        return sum(len(f.groups) for f in self.files)
+
+    @property
+    def groups_skipped(self) -> int:
+        return self.groups_total - self.groups_read
+
+    def trace_line(self) -> str:
+        """What the scan reads, for a query's trace."""
+        files = len(self.files)
+        return (
+            f"{files} file{'s' if files != 1 else ''}, {self.groups_read} row groups read, "
+            f"{self.groups_skipped} row groups skipped by key statistics"
+        )
+
+    def _read(self, f: _File, groups: list[int]) -> pa.Table:
+        schema = f.parquet.schema_arrow
+        names = schema.names
+        if self.columns is not None:
+            wanted = {KEY_BYTES, DELETED, *self.columns}
+            names = [n for n in names if n in wanted]
+        with _damage(f.path):
+            return f.parquet.read_row_groups(groups, columns=names, use_threads=False)
+
+    def _bounded(self, table: pa.Table) -> pa.Table:
+        keys = table.column(KEY_BYTES)
+        mask = pc.greater_equal(keys, pa.scalar(self.lower, pa.binary()))
+        if self.upper is not None:
+            mask = pc.and_(mask, pc.less(keys, pa.scalar(self.upper, pa.binary())))
+        return table.filter(mask)
+
+    def batches(self) -> Iterator[pa.Table]:
+        """The rows, in scan order, as tables (with ``__key`` and ``__deleted`` still in;
+        tombstones removed). Types of a column may differ between the tables of a
+        several-file scan only if they differ between files (see ``table``)."""
+        if not self.files:
+            return
+        if len(self.files) == 1:
+            f = self.files[0]
+            order = reversed(f.groups) if self.reverse else f.groups
+            for g in order:
+                table = _live(self._bounded(self._read(f, [g])))
+                if self.reverse:
+                    table = _reversed(table)
+                if table.num_rows:
+                    yield table
+            return
+        table = self.table()
+        if table.num_rows:
+            yield table
+
+    def table(self) -> pa.Table:
+        """Every row of the scan as one table, in scan order."""
+        if len(self.files) == 1:
+            parts = list(self.batches())
+            if parts:
+                return pa.concat_tables(parts)
+            return _live(self._bounded(self._read(self.files[0], [])))
+        tables = [self._bounded(self._read(f, f.groups)) for f in self.files]
+        newer: pa.Array | None = None
+        kept: list[pa.Table] = []
+        for table in reversed(tables):  # newest first
+            keys = table.column(KEY_BYTES).combine_chunks()
+            if newer is not None and len(newer) and table.num_rows:
+                table = table.filter(pc.invert(pc.is_in(keys, value_set=newer)))
+            newer = keys if newer is None else pa.concat_arrays([newer, keys])
+            kept.append(table)
+        kept.reverse()
+        merged = _live(_unify_tables(kept))
+        order = pc.sort_indices(
+            merged, sort_keys=[(KEY_BYTES, "descending" if self.reverse else "ascending")]
+        )
+        return merged.take(order)
+
+
+@contextlib.contextmanager
+def _damage(name: str) -> Iterator[None]:
+    """A twin that cannot be read is a damaged store: ``StoreCorruptedError`` naming it
+    (the partition fails; no other partition does)."""
+    try:
+        yield
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise StoreCorruptedError(f"columnar twin {name} cannot be read: {exc}") from None
+
+
+def _live(table: pa.Table) -> pa.Table:
+    deleted = table.column(DELETED)
+    if deleted.null_count == 0 and not pc.any(deleted).as_py():
+        return table
+    return table.filter(pc.invert(deleted))
+
+
+def _reversed(table: pa.Table) -> pa.Table:
+    return table.take(pa.array(np.arange(table.num_rows - 1, -1, -1, dtype=np.int64)))
+
+
+def _unify_tables(tables: list[pa.Table]) -> pa.Table:
+    """One table of ``tables`` whose columns may differ (module docstring)."""
+    if all(t.schema.equals(tables[0].schema) for t in tables):
+        return pa.concat_tables(tables)
+    chunks = [
+        {
+            name: _Column(
+                table.column(name).combine_chunks(),
+                json=bool(field.metadata and field.metadata.get(JSON_TEXT)),
+            )
+            for name, field in zip(table.column_names, table.schema, strict=True)
+        }
+        for table in tables
+    ]
+    return _assemble(chunks)

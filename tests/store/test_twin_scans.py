@@ -1,0 +1,236 @@
+"""Scans read from columnar twins (store/columnar/) give exactly what the same scans give
+from RocksDB: random histories of commits (puts, deletes, compactions, retention) over
+several partitions and every serde, every scan shape (full, range, prefix, ascending and
+descending), every retained version (``as_of``), compared row by row.
+
+The rows compared are the engine's ``KeyValue``s (what a notebook iterates): a scan of
+twins decodes them from the same stored bytes, so they must be equal, floats bit for
+bit. Tables (``collect``) are compared too where Arrow's types are fixed by the serdes;
+for JSON records, whose column types Arrow infers, the twins infer them per file and the
+row path per chunk read, so there the values are compared field by field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import iqkit
+from iqkit import PrefixScanQuery, RangeQuery, StateQueryRequest
+from iqkit.store.partitions.layers import twin_scans
+from iqkit.tables import bulk_decode, collect, store_batches
+
+VALUES = {
+    "string": st.text(max_size=5),
+    "int32": st.integers(-(2**31), 2**31 - 1),
+    "int64": st.integers(-(2**63), 2**63 - 1),
+    "double": st.floats(),  # NaN, infinities and -0.0 too
+    "bytes": st.binary(max_size=5),
+    "ordered": st.tuples(st.integers(-3, 3), st.text("ab", max_size=2)),
+    # Records whose fields keep one type, so Arrow's columns are the same however many
+    # rows a type is inferred from; and any JSON value, compared value by value.
+    "json": st.fixed_dictionaries(
+        {"n": st.integers(-1000, 1000), "s": st.text("xyz", max_size=3)},
+        optional={"f": st.floats(allow_nan=False, allow_infinity=False)},
+    ),
+    "json-any": st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**65), 2**65) | st.text("ab", max_size=2),
+        lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.sampled_from("ab"), inner),
+        max_leaves=4,
+    ),
+}
+SERDES = [
+    ("string", "json"),
+    ("string", "json-any"),
+    ("int32", "int64"),
+    ("int64", "double"),
+    ("double", "string"),
+    ("bytes", "bytes"),
+    ("ordered", "json"),
+    ("string", "ordered"),
+]
+
+PROPERTY = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal, with floats compared bit for bit (NaN equals NaN, -0.0 differs from 0.0)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return struct.pack(">d", a) == struct.pack(">d", b)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def rows_of(engine: iqkit.StateEngine, store: str, query: Any) -> dict[int, list[tuple]]:
+    result = engine.query(StateQueryRequest.in_store(store).with_query(query))
+    out = {}
+    for p, r in result.partition_results.items():
+        assert r.is_success, r.failure_message
+        out[p] = [(kv.key, kv.value) for kv in r.result]
+    return out
+
+
+def both(fn: Any) -> tuple[Any, Any]:
+    """``fn()`` reading twins, then reading RocksDB."""
+    with twin_scans(True), bulk_decode(True):
+        twins = fn()
+    with twin_scans(False), bulk_decode(False):
+        rocks = fn()
+    return twins, rocks
+
+
+def cell(value: Any) -> Any:
+    """A table cell as a JSON value (JSON-text cells parsed), for value-by-value checks."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def scans(key_serde: str, keys: list[Any]) -> list[Any]:
+    """Every scan shape over keys like ``keys``."""
+    queries: list[Any] = [
+        RangeQuery.with_no_bounds(),
+        RangeQuery.with_no_bounds().with_descending_keys(),
+    ]
+    ordered = sorted(keys, key=repr)
+    if len(ordered) >= 2:
+        lo, hi = ordered[0], ordered[-1]
+        if key_serde != "double" or not any(map(math.isnan, (lo, hi))):
+            queries += [
+                RangeQuery.with_range(lo, hi),
+                RangeQuery.with_lower_bound(hi).with_descending_keys(),
+                RangeQuery.with_upper_bound(lo),
+            ]
+    if key_serde == "string":
+        queries += [
+            PrefixScanQuery.with_prefix("a"),
+            PrefixScanQuery.with_prefix("").with_descending_keys(),
+        ]
+    if key_serde == "bytes":
+        queries += [PrefixScanQuery.with_prefix(b"\x00")]
+    return queries
+
+
+def twin_files(root: Path, store: str) -> list[Path]:
+    return sorted((root / store / "sst").rglob("*.parquet"))
+
+
+@PROPERTY
+@given(serdes=st.sampled_from(SERDES), data=st.data())
+def test_twin_scans_equal_rocksdb_scans(tmp_path_factory, serdes, data):
+    key_serde, value_serde = serdes
+    keyspace = data.draw(st.lists(VALUES[key_serde], min_size=1, max_size=12, unique_by=repr))
+    if key_serde == "string":
+        keyspace = [*keyspace, "a", "ab", "b"]
+    root = tmp_path_factory.mktemp("twins")
+    retention = data.draw(st.integers(2, 4))
+    iqkit.create_store(
+        root,
+        "s",
+        partitions=data.draw(st.integers(1, 3)),
+        key_serde=key_serde,
+        value_serde="json" if value_serde == "json-any" else value_serde,
+        retention=retention,
+    )
+    commits = data.draw(st.integers(1, 11))  # over 9 commits: a chain is compacted
+    for _ in range(commits):
+        with iqkit.StoreWriter(root, "s") as w:
+            for key in data.draw(st.lists(st.sampled_from(keyspace), max_size=8)):
+                if data.draw(st.integers(0, 3)) == 0:
+                    w.delete(key)
+                else:
+                    w.put(key, data.draw(VALUES[value_serde]))
+    with iqkit.open(root) as latest:
+        versions = latest.versions("s")
+    assert bool(versions) == bool(twin_files(root, "s"))
+    for version in versions:
+        with iqkit.open(root, as_of=version) as engine:
+            manifest = engine.manifest("s")
+            for query in scans(key_serde, keyspace):
+                twins, rocks = both(lambda q=query: rows_of(engine, "s", q))
+                assert twins.keys() == rocks.keys()
+                for p in twins:
+                    assert len(twins[p]) == len(rocks[p]), (version, query, p)
+                    assert all(map(same, twins[p], rocks[p])), (version, query, p)
+                if value_serde == "json-any":
+                    continue  # which values become record fields depends on the rows read
+                tables = both(
+                    lambda q=query, m=manifest: (
+                        collect(engine.query(StateQueryRequest.in_store("s").with_query(q)), m)
+                    ).table
+                )
+                check_tables(*tables, exact=value_serde != "ordered")
+            streams = both(lambda: store_batches(engine, "s").read_all())
+            if value_serde != "json-any":
+                check_tables(*streams, exact=value_serde != "ordered")
+
+
+def check_tables(twins: pa.Table, rocks: pa.Table, *, exact: bool) -> None:
+    """The same rows: equal tables (but for fields null in every row, which only the
+    twins' files may have, and the order of record fields), or, for values whose types
+    Arrow infers, equal values cell by cell."""
+    a, b = twins.to_pylist(), rocks.to_pylist()
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        extra = {k for k in x.keys() - y.keys() if x[k] is None}
+        assert x.keys() - extra == y.keys()
+        for k in y:
+            if exact:
+                assert same(x[k], y[k]), (k, x[k], y[k])
+            else:
+                assert same(cell(x[k]), cell(y[k])) or x[k] == y[k], (k, x[k], y[k])
+    if exact:
+        names = [n for n in rocks.column_names]
+        assert twins.select(names).schema == rocks.schema
+
+
+def test_a_twin_holds_the_sst_rows_typed(root):
+    iqkit.create_store(root, "t", partitions=1, key_serde="string", value_serde="json")
+    with iqkit.StoreWriter(root, "t") as w:
+        w.put("a", {"n": 1, "s": "x"})
+        w.put("b", {"n": 2, "s": "y"})
+    with iqkit.StoreWriter(root, "t") as w:
+        w.delete("a")
+        w.put("c", {"n": 3.5})
+    base, delta = (pq.read_table(p) for p in twin_files(root, "t"))
+    assert base.column("key").to_pylist() == ["a", "b"]
+    assert base.schema.field("n").type == pa.int64()
+    assert delta.column("__deleted").to_pylist() == [True, False]
+    assert delta.column("__key").to_pylist() == [b"\x01a", b"\x01c"]
+    assert delta.column("n").to_pylist() == [None, 3.5]
+    with iqkit.open(root) as engine:
+        r = engine.query(
+            StateQueryRequest.in_store("t")
+            .with_query(RangeQuery.with_no_bounds())
+            .enable_execution_info()
+        ).partition_results[0]
+        assert [(kv.key, kv.value) for kv in r.result] == [
+            ("b", {"n": 2, "s": "y"}),
+            ("c", {"n": 3.5}),
+        ]
+        assert any(
+            line.startswith("Handled in ColumnarScan") and "2 files" in line
+            for line in r.execution_info
+        )
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "stores"
