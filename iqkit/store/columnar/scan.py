@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ...errors import StoreCorruptedError
-from .shaping import _assemble, _Column
+from .shaping import _assemble, _Column, _unified_type
 from .twins import DELETED, JSON_TEXT, KEY_BYTES, LAYOUT
 
 __all__ = ["TwinScan"]
@@ -197,8 +197,10 @@ def _reversed(table: pa.Table) -> pa.Table:
 
 
 def _unify_tables(tables: list[pa.Table]) -> pa.Table:
-    """One table of ``tables`` whose columns may differ (module docstring)."""
-    if all(t.schema.equals(tables[0].schema) for t in tables):
+    """One table of ``tables`` whose columns may differ (module docstring), keeping the
+    twins' metadata: the first table's, and ``JSON_TEXT`` on every column that is JSON
+    text in some table or became text because no type fits them all."""
+    if all(t.schema.equals(tables[0].schema, check_metadata=True) for t in tables):
         return pa.concat_tables(tables)
     chunks = [
         {
@@ -210,4 +212,12 @@ def _unify_tables(tables: list[pa.Table]) -> pa.Table:
         }
         for table in tables
     ]
-    return _assemble(chunks)
+    merged = _assemble(chunks)
+    fields = []
+    for field in merged.schema:
+        present = [c[field.name] for c in chunks if field.name in c]
+        types = [c.array.type for c in present]
+        json_text = any(c.json for c in present) or _unified_type(field.name, types) is None
+        fields.append(field.with_metadata({JSON_TEXT: b"1"}) if json_text else field)
+    schema = pa.schema(fields, metadata=tables[0].schema.metadata)
+    return pa.Table.from_batches(merged.to_batches(), schema=schema)
