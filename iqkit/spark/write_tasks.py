@@ -1,7 +1,7 @@
 """The tasks' side of ``df.write.format("iqkit")``: each task encodes and sorts its rows
 (``write_encode``) and writes them as *fragments*, one per store partition and sorted run,
 and sends the driver an :class:`IqkitCommitMessage` saying what it wrote. A fragment is
-one sorted SST of puts and tombstones (``rocks.write_changes_sst``) written in the
+one sorted SST of puts and tombstones (``rocks.write_arrow_sst``) written in the
 executor's scratch folder (``workers.spill_dir``), uploaded through the job spec
 (``WriteJob.uploads``, the format's: a task's runs through one connection) under a fresh
 key no version lists, and removed locally; the message names the uploaded keys, so the
@@ -111,10 +111,10 @@ def _write_run(
         counts: list[tuple[int, int]] = []
         for p, keys, values in encoder.drain():
             sst = os.path.join(scratch, f"{p}.sst")
-            rocks.write_changes_sst(sst, zip(keys, values, strict=True))
-            deletes = values.count(None)
+            # The fragment's keys (sorted) and values (aligned, null: a delete) as Arrow
+            # arrays: its SST is written from them here.
+            counts.append(rocks.write_arrow_sst(sst, [(keys, values)]))
             written.append((p, sst))
-            counts.append((len(keys) - deletes, deletes))
         uploaded = job.uploads.upload_runs(written, objects=objects)
     return [
         Fragment(partition=p, order=(spark_partition, run), puts=puts, deletes=deletes, run=up)

@@ -54,6 +54,7 @@ from ..names import CHAIN_SST_DIR, CHAIN_WORK_PREFIX, COMMIT_KEY, META_PREFIX
 from ..objects import ObjectStore
 from ..partitions import rocks
 from ..partitions.partition import encode_commit_record
+from ..sorted_rows import ArrowRows
 from .read import build_database, place_on_root
 from .records import (
     ROWS_AT_MOST,
@@ -74,6 +75,7 @@ __all__ = [
     "publish_next",
     "sst_key",
     "work_folder",
+    "write_arrow_delta",
     "writer_clock",
 ]
 
@@ -116,6 +118,37 @@ def _checked(changes: Iterable[Change], commit: bytes) -> Iterator[Change]:
             )
         last = key
         yield key, value
+
+
+def write_arrow_delta(path: Path, rows: ArrowRows, commit: bytes) -> None:
+    """A delta SST of Arrow rows (a Spark job task's partition: keys sorted, values
+    aligned, deletes as nulls), its commit record first. The one place an Arrow-held
+    delta becomes an SST, so a file written from the same arrays (a columnar copy) goes
+    here, next to it. The rows' order and keyspace are checked column-wise."""
+    rocks.write_arrow_sst(path, _checked_arrow(rows.chunks()), head=[(COMMIT_KEY, commit)])
+
+
+def _checked_arrow(chunks: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
+    """``_checked`` for ``(keys, values)`` Arrow chunks: keys strictly increasing within
+    and across chunks, so only the first key needs the reserved-keyspace check."""
+    import pyarrow.compute as pc
+
+    last: bytes | None = None
+    for keys, values in chunks:
+        n = len(keys)
+        if not n:
+            continue
+        first = keys[0].as_py()
+        if last is None and first[:1] <= META_PREFIX:
+            raise ValueError(f"change key {first[:20]!r} is in iqkit's reserved keyspace (0x00)")
+        if last is not None and first <= last:
+            raise ValueError(
+                f"changes must be sorted by key, each key once: {first[:20]!r} after {last[:20]!r}"
+            )
+        if n > 1 and not pc.all(pc.less(keys.slice(0, n - 1), keys.slice(1))).as_py():
+            raise ValueError("changes must be sorted by key, each key once")
+        last = keys[n - 1].as_py()
+        yield keys, values
 
 
 @contextlib.contextmanager
@@ -246,7 +279,10 @@ def commit_partition(
     old = (*(previous.files if previous is not None else ()), *uploaded)
     with work_folder(work) as tmp:
         delta = Path(tmp) / "delta.sst"
-        rocks.write_changes_sst(delta, _checked(changes, commit))
+        if isinstance(changes, ArrowRows):
+            write_arrow_delta(delta, changes, commit)
+        else:
+            rocks.write_changes_sst(delta, _checked(changes, commit))
         if old and len(old) > compact_after:
             upload = Path(tmp) / "base.sst"
             _compact(cache, objects, old, delta, Path(tmp) / "db", upload)
