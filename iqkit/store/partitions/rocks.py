@@ -294,7 +294,8 @@ def write_arrow_sst(
     """``write_changes_sst`` of rows held as Arrow: ``chunks`` of ``(keys, values)``
     ``binary`` arrays (keys strictly increasing across all chunks, a null value a
     tombstone), after the ``head`` rows (keys before every chunk's). Returns (puts,
-    deletes) of the chunks; no file when there is no row at all.
+    deletes) of the chunks; with no row at all the SST is not finished (RocksDB refuses
+    an empty one).
 
     rocksdict has no bulk API, so each row is still one call into it, but no Python frame
     runs per row: the calls are ``map`` over ``to_pylist()`` lists consumed by a C-level
