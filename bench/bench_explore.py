@@ -3,6 +3,7 @@ as ratios against DuckDB (or Spark) over Parquet of the very same rows.
 
     .venv/bin/python bench/bench_explore.py [--rows 1000000] [--repeat 3] [--spark]
     .venv/bin/python bench/bench_explore.py --profile store-batches   # cProfile of one case
+    .venv/bin/python bench/bench_explore.py --spark-writes --rows 2000000  # only case 6's writes
 
 Builds two stores of ``--rows`` string keys in 8 partitions: ``records`` (JSON records
 ``{"price": float, "qty": int, "tag": short str}``) and ``numbers`` (``int64`` values);
@@ -46,6 +47,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import pandas as pd
@@ -57,6 +59,9 @@ import iqkit
 from iqkit import KeyQuery, PrefixScanQuery, StateQueryRequest
 from iqkit.sqlsession import SQLSession
 from iqkit.tables import collect, store_batches
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 PARTITIONS = 8
 FRAME = 10_000
@@ -332,13 +337,10 @@ def measure_store(name: str, folder: Path, args: argparse.Namespace, width: int)
     return out
 
 
-def measure_spark(folder: Path, rows: int, repeat: int) -> list[Row]:
-    """Spark reads of the ``records`` store and its Parquet file, and writes of ``rows``
-    rows (local[2], as bench_spark.py)."""
+def spark_session() -> SparkSession:
+    """The benchmark's local[2] session (as bench_spark.py), with the data source."""
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
 
-    from iqkit.spark import write_store
     from iqkit.spark.datasource import register
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -352,13 +354,28 @@ def measure_spark(folder: Path, rows: int, repeat: int) -> list[Row]:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
+    return spark
+
+
+def measure_spark(folder: Path, rows: int, repeat: int, *, reads: bool = True) -> list[Row]:
+    """Spark reads of the ``records`` store and its Parquet file (unless not ``reads``),
+    and writes of ``rows`` rows."""
+    spark = spark_session()
+    out = measure_spark_reads(spark, folder, repeat) if reads else []
+    out += measure_spark_writes(spark, folder, rows)
+    spark.stop()
+    return out
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure_spark_reads(spark: SparkSession, folder: Path, repeat: int) -> list[Row]:
     root = os.fspath(folder / "root")
     out: list[Row] = []
-
-    def timed(fn: Callable[[], object]) -> float:
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
 
     def iq_count() -> int:
         return spark.read.format("iqkit").option("store", "records").load(root).count()
@@ -379,6 +396,17 @@ def measure_spark(folder: Path, rows: int, repeat: int) -> list[Row]:
             1.5,
         )
     )
+    return out
+
+
+def measure_spark_writes(spark: SparkSession, folder: Path, rows: int) -> list[Row]:
+    """``write_store`` and ``df.write.format("iqkit")`` against ``df.write.parquet`` of
+    the same ``rows`` rows, best of two each."""
+    from pyspark.sql import functions as F
+
+    from iqkit.spark import write_store
+
+    out: list[Row] = []
     df = (
         spark.range(rows)
         .select(
@@ -422,7 +450,6 @@ def measure_spark(folder: Path, rows: int, repeat: int) -> list[Row]:
                 "≥ 0.7× " + ("met" if ratio >= 0.7 else "MISSED"),
             )
         )
-    spark.stop()
     return out
 
 
@@ -447,6 +474,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--spark", action="store_true", help="also the Spark rows (minutes)")
     parser.add_argument(
+        "--spark-writes",
+        action="store_true",
+        help="only the Spark write rows (no store is built)",
+    )
+    parser.add_argument(
         "--profile",
         choices=("store-batches", "first-key"),
         help="only cProfile one cold case of the records store",
@@ -454,6 +486,11 @@ def main() -> None:
     args = parser.parse_args()
     width = max(7, len(str(args.rows - 1)))
     outer_cache = os.environ.get("IQKIT_CACHE")
+    if args.spark_writes:
+        with tempfile.TemporaryDirectory() as tmp:
+            table = measure_spark(Path(tmp), args.rows, args.repeat, reads=False)
+        print_table("Spark writes", f"commit {commit()}; {args.rows:,} rows", table)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         build_s = build(folder / "root", folder, args.rows, width)

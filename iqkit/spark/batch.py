@@ -41,6 +41,7 @@ Kafka-shaped input, else ``monotonically_increasing_id``, i.e. input order).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -86,6 +87,12 @@ _ENCODED_SCHEMA = "__p int, __k binary, __v binary, __seq long"
 #: Arrow bytes of rows a write task holds before it spills them, sorted, to local disk
 #: (see ``SortedRows``).
 _SPILL_BYTES = 256 * 1024 * 1024
+#: Rows per Arrow batch Spark hands the write's ``mapInArrow`` functions (Spark's
+#: default is 10,000): with 50,000, a write_store of 2M short rows took 6.1-6.5 s against
+#: 8.9-11 s on a loaded 2-core machine (per-batch costs on both sides of Spark's Arrow
+#: stream).
+_BATCH_ROWS = 50_000
+_ROWS_KEY = "spark.sql.execution.arrow.maxRecordsPerBatch"
 _STAGED_FIELDS = pa.schema(
     [
         ("partition", pa.int32()),
@@ -179,7 +186,8 @@ def write_store(
             spill_bytes=_spill_bytes or _SPILL_BYTES,
         )
         try:
-            rows = encoded.mapInArrow(writer, _STAGED_SCHEMA).collect()
+            with _arrow_batches(df.sparkSession):
+                rows = encoded.mapInArrow(writer, _STAGED_SCHEMA).collect()
         except Exception as exc:
             refused = _refusal(exc, plan, store)
             if refused is not None:
@@ -215,6 +223,24 @@ def write_store(
         )
         bar.finish(partitions=len(staged), rows=written, version=version)
         return version
+
+
+@contextlib.contextmanager
+def _arrow_batches(spark: SparkSession) -> Iterator[None]:
+    """Spark's Arrow batches for the write's Python functions at least ``_BATCH_ROWS``
+    rows, for the one job that runs inside. Spark reads the setting when the job is
+    planned (at ``collect``) and has no per-call option for ``mapInArrow``: the
+    session's value is set, then put back. Wide rows stay small batches anyway: Spark
+    also cuts a batch at ``spark.sql.execution.arrow.maxBytesPerBatch`` (64 MiB)."""
+    conf = spark.conf
+    before = conf.get(_ROWS_KEY)
+    if 0 < int(before or 0) < _BATCH_ROWS:  # 0 or less: no limit, kept
+        conf.set(_ROWS_KEY, str(_BATCH_ROWS))
+    try:
+        yield
+    finally:
+        if before is not None:
+            conf.set(_ROWS_KEY, before)
 
 
 # -- driver-side checks ------------------------------------------------------------------------

@@ -202,8 +202,9 @@ class RowEncoder:
         return serialize_column(self.value_serde, col, self.store, "value", plan.value_column)
 
     # -- sorting ------------------------------------------------------------------------------
-    def drain(self) -> Iterator[tuple[int, list[bytes], list[bytes | None]]]:
-        """Per store partition (ascending): keys ascending, the last row of each key."""
+    def drain(self) -> Iterator[tuple[int, pa.Array, pa.Array]]:
+        """Per store partition (ascending): ``binary`` keys ascending, the last row of
+        each key, and their values (null: a delete), as Arrow arrays."""
         if not self.buffer:
             return
         table = pa.Table.from_batches(self.buffer, schema=ENCODED)
@@ -226,13 +227,7 @@ class RowEncoder:
         while start < len(parts):
             partition = int(parts[start])
             end = int(parts.searchsorted(partition, side="right"))
-            # Python objects for one partition at a time keeps a task's memory near the
-            # Arrow buffers' size.
-            yield (
-                partition,
-                keys.slice(start, end - start).to_pylist(),
-                values.slice(start, end - start).to_pylist(),
-            )
+            yield partition, keys.slice(start, end - start), values.slice(start, end - start)
             start = end
 
 

@@ -1,7 +1,7 @@
 """The tasks' side of ``df.write.format("iqkit")``: each task encodes and sorts its rows
 (``write_encode``) and writes them as *fragments*, one per store partition and sorted run,
 and sends the driver an :class:`IqkitCommitMessage` saying what it wrote. A fragment is
-one sorted SST of puts and tombstones (``rocks.write_changes_sst``) written in the
+one sorted SST of puts and tombstones (``rocks.write_arrow_sst``) written in the
 executor's scratch folder (``workers.spill_dir``), uploaded through the job spec
 (``WriteJob.uploads``, the format's: a task's runs through one connection) under a fresh
 key no version lists, and removed locally; the message names the uploaded keys, so the
@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import WriterCommitMessage
 
+from ..store.names import twin_key
 from ..store.partitions import rocks
 from .workers import consume_marker, keep_spark_archive_indexes, spill_dir
 from .write_encode import RowEncoder
@@ -106,15 +107,21 @@ def _write_run(
     ascending, each once; ``None`` values are deletes), written in the scratch folder and
     uploaded through ``objects`` (``upload_runs``: one connection); the local files are
     gone when this returns."""
+    manifest = job.uploads.manifest
     with tempfile.TemporaryDirectory(prefix="iqkit-run-", dir=spill_dir()) as scratch:
         written: list[tuple[int, str]] = []
         counts: list[tuple[int, int]] = []
         for p, keys, values in encoder.drain():
             sst = os.path.join(scratch, f"{p}.sst")
-            rocks.write_changes_sst(sst, zip(keys, values, strict=True))
-            deletes = values.count(None)
+            # The fragment's keys (sorted) and values (aligned, null: a delete) as Arrow
+            # arrays: its SST is written from them here, and its columnar twin beside it
+            # (``upload_runs`` uploads both).
+            counts.append(rocks.write_arrow_sst(sst, [(keys, values)]))
+            if manifest.kind.has_twins:
+                from ..store.columnar.twins import write_twin_of_arrays  # pyarrow, writers only
+
+                write_twin_of_arrays(twin_key(sst), manifest, keys, values)
             written.append((p, sst))
-            counts.append((len(keys) - deletes, deletes))
         uploaded = job.uploads.upload_runs(written, objects=objects)
     return [
         Fragment(partition=p, order=(spark_partition, run), puts=puts, deletes=deletes, run=up)

@@ -34,12 +34,21 @@ class ArrowRows:
 
     def __init__(self, chunks: Iterable[tuple[pa.Array, pa.Array]]) -> None:
         self._chunks = chunks
+        #: Puts and deletes handed out by ``chunks()`` so far (a job's counts, without
+        #: another pass).
+        self.puts_seen = 0
+        self.deletes_seen = 0
 
     def chunks(self) -> Iterator[tuple[pa.Array, pa.Array]]:
-        """``(keys, values)`` Arrow arrays of at most ``_CHUNK_ROWS`` rows each."""
+        """``(keys, values)`` Arrow arrays of at most ``_CHUNK_ROWS`` rows each: keys
+        sorted, values aligned, ``null`` a delete. One pass (a merge of spilled runs
+        cannot be read twice)."""
         for keys, values in self._chunks:
             for lo in range(0, len(keys), _CHUNK_ROWS):
-                yield keys.slice(lo, _CHUNK_ROWS), values.slice(lo, _CHUNK_ROWS)
+                k, v = keys.slice(lo, _CHUNK_ROWS), values.slice(lo, _CHUNK_ROWS)
+                self.deletes_seen += v.null_count
+                self.puts_seen += len(v) - v.null_count
+                yield k, v
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes | None]]:
         return chain.from_iterable(

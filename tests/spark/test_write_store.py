@@ -371,3 +371,24 @@ def test_windows_at_sparks_latest_timestamp_are_stored_exactly(spark, tmp_path):
         ]
     start_ms = latest_us // 1000 // 300_000 * 300_000
     assert got == [(start_ms, start_ms + 300_000)]
+
+
+def test_the_session_s_arrow_batch_size_is_put_back_after_a_write(spark, tmp_path):
+    # write_store raises Spark's Arrow batch size for its own job only (batch.py's
+    # _arrow_batches); a smaller size the user chose is theirs again afterwards, also
+    # when the write fails.
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "7")
+    try:
+        df = spark.createDataFrame([(f"c{i}", i) for i in range(50)], "customer string, n long")
+        write_store(df, tmp_path / "stores", "small", key="customer", partitions=2)
+        assert spark.conf.get(key) == "7"
+        with pytest.raises(ValueError, match="null keys"):
+            bad = spark.createDataFrame([(None, 1)], "customer string, n long")
+            write_store(bad, tmp_path / "stores", "small", key="customer", partitions=2)
+        assert spark.conf.get(key) == "7"
+        with iqkit.open(tmp_path / "stores") as engine:
+            assert get(engine, "small", "c42") == {"n": 42}
+    finally:
+        spark.conf.set(key, before)

@@ -48,9 +48,10 @@ from ...errors import (
 from ...query.position import Position
 from ..cache import FileCache
 from ..manifest import StoreManifest
-from ..names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR, MANIFEST_FILE
+from ..names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR, MANIFEST_FILE, twin_key
 from ..objects import ObjectStore, open_objects
 from ..roots import StoreRoot
+from ..sorted_rows import ArrowRows
 from .records import (
     ChainFile,
     ChainVersion,
@@ -169,7 +170,9 @@ class ChainJobSpec:
         ``sorted_unique``: the caller's promise, which chain rows always keep
         (chain_write checks it)."""
         del sorted_unique
-        counter = _Counter(rows)
+        # Arrow rows (a Spark task's) go to the SST writer as they are, counting
+        # themselves; other rows are counted on their way through.
+        counter = rows if isinstance(rows, ArrowRows) else _Counter(rows)
         chain = commit_partition(
             self.objects(),
             self.store,
@@ -182,12 +185,17 @@ class ChainJobSpec:
             work=work,
             manifest=self.manifest,
         )
+        puts, deletes = (
+            (counter.puts_seen, counter.deletes_seen)
+            if isinstance(counter, ArrowRows)
+            else (counter.puts, counter.deletes)
+        )
         return StagedChain(
             partition=partition,
             chain=chain,
             attempt=attempt,
-            puts=self.manifest.kind.records_in(counter.puts),
-            deletes=self.manifest.kind.records_in(counter.deletes),
+            puts=self.manifest.kind.records_in(puts),
+            deletes=self.manifest.kind.records_in(deletes),
             position=chain.commit_record()["position"].to_map(),
         )
 
@@ -458,7 +466,12 @@ def upload_runs(
     for partition, sst in runs:
         key = sst_key(spec.store, partition, spec.planned_version)
         objects.put_immutable(key, sst)
-        uploaded.append(ChainFile(key, os.path.getsize(sst)))
+        twin = twin_key(os.fspath(sst))  # its columnar twin, when the task wrote one
+        twin_size = None
+        if os.path.exists(twin):
+            objects.put_immutable(twin_key(key), twin)
+            twin_size = os.path.getsize(twin)
+        uploaded.append(ChainFile(key, os.path.getsize(sst), twin_size))
     return uploaded
 
 

@@ -55,6 +55,7 @@ from ..names import CHAIN_SST_DIR, CHAIN_WORK_PREFIX, COMMIT_KEY, META_PREFIX, t
 from ..objects import ObjectStore
 from ..partitions import rocks
 from ..partitions.partition import encode_commit_record
+from ..sorted_rows import ArrowRows
 from .read import build_database, place_on_root
 from .records import (
     ROWS_AT_MOST,
@@ -75,6 +76,7 @@ __all__ = [
     "publish_next",
     "sst_key",
     "work_folder",
+    "write_arrow_delta",
     "writer_clock",
 ]
 
@@ -117,6 +119,37 @@ def _checked(changes: Iterable[Change], commit: bytes) -> Iterator[Change]:
             )
         last = key
         yield key, value
+
+
+def write_arrow_delta(path: Path, rows: ArrowRows, commit: bytes) -> None:
+    """A delta SST of Arrow rows (a Spark job task's partition: keys sorted, values
+    aligned, deletes as nulls), its commit record first. The one place an Arrow-held
+    delta becomes an SST, so a file written from the same arrays (a columnar copy) goes
+    here, next to it. The rows' order and keyspace are checked column-wise."""
+    rocks.write_arrow_sst(path, _checked_arrow(rows.chunks()), head=[(COMMIT_KEY, commit)])
+
+
+def _checked_arrow(chunks: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
+    """``_checked`` for ``(keys, values)`` Arrow chunks: keys strictly increasing within
+    and across chunks, so only the first key needs the reserved-keyspace check."""
+    import pyarrow.compute as pc
+
+    last: bytes | None = None
+    for keys, values in chunks:
+        n = len(keys)
+        if not n:
+            continue
+        first = keys[0].as_py()
+        if last is None and first[:1] <= META_PREFIX:
+            raise ValueError(f"change key {first[:20]!r} is in iqkit's reserved keyspace (0x00)")
+        if last is not None and first <= last:
+            raise ValueError(
+                f"changes must be sorted by key, each key once: {first[:20]!r} after {last[:20]!r}"
+            )
+        if n > 1 and not pc.all(pc.less(keys.slice(0, n - 1), keys.slice(1))).as_py():
+            raise ValueError("changes must be sorted by key, each key once")
+        last = keys[n - 1].as_py()
+        yield keys, values
 
 
 @contextlib.contextmanager
@@ -252,8 +285,22 @@ def commit_partition(
     twinned = manifest is not None and manifest.kind.has_twins
     with work_folder(work) as tmp:
         delta = Path(tmp) / "delta.sst"
-        rows = list(_checked(changes, commit))
-        rocks.write_changes_sst(delta, rows)
+        rows: list[Change]
+        if isinstance(changes, ArrowRows):
+            if twinned:  # the twin is made from the same arrays: read them once, keep them
+                chunks = list(changes.chunks())
+                changes = ArrowRows(chunks)
+                rows = [
+                    pair
+                    for keys, values in chunks
+                    for pair in zip(keys.to_pylist(), values.to_pylist(), strict=True)
+                ]
+            else:
+                rows = []
+            write_arrow_delta(delta, changes, commit)
+        else:
+            rows = list(_checked(changes, commit))
+            rocks.write_changes_sst(delta, rows)
         twin: Path | None = Path(tmp) / "upload.parquet" if twinned else None
         if old and len(old) > compact_after:
             upload = Path(tmp) / "base.sst"

@@ -58,6 +58,7 @@ __all__ = [
     "try_write",
     "twin_table",
     "write_twin",
+    "write_twin_of_arrays",
 ]
 
 KEY_BYTES = "__key"
@@ -235,3 +236,13 @@ def try_write(write: Any, path: str | os.PathLike[str], *args: Any) -> bool:
             os.unlink(path)
         return False
     return True
+
+
+def write_twin_of_arrays(
+    path: str | os.PathLike[str], manifest: StoreManifest, keys: pa.Array, values: pa.Array
+) -> bool:
+    """Write at ``path`` the twin of an SST written from Arrow arrays (keys sorted,
+    values aligned, null a delete: a Spark task's fragment); False when it has none
+    (``try_write``)."""
+    rows = list(zip(keys.to_pylist(), values.to_pylist(), strict=True))
+    return try_write(write_twin_of_rows, path, manifest, rows)
