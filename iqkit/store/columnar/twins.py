@@ -123,8 +123,9 @@ def twin_table(manifest: StoreManifest, rows: Sequence[tuple[bytes, bytes | None
     shaper = _Shaper(manifest, None)
     if live:
         cols = shaper.shape([(0, live, _Stored(_kv_decoder(manifest), RAW_PREFIX_LEN))])
-    else:
-        cols = shaper.empty_columns()
+    else:  # tombstones only: the columns the serdes fix (a JSON value has none)
+        empty = shaper.empty_columns().items()
+        cols = {n: c for n, c in empty if not pa.types.is_null(c.array.type)}
     cols.pop(PARTITION)
     arrays: list[pa.Array] = [pa.array([k for k, _ in live], pa.binary())]
     fields = [pa.field(KEY_BYTES, pa.binary(), nullable=False)]
