@@ -25,10 +25,14 @@ open database. The result is a ``RocksDBPartition`` (the engine's ``BytesPartiti
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
 import shutil
+import stat
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -36,8 +40,8 @@ from pathlib import Path
 
 from ...errors import IqkitError, StoreCorruptedError, StoreIOError, StoreNotFoundError
 from ..cache import STALE_TMP_SECONDS, CacheStats, FileCache, PinnedFile, counted, is_disk_full
-from ..names import CACHE_BUILDING_PREFIX, CACHE_DBS_DIR, CHAIN_SST_DIR
-from ..objects import NotPlainFileError, ObjectStore, check_key, link_plain_file
+from ..names import CACHE_BUILDING_PREFIX, CACHE_DBS_DIR, CHAIN_SST_DIR, ROCKSDB_SIDE_FILES
+from ..objects import NotPlainFileError, ObjectStore, check_key, link_plain_file, refused
 from ..partitions import rocks
 from ..partitions.partition import RocksDBPartition
 from .records import PartitionChain
@@ -52,26 +56,183 @@ def build_database(
 ) -> None:
     """Create the RocksDB ``folder`` (must not exist) holding ``files`` (SSTs, oldest
     first: each ingestion is newer than the last, so later values and tombstones win).
-    The files themselves are left in place (ingested through hard links beside them).
-    ``names``: what errors call each file (its place on the root), else its path. A file
-    that is a symbolic link or not a plain file is refused (``StoreIOError`` naming it)."""
-    db = rocks.open_for_write(folder, create=True)
+    The files themselves are left in place: the database holds hard links of them
+    (``folder``'s own names, no copy; a copy from another file system). ``names``: what
+    errors call each file (its place on the root), else its path. A file that is a
+    symbolic link or not a plain file is refused (``StoreIOError`` naming it): a version
+    naming a planted link must not read another store's file, or any file.
+
+    RocksDB syncs every small file it writes while creating a database and ingesting
+    (16 ``fsync``s here, and one of each ingested file; on a busy disk most of a first
+    query's time). A database built for reading is only a cache of the chain's files,
+    rebuilt when lost, so it needs none of that: when a memory file system is at hand
+    (``_memory_scratch``) RocksDB builds there (``_build_in_memory``) and what it wrote
+    is then moved into ``folder`` with plain writes. The caller publishes ``folder``
+    with one rename either way, so a build cut short is never served; one a power loss
+    left incomplete fails to open, and ``open_partition`` builds it again."""
+    folder = Path(folder)
+    folder.mkdir()
+    named = [(f, names[i] if names is not None else os.fspath(f)) for i, f in enumerate(files)]
+    scratch = _memory_scratch()
+    if scratch is None:
+        _build_here(folder, named)
+        return
     try:
-        for i, file in enumerate(files):
-            name = names[i] if names is not None else os.fspath(file)
-            # move_files removes the path it is given (quirk): hand it a second link
-            # (or, from another file system, a copy). Never a link's target: a version
-            # naming a planted link must not read another store's file, or any file.
-            stage = Path(folder) / f".ingest-{uuid.uuid4().hex}.sst"
-            try:
-                link_plain_file(file, stage, name)
-            except FileNotFoundError:
-                raise StoreNotFoundError(f"{name}: a file of this version is missing") from None
-            except NotPlainFileError as exc:
-                raise StoreIOError(exc.strerror) from None
+        _build_in_memory(folder, scratch, named)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _build_here(folder: Path, files: list[tuple[str | os.PathLike[str], str]]) -> None:
+    """``build_database`` with RocksDB writing (and syncing) in ``folder`` itself."""
+    stages = []
+    for file, name in files:
+        # Ingestion (move_files) removes the path it is given (quirk): it gets a second
+        # link (or, from another file system, a copy).
+        stage = folder / f".ingest-{uuid.uuid4().hex}.sst"
+        try:
+            link_plain_file(file, stage, name)
+        except FileNotFoundError:
+            raise StoreNotFoundError(f"{name}: a file of this version is missing") from None
+        except NotPlainFileError as exc:
+            raise StoreIOError(exc.strerror) from None
+        stages.append((stage, name))
+    db = rocks.open_for_build(folder)
+    try:
+        for stage, name in stages:
             rocks.ingest(db, [stage], where=name)
     finally:
         rocks.close_quietly(db)
+
+
+def _build_in_memory(
+    folder: Path, scratch: Path, files: list[tuple[str | os.PathLike[str], str]]
+) -> None:
+    """``build_database`` with RocksDB writing in ``scratch`` (a memory file system).
+
+    Each file is opened once, refusing a link (``O_NOFOLLOW``) and anything but a plain
+    file, and RocksDB ingests a symbolic link to the open descriptor (``/proc/self/fd``):
+    it reads exactly the file checked, and moving it into the database links the
+    symbolic link itself (link(2) does not follow it). The file's own inode is left as
+    it was: a new hard link made before the ingest would make RocksDB's sync of the file
+    wait for the journal to commit that link (1.5 ms measured). Once RocksDB is closed,
+    ``folder`` gets a hard link of each descriptor's file under the name RocksDB gave
+    it, and a copy of every other file it wrote (not its lock, info log or rocksdict's
+    config: what readers' views leave out, rocks.ROCKSDB_SIDE_FILES)."""
+    opened: dict[str, tuple[int, str]] = {}
+    copies: list[Path] = []
+    try:
+        for file, name in files:
+            fd = _open_plain(file, name)
+            opened[f"{_FD_LINKS}/{fd}"] = (fd, name)
+            if not os.access(f"{_FD_LINKS}/{fd}", os.W_OK, effective_ids=True):
+                # RocksDB opens each ingested file to write, to sync it (quirk): one this
+                # user may not write (another user's store) is ingested from a copy.
+                copy = folder / f".ingest-{uuid.uuid4().hex}.sst"
+                _copy_open_file(fd, copy)
+                copies.append(copy)
+                del opened[f"{_FD_LINKS}/{fd}"]
+                os.close(fd)
+                fd = _open_plain(copy, name)
+                opened[f"{_FD_LINKS}/{fd}"] = (fd, name)
+        built = scratch / "db"
+        db = rocks.open_for_build(built)
+        try:
+            for i, (link, (_fd, name)) in enumerate(opened.items()):
+                stage = scratch / f".ingest-{i}.sst"
+                os.symlink(link, stage)
+                rocks.ingest(db, [stage], where=name)
+        finally:
+            rocks.close_quietly(db)
+        with os.scandir(built) as entries:
+            for entry in entries:
+                target = folder / entry.name
+                if entry.is_symlink():
+                    fd, name = opened[os.readlink(entry.path)]
+                    _link_open_file(fd, target)
+                elif entry.is_file(follow_symlinks=False) and entry.name not in ROCKSDB_SIDE_FILES:
+                    # (A table file RocksDB copied, as it does when it cannot link, is
+                    # a plain file too.)
+                    shutil.copyfile(entry.path, target, follow_symlinks=False)
+        for copy in copies:
+            copy.unlink()  # the database holds its own link
+    finally:
+        for fd, _name in opened.values():
+            os.close(fd)
+
+
+#: Where RocksDB builds a database before it is moved into the cache (build_database):
+#: a memory file system, whose syncs cost nothing. ``None`` (or a folder this process
+#: cannot write to) builds in place.
+MEMORY_FOLDER: Path | None = Path("/dev/shm") if sys.platform == "linux" else None
+#: Linux's links to a process's open descriptors (``_build_in_memory`` needs them).
+_FD_LINKS = "/proc/self/fd"
+#: Prefix of a build's scratch folder in ``MEMORY_FOLDER``.
+_SCRATCH_PREFIX = "iqkit-build-"
+#: The processes (this one, or the one it was forked from) that swept ``MEMORY_FOLDER``.
+_swept: set[int] = set()
+
+
+def _memory_scratch() -> Path | None:
+    """A private scratch folder (0700) in ``MEMORY_FOLDER`` for one build, else ``None``
+    (none configured, not writable, or no ``/proc/self/fd``: the build runs in place).
+    Once per process, this user's scratch folders older than the cache's stale age are
+    removed first (a build killed before its ``finally`` leaves a few small files)."""
+    memory = MEMORY_FOLDER
+    if memory is None or not os.access(memory, os.W_OK | os.X_OK):
+        return None
+    if not os.path.isdir(_FD_LINKS):
+        return None
+    if os.getpid() not in _swept:
+        _swept.add(os.getpid())
+        _remove_stale(memory, _SCRATCH_PREFIX)
+    try:
+        return Path(tempfile.mkdtemp(prefix=_SCRATCH_PREFIX, dir=memory))
+    except OSError:
+        return None
+
+
+def _open_plain(file: str | os.PathLike[str], name: str) -> int:
+    """A read-only descriptor of ``file``, which must be a plain file and not a link
+    (else ``StoreIOError`` naming ``name``; a missing one is ``StoreNotFoundError``)."""
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise StoreNotFoundError(f"{name}: a file of this version is missing") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreIOError(refused(name, stat.S_IFLNK).strerror) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise StoreIOError(refused(name, mode).strerror)
+    return fd
+
+
+def _link_open_file(fd: int, target: Path) -> None:
+    """Give the file open as ``fd`` the new name ``target``: a hard link, else (another
+    file system, another user's file) a copy of its bytes."""
+    # os.link calls link(2), which links a symbolic link itself, unless it is given a
+    # folder descriptor (quirk): then it calls linkat(2) with AT_SYMLINK_FOLLOW, which
+    # links the open file. The folder is never used (the source path is absolute).
+    here = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.link(f"{_FD_LINKS}/{fd}", target, src_dir_fd=here, follow_symlinks=True)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise
+    finally:
+        os.close(here)
+    _copy_open_file(fd, target)
+
+
+def _copy_open_file(fd: int, target: Path) -> None:
+    """A new file ``target`` holding the bytes of the file open as ``fd``."""
+    with open(fd, "rb", closefd=False) as src, open(target, "xb") as out:
+        src.seek(0)
+        shutil.copyfileobj(src, out, 1 << 20)
 
 
 def database_folder(
@@ -313,15 +474,18 @@ def _as_on_root(
     return StoreCorruptedError(f"corrupt RocksDB data at {named or where}: {detail}")
 
 
-def _remove_stale_builds(parent: Path) -> None:
-    """Remove builds a killed process left (older than the cache's stale-download age;
-    a younger one may be another process's build in progress)."""
+def _remove_stale(parent: Path, prefix: str) -> None:
+    """Remove this user's folders named ``prefix...`` in ``parent`` that a killed process
+    left (older than the cache's stale-download age; a younger one may be another
+    process's build in progress)."""
     cutoff = time.time() - STALE_TMP_SECONDS
+    uid = os.geteuid()
     with contextlib.suppress(OSError), os.scandir(parent) as entries:
         for entry in entries:
-            if entry.name.startswith(CACHE_BUILDING_PREFIX):
+            if entry.name.startswith(prefix):
                 with contextlib.suppress(OSError):
-                    if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    st = entry.stat(follow_symlinks=False)
+                    if st.st_uid == uid and st.st_mtime < cutoff:
                         shutil.rmtree(entry.path)
 
 
@@ -339,7 +503,7 @@ def _build_in_place(
     is used). ``files`` must be pinned by the caller."""
     while True:
         cache.make_folder(folder.parent)
-        _remove_stale_builds(folder.parent)
+        _remove_stale(folder.parent, CACHE_BUILDING_PREFIX)
         tmp = folder.with_name(f"{CACHE_BUILDING_PREFIX}{uuid.uuid4().hex}-{folder.name}")
         try:
             build_database(tmp, files, names)
