@@ -342,15 +342,22 @@ def open_partition(
     """``chain`` (partition ``partition`` of a version of ``store``) as a read-only
     partition; fetches only the files the cache lacks (module docstring).
 
-    A full disk (or quota) makes room first: every unpinned entry of the cache is
-    evicted (the disk is full whatever the cache's limit says), then the open is retried
-    once. What still fails in the cache's folders is one ``StoreIOError`` line naming
-    the cache and the partition's place on the root (never a build's temporary folder)."""
+    A database found in the cache that does not open or read is discarded and built
+    again, once (builds are not synced to disk, build_database: a power loss may leave
+    one incomplete). A full disk (or quota) makes room first: every unpinned entry of
+    the cache is evicted (the disk is full whatever the cache's limit says), then the
+    open is retried once. What still fails in the cache's folders is one
+    ``StoreIOError`` line naming the cache and the partition's place on the root (never a
+    build's temporary folder)."""
     before = cache.stats.copy()
     where = place_on_root(objects, f"{store}/{CHAIN_SST_DIR}/{partition}")
     for attempt in (1, 2):
         try:
             return _open_partition(cache, objects, store, partition, chain, before)
+        except _ReusedDatabaseFailed as exc:
+            if attempt == 1:
+                continue  # discarded: built again from the chain's files
+            raise StoreCorruptedError(str(exc)) from exc.__cause__
         except (OSError, IqkitError) as exc:
             if is_disk_full(exc) and attempt == 1:
                 cache.evict(down_to=0)
@@ -380,11 +387,12 @@ def _open_partition(
     sources: list[Path] = []  # the chain's files, oldest first, where the build reads them
     folder = database_folder(cache, objects, store, partition, chain)
     where = place_on_root(objects, f"{store}/{CHAIN_SST_DIR}/{partition}")
-    in_place = False
+    in_place = reused = False
     try:
         database = cache.pin_database(folder)
         if database is not None:
             pins.append(database)
+            reused = True
         local = [objects.local_file(f.name) for f in chain.files]
         in_place = all(p is not None for p in local)
         if in_place:
@@ -424,7 +432,14 @@ def _open_partition(
         cache.discard_database(folder)
         if not in_place:
             cache.discard(objects, [f.name for f in chain.files])
+        if reused:
+            raise _ReusedDatabaseFailed(str(named)) from exc
         raise named from exc
+
+
+class _ReusedDatabaseFailed(StoreCorruptedError):
+    """A database found in the cache did not open or read (now discarded):
+    ``open_partition`` builds it again once before this counts as the partition's."""
 
 
 def _names_by_inode(
