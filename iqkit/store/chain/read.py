@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import re
@@ -77,10 +78,12 @@ def build_database(
     if scratch is None:
         _build_here(folder, named)
         return
+    path, lock = scratch
     try:
-        _build_in_memory(folder, scratch, named)
+        _build_in_memory(folder, path, named)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(lock)
 
 
 def _build_here(folder: Path, files: list[tuple[str | os.PathLike[str], str]]) -> None:
@@ -173,11 +176,13 @@ _SCRATCH_PREFIX = "iqkit-build-"
 _swept: set[int] = set()
 
 
-def _memory_scratch() -> Path | None:
-    """A private scratch folder (0700) in ``MEMORY_FOLDER`` for one build, else ``None``
-    (none configured, not writable, or no ``/proc/self/fd``: the build runs in place).
-    Once per process, this user's scratch folders older than the cache's stale age are
-    removed first (a build killed before its ``finally`` leaves a few small files)."""
+def _memory_scratch() -> tuple[Path, int] | None:
+    """A private scratch folder (0700) in ``MEMORY_FOLDER`` for one build and a
+    descriptor holding a shared ``flock`` on it (released by the kernel if the process
+    dies), else ``None`` (none configured, not writable, or no ``/proc/self/fd``: the
+    build runs in place). Once per process, this user's scratch folders nobody holds
+    are removed first: a build killed before its ``finally`` leaves a few small files
+    there, in memory."""
     memory = MEMORY_FOLDER
     if memory is None or not os.access(memory, os.W_OK | os.X_OK):
         return None
@@ -185,11 +190,38 @@ def _memory_scratch() -> Path | None:
         return None
     if os.getpid() not in _swept:
         _swept.add(os.getpid())
-        _remove_stale(memory, _SCRATCH_PREFIX)
-    try:
-        return Path(tempfile.mkdtemp(prefix=_SCRATCH_PREFIX, dir=memory))
-    except OSError:
-        return None
+        _remove_unheld(memory)
+    for _ in range(3):
+        try:
+            path = tempfile.mkdtemp(prefix=_SCRATCH_PREFIX, dir=memory)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None  # (a sweep may take the folder before it is opened: tried again)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return Path(path), fd
+        os.close(fd)  # another process's sweep took it before the lock: another one
+    return None
+
+
+def _remove_unheld(memory: Path) -> None:
+    """Remove this user's scratch folders in ``memory`` whose builder died (nobody holds
+    their lock)."""
+    uid = os.geteuid()
+    with contextlib.suppress(OSError), os.scandir(memory) as entries:
+        for entry in entries:
+            if not entry.name.startswith(_SCRATCH_PREFIX):
+                continue
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    shutil.rmtree(entry.path)
+                finally:
+                    os.close(fd)
 
 
 def _open_plain(file: str | os.PathLike[str], name: str) -> int:
@@ -489,18 +521,15 @@ def _as_on_root(
     return StoreCorruptedError(f"corrupt RocksDB data at {named or where}: {detail}")
 
 
-def _remove_stale(parent: Path, prefix: str) -> None:
-    """Remove this user's folders named ``prefix...`` in ``parent`` that a killed process
-    left (older than the cache's stale-download age; a younger one may be another
-    process's build in progress)."""
+def _remove_stale_builds(parent: Path) -> None:
+    """Remove builds a killed process left (older than the cache's stale-download age;
+    a younger one may be another process's build in progress)."""
     cutoff = time.time() - STALE_TMP_SECONDS
-    uid = os.geteuid()
     with contextlib.suppress(OSError), os.scandir(parent) as entries:
         for entry in entries:
-            if entry.name.startswith(prefix):
+            if entry.name.startswith(CACHE_BUILDING_PREFIX):
                 with contextlib.suppress(OSError):
-                    st = entry.stat(follow_symlinks=False)
-                    if st.st_uid == uid and st.st_mtime < cutoff:
+                    if entry.stat(follow_symlinks=False).st_mtime < cutoff:
                         shutil.rmtree(entry.path)
 
 
@@ -518,7 +547,7 @@ def _build_in_place(
     is used). ``files`` must be pinned by the caller."""
     while True:
         cache.make_folder(folder.parent)
-        _remove_stale(folder.parent, CACHE_BUILDING_PREFIX)
+        _remove_stale_builds(folder.parent)
         tmp = folder.with_name(f"{CACHE_BUILDING_PREFIX}{uuid.uuid4().hex}-{folder.name}")
         try:
             build_database(tmp, files, names)
