@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -63,18 +64,34 @@ def rows_of(database: Path) -> dict[bytes, bytes]:
         rocks.close_quietly(db)
 
 
+@pytest.fixture
+def memory(monkeypatch) -> Path | None:
+    """A memory folder of this test's own (in /dev/shm) where builds put their scratch
+    folders (other processes' builds are elsewhere); ``None`` where there is none."""
+    if not (sys.platform == "linux" and os.access(MEMORY, os.W_OK | os.X_OK)):
+        monkeypatch.setattr(chain_read, "MEMORY_FOLDER", None)
+        yield None
+        return
+    folder = Path(tempfile.mkdtemp(dir=MEMORY, prefix="iqkit-test-"))
+    monkeypatch.setattr(chain_read, "MEMORY_FOLDER", folder)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def scratch_folders() -> set[str]:
-    if not MEMORY.is_dir():
+    folder = chain_read.MEMORY_FOLDER
+    if folder is None or not folder.is_dir():
         return set()
-    return {n for n in os.listdir(MEMORY) if n.startswith("iqkit-build-")}
+    return {n for n in os.listdir(folder) if n.startswith("iqkit-build-")}
 
 
 @pytest.mark.parametrize("where", ["memory", "in place"])
-def test_a_built_database_serves_the_chains_rows_and_shares_its_files(where, tmp_path, monkeypatch):
-    if where == "memory":
-        if not os.access(MEMORY, os.W_OK | os.X_OK):
-            pytest.skip("no writable /dev/shm")
-    else:
+def test_a_built_database_serves_the_chains_rows_and_shares_its_files(
+    where, memory, tmp_path, monkeypatch
+):
+    if where == "memory" and memory is None:
+        pytest.skip("no writable /dev/shm")
+    if where == "in place":
         monkeypatch.setattr(chain_read, "MEMORY_FOLDER", None)
     files, expected = chain_files(tmp_path / "chain")
     before = {f: (f.read_bytes(), os.stat(f).st_mtime_ns) for f in files}
@@ -92,11 +109,11 @@ def test_a_built_database_serves_the_chains_rows_and_shares_its_files(where, tmp
     assert "CURRENT" in names
     if where == "memory":  # what RocksDB wrote beside the database stayed behind
         assert not names & {"LOCK", "LOG", "rocksdict-config.json"}, names
-    assert scratch_folders() <= scratch  # (a sweep may remove older ones)
+    assert scratch_folders() == scratch
 
 
 @needs_memory
-def test_a_build_in_memory_refuses_a_link_and_a_folder_and_names_them(tmp_path):
+def test_a_build_in_memory_refuses_a_link_and_a_folder_and_names_them(memory, tmp_path):
     files, _ = chain_files(tmp_path / "chain")
     elsewhere = tmp_path / "elsewhere.sst"
     os.rename(files[1], elsewhere)
@@ -112,7 +129,7 @@ def test_a_build_in_memory_refuses_a_link_and_a_folder_and_names_them(tmp_path):
     os.rmdir(files[1])
     with pytest.raises(iqkit.StoreNotFoundError, match="the-delta: a file of this version"):
         chain_read.build_database(tmp_path / "db3", files, ["base", "the-delta", "last"])
-    assert scratch_folders() <= scratch  # (a sweep may remove older ones)
+    assert scratch_folders() == scratch
 
 
 CHILD = textwrap.dedent(
@@ -123,6 +140,7 @@ CHILD = textwrap.dedent(
     from iqkit.store import cache
 
     step = sys.argv[2]
+    read.MEMORY_FOLDER = None if sys.argv[3] == "-" else read.Path(sys.argv[3])
     def die(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     if step == "ingest":  # RocksDB has part of the chain, in memory
@@ -146,7 +164,7 @@ CHILD = textwrap.dedent(
 
 
 @pytest.mark.parametrize("step", ["ingest", "move", "publish"])
-def test_a_build_killed_at_any_step_is_never_served(step, tmp_path, monkeypatch):
+def test_a_build_killed_at_any_step_is_never_served(step, memory, tmp_path, monkeypatch):
     root = tmp_path / "root"
     iqkit.create_store(root, "s", partitions=1, value_serde="int64")
     for n in range(3):  # a chain of three files
@@ -159,14 +177,14 @@ def test_a_build_killed_at_any_step_is_never_served(step, tmp_path, monkeypatch)
     env["PYTHONPATH"] = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
     scratch = scratch_folders()
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, os.fspath(root), step],
+        [sys.executable, "-c", CHILD, os.fspath(root), step, os.fspath(memory or "-")],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == -9, (done.stdout, done.stderr)
     assert not published(cache)
     assert [p for p in cache.rglob(f"{CACHE_BUILDING_PREFIX}*")]  # what it left
     left_in_memory = scratch_folders() - scratch
-    if MEMORY.is_dir() and step != "publish":
+    if memory is not None and step != "publish":
         assert left_in_memory  # killed while RocksDB's files were in memory
     monkeypatch.setattr(chain_read, "_swept", set())  # as in a new process
     monkeypatch.setenv("IQKIT_CACHE", os.fspath(cache))
@@ -224,11 +242,11 @@ def test_a_published_database_a_power_loss_left_empty_is_built_again(lost, tmp_p
 
 
 @needs_memory
-def test_scratch_folders_a_killed_build_left_in_memory_are_swept(tmp_path, monkeypatch):
+def test_scratch_folders_a_killed_build_left_in_memory_are_swept(memory, tmp_path, monkeypatch):
     # A scratch folder nobody holds (its builder died) is removed by the next process's
     # first build; one a live build holds (a shared flock) stays, however old.
-    dead = MEMORY / f"iqkit-build-test-{os.getpid()}-dead"
-    alive = MEMORY / f"iqkit-build-test-{os.getpid()}-alive"
+    dead = memory / "iqkit-build-dead"
+    alive = memory / "iqkit-build-alive"
     for folder in (dead, alive):
         folder.mkdir()
         (folder / "MANIFEST-000005").write_bytes(b"x")
@@ -252,3 +270,39 @@ def test_scratch_folders_a_killed_build_left_in_memory_are_swept(tmp_path, monke
 def test_side_files_are_what_a_reader_leaves_out():
     # The move into the cache leaves out exactly what readers' views leave out.
     assert {"LOCK", "LOG", "rocksdict-config.json"} == set(ROCKSDB_SIDE_FILES)
+
+
+@needs_memory
+def test_the_database_a_first_query_built_is_read_as_built_then_let_go(
+    memory, tmp_path, monkeypatch
+):
+    # The build keeps its database open for the partition's first reads: every row is
+    # served from it, its table files are the published database's (never a descriptor
+    # number that may be reused), and closing the partition removes its memory folder.
+    root = tmp_path / "root"  # rows enough for RocksDB (a small chain is read into memory)
+    iqkit.create_store(root, "s", partitions=1, value_serde="int64")
+    for n in range(3):
+        with iqkit.StoreWriter(root, "s") as w:
+            for i in range(n, 60_000, 3):
+                w.put(f"k{i}", i * 10 + n)
+            if n == 2:
+                w.delete("k0")
+    monkeypatch.setenv("IQKIT_CACHE", os.fspath(tmp_path / "cache"))
+    expected = {f"k{i}": i * 10 + i % 3 for i in range(1, 60_000)}
+    with iqkit.open(root) as engine:
+        assert "database built (3 SST files)" in engine_trace(engine)
+        (scratch,) = scratch_folders()
+        (database,) = published(tmp_path / "cache")
+        tables = list((memory / scratch).rglob("*.sst"))
+        assert tables and all(t.is_symlink() for t in tables)
+        assert {os.readlink(t) for t in tables} == {os.fspath(p) for p in database.glob("*.sst")}
+        assert dict(engine_rows(engine)) == expected
+        for k in ("k1", "k59999", "k0"):
+            req = iqkit.StateQueryRequest.in_store("s").with_query(iqkit.KeyQuery.with_key(k))
+            (result,) = engine.query(req).partition_results.values()
+            assert result.is_success and result.result == expected.get(k)
+    assert scratch_folders() == set()
+    with iqkit.open(root) as engine:  # another reader: the published database, read-only
+        assert "database reused" in engine_trace(engine)
+        assert dict(engine_rows(engine)) == expected
+        assert scratch_folders() == set()

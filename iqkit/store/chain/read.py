@@ -37,6 +37,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import IqkitError, StoreCorruptedError, StoreIOError, StoreNotFoundError
@@ -71,19 +72,54 @@ def build_database(
     is then moved into ``folder`` with plain writes. The caller publishes ``folder``
     with one rename either way, so a build cut short is never served; one a power loss
     left incomplete fails to open, and ``open_partition`` builds it again."""
-    folder = Path(folder)
+    _build(Path(folder), files, names)
+
+
+@dataclass
+class _KeptOpen:
+    """A database just built in memory and kept open to serve its first reads
+    (``_build(serve_from=...)``): RocksDB's own files in ``scratch`` (locked by the
+    descriptor ``lock`` while in use), its table files symbolic links to the published
+    database's."""
+
+    db: rocks.Rdict
+    scratch: Path
+    lock: int
+
+    def discard(self) -> None:
+        rocks.close_quietly(self.db)
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        os.close(self.lock)
+
+
+def _build(
+    folder: Path,
+    files: Sequence[str | os.PathLike[str]],
+    names: Sequence[str] | None,
+    *,
+    serve_from: Path | None = None,
+) -> _KeptOpen | None:
+    """``build_database``; with ``serve_from`` (where ``folder`` is about to be renamed to)
+    a database built in memory is kept open and returned, its table files linked to
+    ``serve_from``'s: the first reads need no second open of the database (a read-only
+    open through a view, rocks.open_for_read, was a quarter of a first query)."""
     folder.mkdir()
     named = [(f, names[i] if names is not None else os.fspath(f)) for i, f in enumerate(files)]
     scratch = _memory_scratch()
     if scratch is None:
         _build_here(folder, named)
-        return
+        return None
     path, lock = scratch
     try:
-        _build_in_memory(folder, path, named)
+        db = _build_in_memory(folder, path, named, serve_from)
+    except BaseException:
+        db = True
+        raise
     finally:
-        shutil.rmtree(path, ignore_errors=True)
-        os.close(lock)
+        if db is True:  # closed (or never opened): the scratch folder has served
+            shutil.rmtree(path, ignore_errors=True)
+            os.close(lock)
+    return None if db is True else _KeptOpen(db, path, lock)
 
 
 def _build_here(folder: Path, files: list[tuple[str | os.PathLike[str], str]]) -> None:
@@ -109,8 +145,11 @@ def _build_here(folder: Path, files: list[tuple[str | os.PathLike[str], str]]) -
 
 
 def _build_in_memory(
-    folder: Path, scratch: Path, files: list[tuple[str | os.PathLike[str], str]]
-) -> None:
+    folder: Path,
+    scratch: Path,
+    files: list[tuple[str | os.PathLike[str], str]],
+    serve_from: Path | None,
+) -> rocks.Rdict | bool:
     """``build_database`` with RocksDB writing in ``scratch`` (a memory file system).
 
     Each file is opened once, refusing a link (``O_NOFOLLOW``) and anything but a plain
@@ -121,9 +160,14 @@ def _build_in_memory(
     wait for the journal to commit that link (1.5 ms measured). Once RocksDB is closed,
     ``folder`` gets a hard link of each descriptor's file under the name RocksDB gave
     it, and a copy of every other file it wrote (not its lock, info log or rocksdict's
-    config: what readers' views leave out, rocks.ROCKSDB_SIDE_FILES)."""
+    config: what readers' views leave out, rocks.ROCKSDB_SIDE_FILES).
+
+    Returns the database still open when ``serve_from`` is given (its table files then
+    link to ``serve_from``'s, before the descriptors they named close: a number reused
+    must never be read as a table), else closes it and returns True."""
     opened: dict[str, tuple[int, str]] = {}
     copies: list[Path] = []
+    db = None
     try:
         for file, name in files:
             fd = _open_plain(file, name)
@@ -140,28 +184,38 @@ def _build_in_memory(
                 opened[f"{_FD_LINKS}/{fd}"] = (fd, name)
         built = scratch / "db"
         db = rocks.open_for_build(built)
-        try:
-            for i, (link, (_fd, name)) in enumerate(opened.items()):
-                stage = scratch / f".ingest-{i}.sst"
-                os.symlink(link, stage)
-                rocks.ingest(db, [stage], where=name)
-        finally:
-            rocks.close_quietly(db)
+        for i, (link, (_fd, name)) in enumerate(opened.items()):
+            stage = scratch / f".ingest-{i}.sst"
+            os.symlink(link, stage)
+            rocks.ingest(db, [stage], where=name)
+        if serve_from is None:
+            db, closing = None, db
+            rocks.close_quietly(closing)
+        # Everything RocksDB writes for an ingestion is written (and synced) when it
+        # returns: the files are complete whether the database is still open or not.
         with os.scandir(built) as entries:
             for entry in entries:
                 target = folder / entry.name
                 if entry.is_symlink():
                     fd, name = opened[os.readlink(entry.path)]
                     _link_open_file(fd, target)
+                    if serve_from is not None:
+                        relink = scratch / f".relink-{entry.name}"
+                        os.symlink(serve_from / entry.name, relink)
+                        os.replace(relink, entry.path)
                 elif entry.is_file(follow_symlinks=False) and entry.name not in ROCKSDB_SIDE_FILES:
                     # (A table file RocksDB copied, as it does when it cannot link, is
                     # a plain file too.)
                     shutil.copyfile(entry.path, target, follow_symlinks=False)
         for copy in copies:
             copy.unlink()  # the database holds its own link
+    except BaseException:
+        rocks.close_quietly(db)
+        raise
     finally:
         for fd, _name in opened.values():
             os.close(fd)
+    return True if db is None else db
 
 
 #: Where RocksDB builds a database before it is moved into the cache (build_database):
@@ -313,10 +367,14 @@ class ChainPartition(RocksDBPartition):
         in_place: int = 0,
         where: str = "",
         note: str | None = None,
+        db: rocks.Rdict | None = None,
     ) -> None:
         self._pins = pins
+        #: Whether it reads the database its build kept open (rocksdict's read-write
+        #: handle: a few more descriptors, its write-ahead log, MANIFEST and lock).
+        self._kept = db is not None
         try:
-            super().__init__(path, chain.written_by)
+            super().__init__(path, chain.written_by, db=db)
         except BaseException:
             self._release()
             raise
@@ -356,7 +414,7 @@ class ChainPartition(RocksDBPartition):
         """File descriptors this open partition may hold, counted high: one per pin (its
         ``flock``), one per SST RocksDB opens as it reads, one for RocksDB's info log.
         What the reader's bound on open partitions adds up (chain_snapshot.OpenChains)."""
-        return len(self._pins) + len(self.chain.files) + 1
+        return len(self._pins) + len(self.chain.files) + 1 + (3 if self._kept else 0)
 
     def _release(self) -> None:
         pins, self._pins = self._pins, []
@@ -420,6 +478,7 @@ def _open_partition(
     folder = database_folder(cache, objects, store, partition, chain)
     where = place_on_root(objects, f"{store}/{CHAIN_SST_DIR}/{partition}")
     in_place = reused = False
+    kept: _KeptOpen | None = None
     try:
         database = cache.pin_database(folder)
         if database is not None:
@@ -443,17 +502,33 @@ def _open_partition(
         built = False
         if database is None:
             names = [place_on_root(objects, f.name) for f in chain.files]
-            database, built = _build_in_place(cache, folder, sources, names)
+            database, built, kept = _build_in_place(cache, folder, sources, names)
             pins.append(database)
+            if kept is not None:
+                # The scratch folder's lock is held (and the folder removed with the
+                # database, rocks.close_quietly) for as long as the partition is open.
+                pins.append(PinnedFile(kept.scratch, 0, kept.lock))
+                rocks.remove_on_close(kept.db, kept.scratch)
             if built:
                 cache.added(database.size)  # counts against the limit (it is pinned)
         fetch = cache.stats.since(before)
         read_in_place = len(sources) if in_place else 0
         note = cache.note
+        db, kept = (kept.db if kept is not None else None), None  # now the partition's
         return ChainPartition(
-            folder, chain, pins, fetch, built, in_place=read_in_place, where=where, note=note
+            folder,
+            chain,
+            pins,
+            fetch,
+            built,
+            in_place=read_in_place,
+            where=where,
+            note=note,
+            db=db,
         )
     except BaseException as exc:
+        if kept is not None:
+            rocks.close_quietly(kept.db)
         for pin in pins:
             pin.release()
         if not isinstance(exc, StoreCorruptedError):
@@ -541,29 +616,37 @@ def place_on_root(objects: ObjectStore, key: str) -> str:
 
 def _build_in_place(
     cache: FileCache, folder: Path, files: list[Path], names: list[str]
-) -> tuple[PinnedFile, bool]:
+) -> tuple[PinnedFile, bool, _KeptOpen | None]:
     """Build ``folder`` through a temporary folder and a rename; the database pinned,
     and False when another process's build got there first (its folder, the same chain,
-    is used). ``files`` must be pinned by the caller."""
+    is used); and the database still open when this build kept it (``_build``), for the
+    caller to own. ``files`` must be pinned by the caller."""
     while True:
         cache.make_folder(folder.parent)
         _remove_stale_builds(folder.parent)
         tmp = folder.with_name(f"{CACHE_BUILDING_PREFIX}{uuid.uuid4().hex}-{folder.name}")
+        kept = None
         try:
-            build_database(tmp, files, names)
+            kept = _build(tmp, files, names, serve_from=folder)
             pin = cache.hold_new_database(tmp)  # the lock moves with the folder
             try:
                 os.rename(tmp, folder)
             except OSError:
                 pin.release()
+                if kept is not None:
+                    kept, closing = None, kept
+                    closing.discard()  # linked to a folder this build does not own
                 if not rocks.database_exists(folder):
                     raise
                 theirs = cache.pin_database(folder)
                 if theirs is None:
                     continue  # evicted as soon as it appeared: build again
-                return theirs, False
+                return theirs, False, None
             pin.path = folder
-            return pin, True
+            kept, handed = None, kept
+            return pin, True, handed
         finally:
+            if kept is not None:
+                kept.discard()
             with contextlib.suppress(OSError):
                 shutil.rmtree(tmp)

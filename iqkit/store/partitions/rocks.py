@@ -64,6 +64,7 @@ __all__ = [
     "open_for_build",
     "open_for_read",
     "open_for_write",
+    "remove_on_close",
     "scan",
     "scan_chunks",
     "write_changes_sst",
@@ -235,6 +236,12 @@ def _remove_dead_views() -> None:
                 shutil.rmtree(folder, ignore_errors=True)
             finally:
                 os.close(fd)
+
+
+def remove_on_close(db: Rdict, folder: str | os.PathLike[str]) -> None:
+    """``close_quietly(db)`` removes ``folder`` too (a private folder the database was
+    opened in, as a read view is)."""
+    _VIEWS[id(db)] = os.fspath(folder)
 
 
 def open_for_write(path: str | os.PathLike[str], *, create: bool) -> Rdict:
