@@ -631,13 +631,15 @@ def _build_in_place(
             pin = cache.hold_new_database(tmp)  # the lock moves with the folder
             try:
                 os.rename(tmp, folder)
-            except OSError:
+            except OSError as exc:
                 pin.release()
                 if kept is not None:
                     kept, closing = None, kept
                     closing.discard()  # linked to a folder this build does not own
-                if not rocks.database_exists(folder):
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                     raise
+                # Another process's build is there, or was: an eviction may have taken
+                # it between the rename and now (seen with three processes evicting).
                 theirs = cache.pin_database(folder)
                 if theirs is None:
                     continue  # evicted as soon as it appeared: build again
