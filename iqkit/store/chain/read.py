@@ -3,8 +3,9 @@
 ``open_partition`` pins the chain's SSTs in the ``FileCache`` (fetching only the ones
 missing), then opens the partition's RocksDB folder in the cache,
 ``dbs/<root id>/<store>/<p>/<written_by>-<chain hash>/``, building it first if no
-process has: an empty RocksDB in a temporary folder beside it, the chain's files
-ingested oldest first (``build_database``), closed, renamed into place. The rename is
+process has: the chain's files ingested oldest first into a new RocksDB
+(``build_database``: in memory, unsynced, then moved into a temporary folder beside it),
+renamed into place. The rename is
 atomic and fails when the folder exists, so two processes building the same version at
 once both succeed and one keeps the other's folder; a second open of the version
 (in any process) reuses it, touching neither the root nor the network.
@@ -15,11 +16,11 @@ temporary folder before the rename so no eviction can slip in between) as well a
 files, and eviction never removes a database a live reader has open. A database evicted
 while nobody had it open is simply built again by the next open.
 
-Ingestion hands RocksDB a fresh hard link of each cached file with ``move_files``:
-RocksDB links it into the database and removes the link it was given, so the cached file
-stays, the database shares its bytes (no copy) and the file is never changed. The
-database folder holds its own links, so evicting a cached file later does not break an
-open database. The result is a ``RocksDBPartition`` (the engine's ``BytesPartition``).
+The database holds a hard link of each of the chain's files (cached, or the root's own
+on a local root): it shares their bytes (no copy), the files are never changed, and
+evicting a cached file later does not break an open database. The result is a
+``RocksDBPartition`` (the engine's ``BytesPartition``); the process that built the
+database reads through the handle its build kept open, others open it read-only.
 """
 
 from __future__ import annotations
@@ -155,9 +156,7 @@ def _build_in_memory(
     Each file is opened once, refusing a link (``O_NOFOLLOW``) and anything but a plain
     file, and RocksDB ingests a symbolic link to the open descriptor (``/proc/self/fd``):
     it reads exactly the file checked, and moving it into the database links the
-    symbolic link itself (link(2) does not follow it). The file's own inode is left as
-    it was: a new hard link made before the ingest would make RocksDB's sync of the file
-    wait for the journal to commit that link (1.5 ms measured). Once RocksDB is closed,
+    symbolic link itself (link(2) does not follow it). Once the ingestions are done,
     ``folder`` gets a hard link of each descriptor's file under the name RocksDB gave
     it, and a copy of every other file it wrote (not its lock, info log or rocksdict's
     config: what readers' views leave out, rocks.ROCKSDB_SIDE_FILES).
