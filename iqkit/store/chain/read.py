@@ -111,8 +111,14 @@ def _build(
         _build_here(folder, named)
         return None
     path, lock = scratch
+    memory_full = False
     try:
         db = _build_in_memory(folder, path, named, serve_from)
+    except (OSError, IqkitError) as exc:
+        db = True
+        if not is_disk_full(exc):
+            raise
+        memory_full = True  # (or the cache's disk: building in place says which)
     except BaseException:
         db = True
         raise
@@ -120,6 +126,11 @@ def _build(
         if db is True:  # closed (or never opened): the scratch folder has served
             shutil.rmtree(path, ignore_errors=True)
             os.close(lock)
+    if memory_full:
+        shutil.rmtree(folder)
+        folder.mkdir()
+        _build_here(folder, named)
+        return None
     return None if db is True else _KeptOpen(db, path, lock)
 
 
