@@ -81,10 +81,14 @@ class RocksDBPartition:
     touch freed memory.
     """
 
-    def __init__(self, path: Path, written_by_version: int) -> None:
+    def __init__(
+        self, path: Path, written_by_version: int, *, db: rocks.Rdict | None = None
+    ) -> None:
+        """``db``: the database of ``path`` already open (one its builder kept open:
+        chain_read), closed with this partition; else ``path`` is opened read-only."""
         self.location = os.fspath(path)
         self.written_by_version = written_by_version
-        self._db: rocks.Rdict | None = rocks.open_for_read(path)
+        self._db: rocks.Rdict | None = db if db is not None else rocks.open_for_read(path)
         self._iterators: weakref.WeakSet[Any] = weakref.WeakSet()
         try:
             self._commit = parse_commit_record(self._db.get(COMMIT_KEY), self.location)

@@ -63,8 +63,10 @@ __all__ = [
     "close_quietly",
     "database_exists",
     "ingest",
+    "open_for_build",
     "open_for_read",
     "open_for_write",
+    "remove_on_close",
     "scan",
     "scan_chunks",
     "write_arrow_sst",
@@ -239,10 +241,31 @@ def _remove_dead_views() -> None:
                 os.close(fd)
 
 
+def remove_on_close(db: Rdict, folder: str | os.PathLike[str]) -> None:
+    """``close_quietly(db)`` removes ``folder`` too (a private folder the database was
+    opened in, as a read view is)."""
+    _VIEWS[id(db)] = os.fspath(folder)
+
+
 def open_for_write(path: str | os.PathLike[str], *, create: bool) -> Rdict:
     """Open a private (staging) partition folder read-write."""
     try:
         return Rdict(os.fspath(path), _options(create=create))
+    except Exception as exc:
+        raise classify(exc, path) from exc
+
+
+def open_for_build(path: str | os.PathLike[str]) -> Rdict:
+    """Create the database ``path`` (must not hold one) that only ever receives ingested
+    SSTs and is then read: automatic compactions are off, so its table files stay
+    exactly the files it was given (links, sharing their bytes) and nothing runs in
+    the background while it is built (a compaction would write a second copy of the
+    rows, in the cache or in the memory folder a build may run in)."""
+    opts = _options(create=True)
+    opts.set_error_if_exists(True)
+    opts.set_disable_auto_compactions(True)
+    try:
+        return Rdict(os.fspath(path), opts)
     except Exception as exc:
         raise classify(exc, path) from exc
 
