@@ -92,7 +92,7 @@ def twin_view(
 
     try:
         columns = twin_columns(files.partitions, files.layout) if files.partitions else None
-        if columns is None:
+        if columns is None or not columns.fields:  # no file gives a row: streamed
             files.release()
             return None
         sql = _view_sql(con, files.partitions, columns)
@@ -113,16 +113,20 @@ def _view_sql(
     newer = [(p, level, f) for p, chain in sorted(partitions.items()) if len(chain) > 1
              for level, f in enumerate(chain) if level > 0]  # fmt: skip
     part = PARTITION
-    of_file = columns.of_file
-    branches = [
-        f"SELECT {_lookup([p for p, _ in top])} AS {_ident(part)}, "
-        f"{_present([f for _, f in top], of_file, '')} "
-        f"FROM {_read([f for _, f in top], of_file)} WHERE NOT {_ident(_DELETED)}"
-    ]
-    if older:
-        files = [f for _, _, f in older]
+    of_file, shown = columns.of_file, columns.shown
+    branches = []
+    top_files = [f for _, f in top]
+    top_names = _present(top_files, shown, "")
+    if top_names:  # else every newest file holds tombstones only: no rows
         branches.append(
-            f"SELECT o.{_ident(part)}, {_present(files, of_file, 'o.')} FROM "
+            f"SELECT {_lookup([p for p, _ in top])} AS {_ident(part)}, {top_names} "
+            f"FROM {_read(top_files, of_file)} WHERE NOT {_ident(_DELETED)}"
+        )
+    files = [f for _, _, f in older]
+    older_names = _present(files, shown, "o.")
+    if older_names:
+        branches.append(
+            f"SELECT o.{_ident(part)}, {older_names} FROM "
             f"(SELECT {_lookup([p for p, _, _ in older])} AS {_ident(part)}, "
             f"{_lookup([lv for _, lv, _ in older])} AS __level, * "
             f"FROM {_read(files, of_file)}) o "
@@ -133,6 +137,7 @@ def _view_sql(
             f"WHERE n.__p = o.{_ident(part)} AND n.{_ident(_KEY)} = o.{_ident(_KEY)} "
             f"AND n.__level > o.__level)"
         )
+    assert branches  # some file gives a column (twin_view)
     projection = ", ".join(
         [f"CAST({_ident(part)} AS INTEGER) AS {_ident(part)}"]
         + [f"CAST({_ident(n)} AS {t}) AS {_ident(n)}" for n, t in zip(names, types, strict=True)]
@@ -141,9 +146,10 @@ def _view_sql(
     return f"SELECT {projection} FROM ({' UNION ALL BY NAME '.join(branches)})"
 
 
-def _present(files: list[TwinFile], of_file: dict[str, list[str]], prefix: str) -> str:
-    """The row columns some file of ``files`` has, first seen first."""
-    names = dict.fromkeys(n for f in files for n in of_file[f.path])
+def _present(files: list[TwinFile], shown: dict[str, list[str]], prefix: str) -> str:
+    """The row columns some file of ``files`` gives rows, first seen first, as a
+    select list ("": the files hold tombstones only)."""
+    names = dict.fromkeys(n for f in files for n in shown[f.path])
     return ", ".join(prefix + _ident(n) for n in names)
 
 

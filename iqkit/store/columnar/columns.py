@@ -27,56 +27,85 @@ __all__ = ["TwinColumns", "twin_columns"]
 
 
 class TwinColumns:
-    """The row columns of a set of twins (``fields``, without ``partition``), and each
-    file's own row columns in its order (``of_file``, by path: files that differ are
-    merged by name)."""
+    """The row columns of a set of twins (``fields``, without ``partition``); each file's
+    own row columns in its order (``of_file``, by path: files that differ are read by
+    name); and the columns each file gives rows (``shown``: none for a file of
+    tombstones only, whose columns hold nothing; a column only nulls in a file is not
+    given by it)."""
 
-    __slots__ = ("fields", "of_file")
+    __slots__ = ("fields", "of_file", "shown")
 
-    def __init__(self, fields: list[pa.Field], of_file: dict[str, list[str]]) -> None:
+    def __init__(
+        self, fields: list[pa.Field], of_file: dict[str, list[str]], shown: dict[str, list[str]]
+    ) -> None:
         self.fields = fields
         self.of_file = of_file
+        self.shown = shown
 
 
 def twin_columns(partitions: dict[int, list[TwinFile]], layout: bytes) -> TwinColumns | None:
     """The row columns of ``partitions``' twins (module docstring), or None when a file
     was written for another layout than ``layout`` or a column's type differs between
-    files (or is only nulls in one: a scan gives such a column a type of its own). A
-    footer that cannot be read raises ``StoreCorruptedError`` naming the partition and
-    the twin."""
+    the files that hold values of it. A column that is only nulls in every file is left
+    out: merging a chain's twins leaves such columns behind (a file of tombstones has a
+    null ``value`` column), which a scan of RocksDB never shows. A footer that cannot be read raises
+    ``StoreCorruptedError`` naming the partition and the twin."""
     found: dict[str, pa.Field] = {}
     of_file: dict[str, list[str]] = {}
+    shown: dict[str, list[str]] = {}
     for p, files in sorted(partitions.items()):
         for f in files:
-            try:
-                schema = pq.read_schema(f.path)
-            except (pa.ArrowException, OSError, ValueError) as exc:
-                detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                raise StoreCorruptedError(
-                    f"partition {p}: columnar twin {f.name} cannot be read: "
-                    f"{detail.replace(f.path, f.name)}"
-                ) from None
-            if KEY_BYTES not in schema.names or DELETED not in schema.names:
-                raise StoreCorruptedError(
-                    f"partition {p}: columnar twin {f.name} cannot be read: "
-                    f"no {KEY_BYTES} or {DELETED} column"
-                )
+            meta = _footer(p, f)
+            schema = meta.schema.to_arrow_schema()
             if (schema.metadata or {}).get(LAYOUT) != layout:
                 return None
-            names = []
+            of_file[f.path] = [n for n in schema.names if n not in HIDDEN]
+            shown[f.path] = []
+            if not _has_live_rows(meta, schema.names.index(DELETED)):
+                continue
             for field in schema:
                 if field.name in HIDDEN:
                     continue
-                if pa.types.is_null(field.type):
-                    return None
-                names.append(field.name)
                 json = bool(field.metadata and field.metadata.get(JSON_TEXT))
                 seen = found.get(field.name)
+                if pa.types.is_null(field.type):
+                    continue
+                shown[f.path].append(field.name)
                 if seen is None:
                     found[field.name] = pa.field(
                         field.name, field.type, metadata={JSON_TEXT: b"1"} if json else None
                     )
                 elif seen.type != field.type or bool(seen.metadata) != json:
                     return None
-            of_file[f.path] = names
-    return TwinColumns(list(found.values()), of_file)
+    return TwinColumns(list(found.values()), of_file, shown)
+
+
+def _footer(p: int, f: TwinFile) -> pq.FileMetaData:
+    try:
+        meta = pq.read_metadata(f.path)
+        names = meta.schema.to_arrow_schema().names
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StoreCorruptedError(
+            f"partition {p}: columnar twin {f.name} cannot be read: "
+            f"{detail.replace(f.path, f.name)}"
+        ) from None
+    if KEY_BYTES not in names or DELETED not in names:
+        raise StoreCorruptedError(
+            f"partition {p}: columnar twin {f.name} cannot be read: "
+            f"no {KEY_BYTES} or {DELETED} column"
+        )
+    return meta
+
+
+def _has_live_rows(meta: pq.FileMetaData, deleted: int) -> bool:
+    """Whether a row of the file may be a row, not a tombstone (by ``__deleted``'s
+    statistics; none: it may)."""
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        if not group.num_rows:
+            continue
+        stats = group.column(deleted).statistics
+        if stats is None or not stats.has_min_max or stats.min is False:
+            return True
+    return False
