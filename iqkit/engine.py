@@ -38,11 +38,17 @@ from .query import (
 from .query.request import validate_store_name
 from .store.encoding.partitioners import get_partitioner
 from .store.encoding.serdes import get_serde
-from .store.format import NEVER_WRITTEN, OpenPartition, PublishedVersion, StoreSnapshot
+from .store.format import (
+    NEVER_WRITTEN,
+    OpenPartition,
+    PublishedVersion,
+    StoreSnapshot,
+    TwinFiles,
+)
 from .store.formats import format_for
 from .store.inputs import is_up_to, offset_lag
 from .store.manifest import StoreManifest
-from .store.partitions.layers import Trace, TypedKeyValueLayer
+from .store.partitions.layers import Trace, TypedKeyValueLayer, twin_scans_enabled
 from .store.roots import parse_root
 
 #: What a query runs against: the served version, None (nothing published), or why the
@@ -169,6 +175,22 @@ class StateEngine:
             keys = view.snapshot.partition(record, p).partition.approximate_rows()
             total += max(0, keys - 1)
         return view.manifest.kind.records_in(total)
+
+    def twin_files(self, store: str) -> TwinFiles | None:
+        """The columnar twins of the version of ``store`` served now, as local files
+        pinned until the caller's ``release()`` (``TwinFiles``): what ``iqkit.sql``
+        hands DuckDB's own Parquet reader. None when that version has no twins for some
+        partition (an older store, a window store), when nothing is published, or
+        within ``twin_scans(False)``: then read the store's rows instead. Raises
+        ``IqkitError`` when the version or a file cannot be read."""
+        if not twin_scans_enabled():
+            return None
+        view = self._view(store)
+        record = view.snapshot.current()
+        if record is None:
+            return None
+        with view.snapshot.reading():
+            return view.snapshot.twin_files(record)
 
     def partition_for_key(self, store: str, key: Any) -> int | None:
         """The partition that owns ``key`` (KIP-535 ``queryMetadataForKey``).

@@ -50,8 +50,9 @@ def _limit_access(con: duckdb.DuckDBPyConnection, access: str, directories: Sequ
         con.execute("SET lock_configuration = true")
 
 
-def unregister(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    """Unregister ``name``; ``False`` if it is still registered.
+def unregister(con: duckdb.DuckDBPyConnection, name: str, *, view: bool = False) -> bool:
+    """Unregister ``name`` (``view``: a view made by SQL, which ``unregister`` leaves
+    in place: it is dropped); ``False`` if it is still registered.
 
     Quirk: ``con.interrupt()`` stops whatever the connection runs next, and
     ``unregister`` runs a statement (``DROP VIEW``): an interrupt aimed at the query that
@@ -61,7 +62,10 @@ def unregister(con: duckdb.DuckDBPyConnection, name: str) -> bool:
 
     for _ in range(3):
         try:
-            con.unregister(name)
+            if view:
+                con.execute(f'DROP VIEW IF EXISTS "{name.replace(chr(34), chr(34) * 2)}"')
+            else:
+                con.unregister(name)
             return True
         except duckdb.InterruptException:
             continue

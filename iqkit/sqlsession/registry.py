@@ -19,6 +19,7 @@ import pyarrow as pa
 from .connection import unregister
 from .errors import SQLError, lone_surrogate
 from .stores import StoreStream
+from .twins import TwinView
 
 if TYPE_CHECKING:
     import duckdb
@@ -58,16 +59,25 @@ class Registry:
 
     def add_temporary(self, con: duckdb.DuckDBPyConnection, name: str, obj: Any) -> None:
         self.temporary[name] = obj
-        con.register(name, obj)
+        if isinstance(obj, TwinView):
+            quoted = '"' + name.replace('"', '""') + '"'
+            con.execute(f"CREATE OR REPLACE TEMPORARY VIEW {quoted} AS {obj.sql}")
+        else:
+            con.register(name, obj)
+
+    def twin_views(self) -> list[TwinView]:
+        """This statement's stores read through their twins."""
+        return [obj for obj in self.temporary.values() if isinstance(obj, TwinView)]
 
     def drop_temporary(self, con: duckdb.DuckDBPyConnection | None) -> None:
         """Remove the per-statement registrations (``con`` ``None``: it is closed)."""
         for name in list(self.temporary):
-            if con is not None and not unregister(con, name):
+            view = isinstance(self.temporary[name], TwinView)
+            if con is not None and not unregister(con, name, view=view):
                 continue  # still there: the next query's cleanup tries again
             obj = self.temporary.pop(name)
-            if isinstance(obj, StoreStream):
-                obj.close()
+            if isinstance(obj, StoreStream | TwinView):
+                obj.close()  # a view's files are unpinned once DuckDB cannot read them
 
     def clear(self, con: duckdb.DuckDBPyConnection) -> None:
         """Remove every registration before ``con`` closes: DuckDB keeps the Python

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from ..errors import IqkitError
 from .connection import check_access, connect
 from .errors import SQLError, check_unicode, short_message
 from .params import bind_parameters
@@ -18,6 +19,7 @@ from .registry import Registry, check_name, scannable
 from .resolve import MAX_RESOLVE_ROUNDS, Resolver, missing_table, referenced_tables
 from .snapshots import SnapshotCache, snapshot_key
 from .stores import StoreStream
+from .twins import TwinView, twin_view
 from .worker import QueryWorker, interrupted
 
 # duckdb and pandas are imported where they are used, not here: `import iqkit` (which
@@ -262,8 +264,18 @@ class SQLSession:
         raise SQLError(f"statement references too many tables: {text[:60]!r}")
 
     def _store_table(self, engine: StateEngine, store: str) -> Any:
-        """What DuckDB scans for ``store``: its snapshot at the version served now, else
-        a stream that becomes that snapshot if it reads the whole store."""
+        """What DuckDB scans for ``store``: a view over its columnar twins when the
+        version served now has them (``twins.py``); else its snapshot at that version,
+        else a stream that becomes that snapshot if it reads the whole store.
+
+        Twin-backed stores are not kept as snapshots: DuckDB reads their files about as
+        fast as a table in memory, and keeping one would hold the whole store in memory.
+        Without file access (``access="none"``) DuckDB's Parquet reader is off, so
+        stores are streamed there."""
+        if self.access == "files":
+            view = self._twin_view(engine, store)
+            if view is not None:
+                return view
         key = snapshot_key(engine, store)
         snapshot = self._snapshots.get(key)
         if snapshot is not None:
@@ -278,6 +290,21 @@ class SQLSession:
             progress=self.progress,
         )
 
+    def _twin_view(self, engine: StateEngine, store: str) -> TwinView | None:
+        try:
+            files = engine.twin_files(store)
+        except IqkitError as exc:
+            detail = str(exc).splitlines()[0] if str(exc) else ""
+            raise SQLError(
+                f"reading store {store!r} failed: {type(exc).__name__}: {detail}"
+            ) from None
+        if files is None:
+            return None
+        try:
+            return twin_view(self._connection(), store, files)
+        except IqkitError as exc:  # a twin's footer that cannot be read
+            raise SQLError(f"reading store {store!r} failed: {exc}") from None
+
     def _translate(self, error: duckdb.Error) -> BaseException:
         """DuckDB's error as one short ``SQLError`` (or the store scan's own failure)."""
         for _, raised in self._stream_errors:
@@ -285,6 +312,11 @@ class SQLSession:
                 # SIGINT landed inside a store scan (Python code DuckDB was calling):
                 # DuckDB reports it as a failed stream read.
                 return interrupted()
+        message = str(error)
+        for view in self._registry.twin_views():
+            named = view.failure(message)
+            if named is not None:
+                return SQLError(named)
         if self._stream_errors:
             store, raised = self._stream_errors[0]
             detail = str(raised).splitlines()[0] if str(raised) else ""

@@ -32,7 +32,7 @@ import contextlib
 import json
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Protocol
 
 from ..errors import FolderFormatStoreError, IqkitError, ReadOnlyStoreError, UnknownStoreError
@@ -59,6 +59,8 @@ __all__ = [
     "Publisher",
     "StoreFormat",
     "StoreSnapshot",
+    "TwinFile",
+    "TwinFiles",
     "empty_partition",
     "folder_store_error",
     "is_folder_store",
@@ -96,6 +98,50 @@ def empty_partition(manifest: StoreManifest) -> OpenPartition:
     per store snapshot: it holds nothing, so every such partition can share it)."""
     empty = MemoryPartition(written_by_version=0, location=NEVER_WRITTEN)
     return OpenPartition(empty, build_layers(manifest, empty, ReadCache()), never_written=True)
+
+
+class TwinFile:
+    """One columnar twin of a version as a local file: ``path`` to read (the root's own
+    file on a local root, else the cache's pinned copy), ``name`` its place on the root
+    (what messages say: the cache's folders differ per machine)."""
+
+    __slots__ = ("name", "path")
+
+    def __init__(self, path: str, name: str) -> None:
+        self.path = path
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"TwinFile({self.name!r})"
+
+
+class TwinFiles:
+    """Every columnar twin of one version of a key-value store, as local files pinned
+    until ``release`` (``StoreSnapshot.twin_files``): what a reader with its own Parquet
+    reader (DuckDB) scans instead of asking for rows.
+
+    ``partitions``: partition -> its twins, oldest first (the newest file holding a key
+    has its row; a ``__deleted`` row there means none); partitions known to hold no rows
+    are left out. ``layout``: what every file must record to be read
+    (``columnar.twins.layout_of``)."""
+
+    def __init__(
+        self,
+        version: int,
+        partitions: dict[int, list[TwinFile]],
+        layout: bytes,
+        release: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.version = version
+        self.partitions = partitions
+        self.layout = layout
+        self._release: Callable[[], None] | None = release
+
+    def release(self) -> None:
+        """Unpin the files (idempotent): they may be evicted from the cache after this."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
 
 class PublishedVersion(Protocol):
@@ -145,6 +191,12 @@ class StoreSnapshot(Protocol):
     def hot_partition(self, p: int) -> OpenPartition | None:
         """Partition ``p`` of the served version if a query already opened it through
         ``partition`` (else ``None``)."""
+
+    def twin_files(self, record: Any) -> TwinFiles | None:
+        """``record``'s columnar twins as local files, pinned (fetched into the cache if
+        missing), when every partition with rows has them; else ``None`` (a store
+        without twins, a window store). Raises ``IqkitError`` naming the partition when
+        a file cannot be fetched."""
 
     def close(self) -> None: ...
 

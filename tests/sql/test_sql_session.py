@@ -17,6 +17,7 @@ from helpers import kv_rows
 
 import iqkit
 from iqkit.sqlsession import SQLError, SQLSession, sql
+from iqkit.store.partitions.layers import twin_scans
 
 TOTALS = {f"c{i:03d}": {"total": i * 10, "region": "eu" if i % 3 else "us"} for i in range(60)}
 
@@ -356,6 +357,15 @@ def test_window_store_and_self_join(engine) -> None:
         assert pairs["n"].iloc[0] == int((regions**2).sum())
 
 
+@pytest.fixture
+def streamed_stores():
+    """Stores streamed from their rows (``StoreStream``), not read as views over their
+    columnar twins (tests/sql/test_sql_twins.py): what progress and snapshots apply to."""
+    with twin_scans(False):
+        yield
+
+
+@pytest.mark.usefixtures("streamed_stores")
 def test_store_is_streamed_in_batches_not_materialized(big_root: Path) -> None:
     seen: list[tuple[str, int]] = []
     with (
@@ -405,6 +415,7 @@ def test_engine_getter_failure_is_named_in_the_unknown_table_error() -> None:
         s.query("SELECT * FROM anything")
 
 
+@pytest.mark.usefixtures("streamed_stores")
 def test_store_read_failure_mid_scan_is_one_sqlerror(root: Path) -> None:
     # The schema comes from the first batch (65,536 rows); a field first seen later
     # cannot be streamed, and store_batches says so: the session passes that on.
@@ -436,6 +447,7 @@ def _watchdog(session: SQLSession, fired: list[bool]) -> threading.Timer:
     return timer
 
 
+@pytest.mark.usefixtures("streamed_stores")
 def test_interrupt_from_another_thread_leaves_the_session_usable(big_root: Path) -> None:
     frame = pd.DataFrame({"x": [1, 2]})
     with iqkit.open(big_root) as eng, SQLSession(engine=eng, namespace={"frame": frame}) as s:
@@ -522,6 +534,7 @@ def test_iqkit_sql_function(engine, root: Path) -> None:
 
 
 # -- store snapshots ---------------------------------------------------------------------------
+@pytest.mark.usefixtures("streamed_stores")
 def test_a_store_version_is_decoded_once_then_served_from_memory(root: Path) -> None:
     _write_totals(root)
     streamed: list[int] = []
@@ -542,6 +555,7 @@ def test_a_store_version_is_decoded_once_then_served_from_memory(root: Path) -> 
         assert updated == [first[0] + 1_000_000, len(TOTALS)]
 
 
+@pytest.mark.usefixtures("streamed_stores")
 def test_partial_scans_and_a_zero_budget_keep_nothing(big_root: Path) -> None:
     streamed: list[int] = []
     with iqkit.open(big_root) as eng:

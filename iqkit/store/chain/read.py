@@ -690,6 +690,30 @@ def plan_twin_scan(
     from ..columnar.scan import TwinScan  # pyarrow: imported once twins are read
     from ..columnar.twins import layout_of
 
+    paths, names, pins = pin_twins(cache, objects, chain)
+    try:
+        scan = TwinScan(
+            paths, lower, upper, reverse=reverse, names=names, layout=layout_of(manifest)
+        )
+    except BaseException:
+        for pin in pins:
+            pin.release()
+        raise
+    if scan.stale:
+        for pin in pins:
+            pin.release()
+        return None
+    for pin in pins:  # released when the scan is gone (its rows read, or dropped)
+        weakref.finalize(scan, pin.release)
+    return scan
+
+
+def pin_twins(
+    cache: FileCache, objects: ObjectStore, chain: PartitionChain
+) -> tuple[list[str], list[str], list[PinnedFile]]:
+    """``chain``'s twins (every file has one) as local paths, oldest first: the root's
+    own files on a local root, else the cache's copies (fetched if missing) and their
+    pins, which the caller releases; and each twin's place on the root."""
     keys = [f.twin_name for f in chain.files]
     local = [objects.local_file(k) for k in keys if k is not None]
     pins: list[PinnedFile] = []
@@ -706,18 +730,4 @@ def plan_twin_scan(
             raise
         paths = [os.fspath(p.path) for p in pins]
     names = [place_on_root(objects, k) for k in keys if k is not None]
-    try:
-        scan = TwinScan(
-            paths, lower, upper, reverse=reverse, names=names, layout=layout_of(manifest)
-        )
-    except BaseException:
-        for pin in pins:
-            pin.release()
-        raise
-    if scan.stale:
-        for pin in pins:
-            pin.release()
-        return None
-    for pin in pins:  # released when the scan is gone (its rows read, or dropped)
-        weakref.finalize(scan, pin.release)
-    return scan
+    return paths, names, pins

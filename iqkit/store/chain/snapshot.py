@@ -34,13 +34,20 @@ from typing import Any
 from ...errors import IqkitError, StoreCorruptedError
 from ...query.position import Position
 from ..cache import FileCache
-from ..format import MAX_OPEN_PARTITIONS, OpenPartition, empty_partition
+from ..format import MAX_OPEN_PARTITIONS, OpenPartition, TwinFile, TwinFiles, empty_partition
 from ..names import CHAIN_SST_DIR
 from ..objects import ObjectStore
 from ..partitions.layers import ReadCache, build_layers
 from ..partitions.memory import MemoryPartition
 from ..partitions.rocks import FIRST_CHUNK_ROWS, MAX_CHUNK_ROWS, database_exists
-from .read import ChainPartition, database_folder, open_partition, place_on_root, plan_twin_scan
+from .read import (
+    ChainPartition,
+    database_folder,
+    open_partition,
+    pin_twins,
+    place_on_root,
+    plan_twin_scan,
+)
 from .records import (
     MAX_CHAIN_VERSION,
     ChainVersion,
@@ -285,6 +292,11 @@ class ReopenablePartition:
     def trace_line(self) -> str | None:
         """What the last open cost (the ``ChainPartition``'s line)."""
         return self._trace
+
+
+def _release_all(pins: list[Any]) -> None:
+    for pin in pins:
+        pin.release()
 
 
 def _memory_copy(part: ChainPartition) -> MemoryPartition:
@@ -563,6 +575,38 @@ class ChainSnapshot:
             handle.on_open = partial(setattr, entry, "fetched")
         self._open[key] = entry
         return entry
+
+    def twin_files(self, record: ChainVersion | None) -> TwinFiles | None:
+        """``record``'s twins as local files, pinned until ``release`` (format.py's
+        ``StoreSnapshot.twin_files``): None unless every partition with rows has a
+        twin for each of its files. A partition known to hold no rows is left out (it
+        has nothing to read); nothing is opened or built."""
+        from ..columnar.twins import layout_of  # pyarrow: imported once twins are read
+
+        if record is None or any(
+            not chain.twinned for chain in record.partitions.values()
+        ):
+            return None
+        pins: list[Any] = []
+        partitions: dict[int, list[TwinFile]] = {}
+        try:
+            for p, chain in sorted(record.partitions.items()):
+                if PartitionChain.holds_no_rows(chain.commit_record()):
+                    continue
+                try:
+                    paths, names, pinned = pin_twins(self.cache, self.objects, chain)
+                except IqkitError as exc:
+                    raise type(exc)(f"partition {p}: {exc}") from None
+                pins.extend(pinned)
+                partitions[p] = [
+                    TwinFile(os.path.abspath(a), b) for a, b in zip(paths, names, strict=True)
+                ]
+        except BaseException:
+            _release_all(pins)
+            raise
+        return TwinFiles(
+            record.version, partitions, layout_of(self.manifest), partial(_release_all, pins)
+        )
 
     def close(self) -> None:
         """Close every open partition (their cached files are unpinned)."""

@@ -199,7 +199,10 @@ def write_merged_twin(
         table = TwinScan([*older, delta], KV_LOWER, KV_UPPER).table()
     finally:
         os.unlink(delta)
-    return write_twin(path, table)
+    # The merge does not keep the files' schema metadata: without its layout the
+    # compacted twin would be taken for a stale one and never read.
+    metadata = {**(table.schema.metadata or {}), LAYOUT: layout_of(manifest)}
+    return write_twin(path, table.replace_schema_metadata(metadata))
 
 
 def stored_rows(table: pa.Table, value_serde: Any) -> list[tuple[bytes, bytes]]:

@@ -92,6 +92,12 @@ def twin_scans(enabled: bool) -> Iterator[None]:
         _TWIN_SCANS = old
 
 
+def twin_scans_enabled() -> bool:
+    """Whether scans read columnar twins now (``twin_scans``): what the SQL layer's
+    twin-backed tables follow too, so one switch compares every path."""
+    return _TWIN_SCANS
+
+
 class RocksDBLayer:
     """The bottom layer: reads the partition's published RocksDB version."""
 

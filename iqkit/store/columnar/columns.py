@@ -1,0 +1,111 @@
+"""The row columns a version's twins hold together, read from their footers alone: what
+a reader with its own Parquet reader (``iqkit.sql``'s DuckDB) projects from them.
+
+A scan of the store (``iqkit.tables.store_batches``) puts the twins' columns together
+as ``shaping._assemble`` does: the union of the columns in first-seen order (partitions
+ascending, each chain's files oldest first), a column missing from a file is null
+there, and columns whose types differ between files are cast to a common type or made
+JSON text. A Parquet reader merging files by name promotes types by its own rules, which
+need not be those; so ``twin_columns`` answers only when every file that has a column
+gives it the same type (and the same JSON-text marking), where both ways agree, and
+``None`` otherwise (the caller then reads the store's rows)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ...errors import StoreCorruptedError
+from .twins import DELETED, HIDDEN, JSON_TEXT, KEY_BYTES, LAYOUT
+
+if TYPE_CHECKING:
+    from ..format import TwinFile
+
+__all__ = ["TwinColumns", "twin_columns"]
+
+
+class TwinColumns:
+    """The row columns of a set of twins (``fields``, without ``partition``); each file's
+    own row columns in its order (``of_file``, by path: files that differ are read by
+    name); and the columns each file gives rows (``shown``: none for a file of
+    tombstones only, whose columns hold nothing; a column only nulls in a file is not
+    given by it)."""
+
+    __slots__ = ("fields", "of_file", "shown")
+
+    def __init__(
+        self, fields: list[pa.Field], of_file: dict[str, list[str]], shown: dict[str, list[str]]
+    ) -> None:
+        self.fields = fields
+        self.of_file = of_file
+        self.shown = shown
+
+
+def twin_columns(partitions: dict[int, list[TwinFile]], layout: bytes) -> TwinColumns | None:
+    """The row columns of ``partitions``' twins (module docstring), or None when a file
+    was written for another layout than ``layout`` or a column's type differs between
+    the files that hold values of it. A column that is only nulls in every file is left
+    out: merging a chain's twins leaves such columns behind (a file of tombstones has a
+    null ``value`` column), which a scan of RocksDB never shows. A footer that cannot be read raises
+    ``StoreCorruptedError`` naming the partition and the twin."""
+    found: dict[str, pa.Field] = {}
+    of_file: dict[str, list[str]] = {}
+    shown: dict[str, list[str]] = {}
+    for p, files in sorted(partitions.items()):
+        for f in files:
+            meta = _footer(p, f)
+            schema = meta.schema.to_arrow_schema()
+            if (schema.metadata or {}).get(LAYOUT) != layout:
+                return None
+            of_file[f.path] = [n for n in schema.names if n not in HIDDEN]
+            shown[f.path] = []
+            if not _has_live_rows(meta, schema.names.index(DELETED)):
+                continue
+            for field in schema:
+                if field.name in HIDDEN:
+                    continue
+                json = bool(field.metadata and field.metadata.get(JSON_TEXT))
+                seen = found.get(field.name)
+                if pa.types.is_null(field.type):
+                    continue
+                shown[f.path].append(field.name)
+                if seen is None:
+                    found[field.name] = pa.field(
+                        field.name, field.type, metadata={JSON_TEXT: b"1"} if json else None
+                    )
+                elif seen.type != field.type or bool(seen.metadata) != json:
+                    return None
+    return TwinColumns(list(found.values()), of_file, shown)
+
+
+def _footer(p: int, f: TwinFile) -> pq.FileMetaData:
+    try:
+        meta = pq.read_metadata(f.path)
+        names = meta.schema.to_arrow_schema().names
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StoreCorruptedError(
+            f"partition {p}: columnar twin {f.name} cannot be read: "
+            f"{detail.replace(f.path, f.name)}"
+        ) from None
+    if KEY_BYTES not in names or DELETED not in names:
+        raise StoreCorruptedError(
+            f"partition {p}: columnar twin {f.name} cannot be read: "
+            f"no {KEY_BYTES} or {DELETED} column"
+        )
+    return meta
+
+
+def _has_live_rows(meta: pq.FileMetaData, deleted: int) -> bool:
+    """Whether a row of the file may be a row, not a tombstone (by ``__deleted``'s
+    statistics; none: it may)."""
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        if not group.num_rows:
+            continue
+        stats = group.column(deleted).statistics
+        if stats is None or not stats.has_min_max or stats.min is False:
+            return True
+    return False

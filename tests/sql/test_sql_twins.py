@@ -1,0 +1,184 @@
+"""``iqkit.sql`` over stores whose versions have columnar twins reads the twins with
+DuckDB's own Parquet reader (sqlsession/twins.py), and gives exactly what the same SQL
+gives over ``store_batches(...)`` of the store registered as an Arrow table: same rows,
+same column names and types (compared with the scan of RocksDB,
+``twin_scans(False)``). Stores without twins keep the streamed path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import iqkit
+from iqkit import SQLError
+from iqkit.sqlsession import SQLSession
+from iqkit.store.partitions.layers import twin_scans
+from iqkit.tables import store_batches
+
+QUERIES = [
+    "SELECT tag, sum(price * qty) AS total, count(*) AS n FROM {t} GROUP BY tag ORDER BY tag",
+    "SELECT * FROM {t} ORDER BY partition, key",
+    "SELECT partition, count(*) AS n, min(key) AS lo, max(key) AS hi FROM {t} "
+    "GROUP BY partition ORDER BY partition",
+    "SELECT key, qty FROM {t} WHERE key >= 'k020' AND key < 'k040' ORDER BY key",
+    "SELECT key, price FROM {t} WHERE qty > 30 AND tag <> 'new' ORDER BY key",
+    "SELECT a.key, a.price, b.qty FROM {t} a JOIN {t} b ON a.key = b.key "
+    "WHERE a.qty % 2 = 0 ORDER BY a.key",
+    "SELECT f.name, t.price FROM {t} t JOIN frame f ON f.key = t.key ORDER BY f.name",
+    "SELECT count(*) AS n FROM (SELECT * FROM {t} LIMIT 7)",
+]
+
+
+def record(i: int, tag: str | None = None) -> dict:
+    return {"price": i * 1.5, "qty": i, "tag": tag or f"t{i % 4}"}
+
+
+def write_history(root: Path | str, store: str = "r", *, commits: int = 3) -> None:
+    """A JSON-record store of 3 partitions whose chains have several files: puts, then
+    commits deleting and overwriting some keys (and putting some back)."""
+    iqkit.create_store(root, store, partitions=3, value_serde="json")
+    with iqkit.StoreWriter(root, store) as w:
+        for i in range(60):
+            w.put(f"k{i:03d}", record(i))
+    for c in range(1, commits):
+        with iqkit.StoreWriter(root, store) as w:
+            for i in range(c % 3, 60, 4):
+                w.delete(f"k{i:03d}")
+            for i in range(c, 60, 5):
+                w.put(f"k{i:03d}", record(i + c, "new"))
+
+
+def uses_twins(session: SQLSession, table: str) -> bool:
+    """Whether DuckDB plans ``table`` as a Parquet scan (not an Arrow stream)."""
+    plan = session.query(f"EXPLAIN SELECT * FROM {table}")
+    text = "\n".join(map(str, plan.to_numpy().ravel()))
+    return "PARQUET" in text.upper()
+
+
+def check_same(engine: iqkit.StateEngine, store: str, queries: list[str]) -> None:
+    frame = pa.table({"key": [f"k{i:03d}" for i in range(0, 60, 2)],
+                      "name": [f"n{i:03d}" for i in range(0, 60, 2)]})  # fmt: skip
+    with SQLSession(engine=engine) as session:
+        with twin_scans(False):  # the rows as RocksDB has them
+            session.register("ref", store_batches(engine, store).read_all())
+        session.register("frame", frame)
+        assert uses_twins(session, store)
+        for query in queries:
+            got = session.query_arrow(query.format(t=store))
+            want = session.query_arrow(query.format(t="ref"))
+            assert got.schema == want.schema, query
+            assert got.equals(want), query
+
+
+def test_sql_over_twins_equals_sql_over_store_batches(tmp_path):
+    write_history(tmp_path, commits=4)
+    with iqkit.open(tmp_path) as engine:
+        check_same(engine, "r", QUERIES)
+        assert iqkit.sql("SELECT count(*) AS n FROM r", engine=engine)["n"][0] > 0
+
+
+def test_a_compacted_chain(tmp_path):
+    write_history(tmp_path, commits=12)  # over 9 commits: chains are compacted
+    with iqkit.open(tmp_path) as engine:
+        check_same(engine, "r", QUERIES)
+
+
+def test_as_of_reads_the_pinned_version(tmp_path):
+    write_history(tmp_path, commits=3)
+    for version in (1, 2, 3):
+        with iqkit.open(tmp_path, as_of=version) as engine:
+            check_same(engine, "r", QUERIES[:3])
+    with iqkit.open(tmp_path, as_of=1) as engine:
+        assert iqkit.sql("SELECT count(*) AS n FROM r", engine=engine)["n"][0] == 60
+
+
+def test_typed_int64_store(tmp_path):
+    iqkit.create_store(tmp_path, "n", partitions=4, key_serde="int32", value_serde="int64")
+    for c in range(3):
+        with iqkit.StoreWriter(tmp_path, "n") as w:
+            for k in range(c, 200, c + 1):
+                w.put(k, k * (c + 1))
+            w.delete(c * 7)
+    queries = [
+        "SELECT value % 16 AS g, sum(value) AS total, count(*) AS n FROM {t} GROUP BY g ORDER BY g",
+        "SELECT * FROM {t} ORDER BY partition, key",
+        "SELECT key FROM {t} WHERE value > 100 AND key < 150 ORDER BY key",
+    ]
+    with iqkit.open(tmp_path) as engine:
+        check_same(engine, "n", queries)
+
+
+def test_records_whose_fields_differ_between_commits(tmp_path):
+    # A field only the second commit writes: null in the older file's rows.
+    iqkit.create_store(tmp_path, "r", partitions=2, value_serde="json")
+    with iqkit.StoreWriter(tmp_path, "r") as w:
+        for i in range(20):
+            w.put(f"k{i:03d}", {"price": float(i), "qty": i, "tag": "a"})
+    with iqkit.StoreWriter(tmp_path, "r") as w:
+        for i in range(10, 30):
+            w.put(f"k{i:03d}", {"price": float(i), "qty": i, "tag": "b", "extra": i * 2})
+    with iqkit.open(tmp_path) as engine:
+        check_same(engine, "r", [*QUERIES[:2], "SELECT key, extra FROM {t} ORDER BY key"])
+
+
+def test_an_object_root(s3_root):
+    write_history(s3_root, commits=3)
+    with iqkit.open(s3_root) as engine:
+        check_same(engine, "r", QUERIES)
+
+
+def test_a_store_without_twins_is_streamed(tmp_path):
+    iqkit.create_store(tmp_path, "w", partitions=2, kind="window", window_size_ms=1000,
+                       value_serde="int64")  # fmt: skip
+    with iqkit.StoreWriter(tmp_path, "w") as w:
+        for i in range(10):
+            w.put(f"u{i % 3}", i, window_start=i * 1000)
+    write_history(tmp_path, commits=2)
+    with iqkit.open(tmp_path) as engine, SQLSession(engine=engine) as session:
+        assert not uses_twins(session, "w")
+        got = session.query("SELECT count(*) AS n, sum(value) AS s FROM w")
+        assert (got["n"][0], got["s"][0]) == (10, 45)
+        with twin_scans(False):
+            assert not uses_twins(session, "r")
+            streamed = session.query_arrow("SELECT * FROM r ORDER BY partition, key")
+        assert uses_twins(session, "r")
+        assert session.query_arrow("SELECT * FROM r ORDER BY partition, key").equals(streamed)
+
+
+def test_the_view_is_gone_after_the_statement(tmp_path):
+    write_history(tmp_path, commits=2)
+    with iqkit.open(tmp_path) as engine, SQLSession(engine=engine) as session:
+        session.query("SELECT count(*) FROM r")
+        views = session.query("SELECT view_name FROM duckdb_views() WHERE NOT internal")
+        assert list(views["view_name"]) == []
+        # The next statement sees a new commit (a new view, a new version).
+        with iqkit.StoreWriter(tmp_path, "r") as w:
+            w.put("zzz", record(1))
+        assert session.query("SELECT count(*) AS n FROM r WHERE key = 'zzz'")["n"][0] == 1
+
+
+def test_a_damaged_twin_is_one_line_naming_the_store_and_partition(tmp_path):
+    write_history(tmp_path, commits=1)
+    twin = sorted((tmp_path / "r" / "sst" / "1").glob("*.parquet"))[-1]
+    twin.write_bytes(b"not parquet at all" * 10)
+    with iqkit.open(tmp_path) as engine, pytest.raises(SQLError) as info:
+        iqkit.sql("SELECT sum(qty) FROM r", engine=engine)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "'r'" in message and "partition 1" in message and twin.name in message
+
+
+def test_a_twin_damaged_past_its_footer_is_one_line(tmp_path):
+    write_history(tmp_path, commits=1)
+    twin = sorted((tmp_path / "r" / "sst" / "2").glob("*.parquet"))[-1]
+    data = bytearray(twin.read_bytes())
+    for i in range(4, len(data) // 2):  # the column chunks, not the footer
+        data[i] = 0xFF
+    twin.write_bytes(bytes(data))
+    with iqkit.open(tmp_path) as engine, pytest.raises(SQLError) as info:
+        iqkit.sql("SELECT sum(price), max(tag), max(key) FROM r", engine=engine)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "'r'" in message and "partition 2" in message and twin.name in message
