@@ -139,12 +139,24 @@ def partition_files(root: Path, name: str, partition: int, version: int = 1) -> 
     return [Path(root) / f.name for f in record.partitions[partition].files]
 
 
+def twin_files(root: Path, name: str, partition: int, version: int = 1) -> list[Path]:
+    """The columnar twins of ``partition_files`` (those that have one)."""
+    return [
+        p.with_suffix(".parquet")
+        for p in partition_files(root, name, partition, version)
+        if p.with_suffix(".parquet").exists()
+    ]
+
+
 def break_partition(root: Path, name: str, partition: int, version: int = 1) -> None:
     """Make a published partition unreadable, so queries report STORE_EXCEPTION for it:
-    its SSTs are emptied in place (so a reader building the partition's database in its
-    cache fails)."""
-    for sst in partition_files(root, name, partition, version):
-        sst.write_bytes(b"")
+    its SSTs and their columnar twins are emptied in place (so a reader building the
+    partition's database in its cache fails, and so does a scan of its twins)."""
+    for path in [
+        *partition_files(root, name, partition, version),
+        *twin_files(root, name, partition, version),
+    ]:
+        path.write_bytes(b"")
 
 
 def damage_latest(root: Path, name: str) -> str:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import break_partition, partition_files, request
+from helpers import break_partition, partition_files, request, twin_files
 
 import iqkit
 from iqkit import FailureReason, KeyQuery, Position, PositionBound
 from iqkit.store.encoding.partitioners import murmur2_partition
+from iqkit.store.partitions.layers import twin_scans
 
 HANDLED = re.compile(r"^Handled in (\w+) in (\d+)ns")
 
@@ -156,10 +157,10 @@ def test_require_active_applies_to_a_partition_an_old_version_never_wrote(root, 
 
 def test_a_corrupt_partition_fails_alone(totals, open_engine):
     victim = 2
-    for sst in partition_files(totals, "totals", victim):
-        data = bytearray(sst.read_bytes())
+    for path in [*partition_files(totals, "totals", victim), *twin_files(totals, "totals", victim)]:
+        data = bytearray(path.read_bytes())  # the SSTs and their columnar twins
         data[: len(data) // 2] = b"\xde\xad" * (len(data) // 4)
-        sst.write_bytes(bytes(data))
+        path.write_bytes(bytes(data))
     with open_engine(totals) as engine:
         r = engine.query(request("totals", iqkit.RangeQuery.with_no_bounds()))
         statuses = {}
@@ -393,8 +394,11 @@ def test_skip_cache_reaches_every_partition_a_multi_key_query_is_routed_to(total
         assert any("RocksDBLayer" in line for line in skipped[p])  # really went to RocksDB
 
 
-def test_scan_traces_name_the_bounded_iterator(totals, open_engine):
-    with open_engine(totals) as engine:
+@pytest.mark.parametrize("twins", [True, False])
+def test_scan_traces_name_what_the_scan_reads(totals, open_engine, twins):
+    """From the columnar twins: the files and row groups; from RocksDB (twins off): the
+    bounded iterator."""
+    with open_engine(totals) as engine, twin_scans(twins):
         r = engine.query(
             request("totals", iqkit.PrefixScanQuery.with_prefix("user-1"))
             .with_partitions({0})
@@ -402,8 +406,12 @@ def test_scan_traces_name_the_bounded_iterator(totals, open_engine):
         )
         lines = r.partition_results[0].execution_info
         r.partition_results[0].result.close()
-    assert "bounded iterator" in lines[0]
-    assert "forward" in lines[0]
+    if twins:
+        assert lines[0].startswith("Handled in ColumnarScan in ")
+        assert "1 file, 1 row groups read, 0 row groups skipped by key statistics" in lines[0]
+    else:
+        assert "bounded iterator" in lines[0]
+        assert "forward" in lines[0]
 
 
 # -- lag -----------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from iqkit.store.manifest import StoreManifest
 
 PACKAGE = Path(iqkit.__file__).parent
 #: The modules that used to keep their own tables of serde facts.
-CONSUMERS = ["tables.py", "rows.py", "sqlsession", "spark", "jupyter"]
+CONSUMERS = ["tables.py", "store/rows.py", "store/columnar", "sqlsession", "spark", "jupyter"]
 
 relaxed = settings(deadline=None)  # first calls pay numpy/pyarrow warm-up; shared machine
 

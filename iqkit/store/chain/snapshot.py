@@ -176,6 +176,7 @@ class ReopenablePartition:
         #: Plans a scan of the chain's columnar twins (``read.plan_twin_scan``) when
         #: every file has one: scans then read those and never open the database.
         self._twins = twins
+        self._twin_scans: weakref.WeakSet[Any] = weakref.WeakSet()
         #: Told what each open of the database cost (``trace_line``): a partition
         #: opened by a query, not when it was made, reports it to that query's trace.
         self.on_open: Callable[[str | None], None] | None = None
@@ -239,7 +240,10 @@ class ReopenablePartition:
             return None
         if self._closed:
             raise StoreCorruptedError(f"partition {self.location} is closed")
-        return self._twins(lower, upper, reverse)
+        scan = self._twins(lower, upper, reverse)
+        if scan is not None:
+            self._twin_scans.add(scan)  # closing the partition ends them (``close``)
+        return scan
 
     # -- BytesPartition ------------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:
@@ -284,6 +288,8 @@ class ReopenablePartition:
         return self.open().approximate_rows()
 
     def close(self) -> None:
+        for scan in list(self._twin_scans):
+            scan.close()
         for gen in list(self._generators):
             gen.close()  # ends scans before their database closes
         self._closed = True

@@ -38,8 +38,10 @@ __all__ = ["TwinScan"]
 
 @dataclass
 class _File:
+    #: Its place on the root (for messages) and its local path.
     path: str
-    parquet: pq.ParquetFile
+    local: str
+    schema: pa.Schema
     groups: list[int]
 
 
@@ -81,12 +83,14 @@ class TwinScan:
         self._names = list(names) if names is not None else [os.fspath(p) for p in paths]
         for path, name in zip(paths, self._names, strict=True):
             with _damage(name):
-                parquet = pq.ParquetFile(os.fspath(path))
-                meta = parquet.metadata
+                # The footer only: no file stays open between planning and reading (a
+                # query plans every partition's scan before any is read).
+                meta = pq.read_metadata(os.fspath(path))
+                schema = meta.schema.to_arrow_schema()
                 leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
                 if KEY_BYTES not in leaves or DELETED not in leaves:
                     raise ValueError(f"no {KEY_BYTES} or {DELETED} column")
-                recorded = (parquet.schema_arrow.metadata or {}).get(LAYOUT)
+                recorded = (schema.metadata or {}).get(LAYOUT)
                 if layout is not None and recorded != layout:
                     self.stale = True
                 key_index = leaves.index(KEY_BYTES)
@@ -96,8 +100,14 @@ class TwinScan:
                 if group.num_rows and _overlaps(group.column(key_index).statistics, lower, upper):
                     groups.append(g)
             self.groups_total += meta.num_row_groups
-            self.files.append(_File(name, parquet, groups))
+            self.files.append(_File(name, os.fspath(path), schema, groups))
         self.columns = None if columns is None else list(columns)
+        #: Set by ``close``: the scan yields nothing more (its engine was closed).
+        self.closed = False
+
+    def close(self) -> None:
+        """End the scan: ``batches`` stops before its next row group."""
+        self.closed = True
 
     @property
     def groups_read(self) -> int:
@@ -110,19 +120,26 @@ class TwinScan:
     def trace_line(self) -> str:
         """What the scan reads, for a query's trace."""
         files = len(self.files)
+        upper = self.upper.hex() if self.upper is not None else "∞"
+        direction = "reverse" if self.reverse else "forward"
         return (
             f"{files} file{'s' if files != 1 else ''}, {self.groups_read} row groups read, "
-            f"{self.groups_skipped} row groups skipped by key statistics"
+            f"{self.groups_skipped} row groups skipped by key statistics, {direction} over "
+            f"[{self.lower.hex()}, {upper})"
         )
 
-    def _read(self, f: _File, groups: list[int]) -> pa.Table:
-        schema = f.parquet.schema_arrow
-        names = schema.names
+    def _read(self, f: _File, groups: list[int], parquet: pq.ParquetFile | None = None) -> pa.Table:
+        """Row groups ``groups`` of ``f`` (through ``parquet`` if open, else opened and
+        closed here)."""
+        names = f.schema.names
         if self.columns is not None:
             wanted = {KEY_BYTES, DELETED, *self.columns}
             names = [n for n in names if n in wanted]
         with _damage(f.path):
-            return f.parquet.read_row_groups(groups, columns=names, use_threads=False)
+            if parquet is not None:
+                return parquet.read_row_groups(groups, columns=names, use_threads=False)
+            with pq.ParquetFile(f.local) as opened:
+                return opened.read_row_groups(groups, columns=names, use_threads=False)
 
     def _bounded(self, table: pa.Table) -> pa.Table:
         keys = table.column(KEY_BYTES)
@@ -140,12 +157,19 @@ class TwinScan:
         if len(self.files) == 1:
             f = self.files[0]
             order = reversed(f.groups) if self.reverse else f.groups
-            for g in order:
-                table = _live(self._bounded(self._read(f, [g])))
-                if self.reverse:
-                    table = _reversed(table)
-                if table.num_rows:
-                    yield table
+            with _damage(f.path):
+                parquet = pq.ParquetFile(f.local)
+            try:
+                for g in order:
+                    if self.closed:
+                        return
+                    table = _live(self._bounded(self._read(f, [g], parquet)))
+                    if self.reverse:
+                        table = _reversed(table)
+                    if table.num_rows:
+                        yield table
+            finally:
+                parquet.close()
             return
         table = self.table()
         if table.num_rows:

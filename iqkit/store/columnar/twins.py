@@ -36,6 +36,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ...errors import IqkitError
 from ..encoding.keyspace import KV_LOWER, KV_UPPER, RAW_PREFIX_LEN
 from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
@@ -235,7 +236,7 @@ def try_write(write: Any, path: str | os.PathLike[str], *args: Any) -> bool:
     commit never fails for want of a twin."""
     try:
         write(path, *args)
-    except (pa.ArrowException, ValueError, TypeError, OverflowError, RecursionError):
+    except (pa.ArrowException, ValueError, TypeError, OverflowError, RecursionError, IqkitError):
         with contextlib.suppress(OSError):
             os.unlink(path)
         return False

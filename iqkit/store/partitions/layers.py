@@ -46,6 +46,10 @@ from ..kinds import StoreKind
 from ..manifest import StoreManifest
 from .partition import BytesPartition
 
+#: Rows per chunk of a scan read from twins: what a RocksDB scan's chunks grow to
+#: (``rocks.MAX_CHUNK_ROWS``; not imported, so this module never imports rocksdict).
+TWIN_CHUNK_ROWS = 1024
+
 _MISSING = object()
 
 
@@ -383,7 +387,13 @@ class ScanIterator(KeyValueIterator[Any, Any]):
         tables = scan.batches()
 
         def chunks() -> Iterator[list[tuple[bytes, bytes]]]:
-            yield from map(stored, tables)
+            # A RocksDB scan's chunk size: a reader that stops early (or whose engine
+            # closes) decodes no more than that past where it stopped.
+            for table in tables:
+                for lo in range(0, table.num_rows, TWIN_CHUNK_ROWS):
+                    if scan.closed:
+                        return
+                    yield stored(table.slice(lo, TWIN_CHUNK_ROWS))
 
         rows = chunks()
 
