@@ -10,9 +10,10 @@ statement ends):
   column (``INTEGER``) is looked up from DuckDB's ``file_index`` in a constant list, so
   200 partitions cost one scan to plan, not 200;
 * for partitions whose chain has several files, the older files' rows are added when no
-  newer file of the same partition has their ``__key`` (an anti join: the newest file
-  holding a key has its row); then tombstones (``__deleted``) are dropped;
-* the twins' own columns (``__key``, ``__deleted``, ``__value``) are not in the view;
+  newer file of the same partition has their key (``__key``, or the key column it is
+  derived from: an anti join, the newest file holding a key has its row); then
+  tombstones (``__deleted``) are dropped;
+* the twins' own columns (``__key``, ``__deleted``) are not in the view;
   each row column is cast to the DuckDB type of the Arrow type a scan of the store
   (``store_batches``) gives it, which is free where the two agree already.
 
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TwinView", "twin_view"]
 
-_KEY, _DELETED = "__key", "__deleted"
+_DELETED = "__deleted"
 
 
 def _ident(name: str) -> str:
@@ -114,6 +115,7 @@ def _view_sql(
              for level, f in enumerate(chain) if level > 0]  # fmt: skip
     part = PARTITION
     of_file, shown = columns.of_file, columns.shown
+    key = columns.merge_key  # ``__key``, or the key column it is derived from
     branches = []
     top_files = [f for _, f in top]
     top_names = _present(top_files, shown, "")
@@ -132,9 +134,9 @@ def _view_sql(
             f"FROM {_read(files, of_file)}) o "
             f"WHERE NOT o.{_ident(_DELETED)} AND NOT EXISTS (SELECT 1 FROM "
             f"(SELECT {_lookup([p for p, _, _ in newer])} AS __p, "
-            f"{_lookup([lv for _, lv, _ in newer])} AS __level, {_ident(_KEY)} "
+            f"{_lookup([lv for _, lv, _ in newer])} AS __level, {_ident(key)} "
             f"FROM {_read([f for _, _, f in newer], of_file)}) n "
-            f"WHERE n.__p = o.{_ident(part)} AND n.{_ident(_KEY)} = o.{_ident(_KEY)} "
+            f"WHERE n.__p = o.{_ident(part)} AND n.{_ident(key)} = o.{_ident(key)} "
             f"AND n.__level > o.__level)"
         )
     assert branches  # some file gives a column (twin_view)

@@ -228,8 +228,15 @@ def test_a_twin_holds_the_sst_rows_typed(root):
     assert base.column("key").to_pylist() == ["a", "b"]
     assert base.schema.field("n").type == pa.int64()
     assert delta.column("__deleted").to_pylist() == [True, False]
-    assert delta.column("__key").to_pylist() == [b"\x01a", b"\x01c"]
+    # String keys give the RocksDB key back: the twin keeps no __key, and no value bytes.
+    assert delta.column("key").to_pylist() == ["a", "c"]
+    assert "__key" not in delta.column_names and "__value" not in delta.column_names
     assert delta.column("n").to_pylist() == [None, 3.5]
+    iqkit.create_store(root, "o", partitions=1, key_serde="ordered", value_serde="int64")
+    with iqkit.StoreWriter(root, "o") as w:
+        w.put((1, "x"), 5)
+    (ordered,) = (pq.read_table(p) for p in twin_files(root, "o"))
+    assert ordered.column("__key").to_pylist()[0][:1] == b"\x01"  # ordered keys keep it
     with iqkit.open(root) as engine:
         r = engine.query(
             StateQueryRequest.in_store("t")

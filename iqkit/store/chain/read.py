@@ -693,7 +693,13 @@ def plan_twin_scan(
     paths, names, pins = pin_twins(cache, objects, chain)
     try:
         scan = TwinScan(
-            paths, lower, upper, reverse=reverse, names=names, layout=layout_of(manifest)
+            paths,
+            lower,
+            upper,
+            reverse=reverse,
+            names=names,
+            layout=layout_of(manifest),
+            manifest=manifest,
         )
     except BaseException:
         for pin in pins:

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ...errors import StoreCorruptedError
-from .twins import DELETED, HIDDEN, JSON_TEXT, KEY_BYTES, LAYOUT
+from .twins import DELETED, HIDDEN, JSON_TEXT, KEY_BYTES, KEY_FROM, LAYOUT
 
 if TYPE_CHECKING:
     from ..format import TwinFile
@@ -33,14 +33,21 @@ class TwinColumns:
     tombstones only, whose columns hold nothing; a column only nulls in a file is not
     given by it)."""
 
-    __slots__ = ("fields", "of_file", "shown")
+    __slots__ = ("fields", "merge_key", "of_file", "shown")
 
     def __init__(
-        self, fields: list[pa.Field], of_file: dict[str, list[str]], shown: dict[str, list[str]]
+        self,
+        fields: list[pa.Field],
+        of_file: dict[str, list[str]],
+        shown: dict[str, list[str]],
+        merge_key: str = KEY_BYTES,
     ) -> None:
         self.fields = fields
         self.of_file = of_file
         self.shown = shown
+        #: The column a chain's files are merged on (the newest file holding a value of
+        #: it has the row): ``__key``, or the key column it is derived from.
+        self.merge_key = merge_key
 
 
 def twin_columns(partitions: dict[int, list[TwinFile]], layout: bytes) -> TwinColumns | None:
@@ -53,12 +60,15 @@ def twin_columns(partitions: dict[int, list[TwinFile]], layout: bytes) -> TwinCo
     found: dict[str, pa.Field] = {}
     of_file: dict[str, list[str]] = {}
     shown: dict[str, list[str]] = {}
+    merge_keys = set()
     for p, files in sorted(partitions.items()):
         for f in files:
             meta = _footer(p, f)
             schema = meta.schema.to_arrow_schema()
             if (schema.metadata or {}).get(LAYOUT) != layout:
                 return None
+            derived = (schema.metadata or {}).get(KEY_FROM)
+            merge_keys.add(KEY_BYTES if derived is None else derived.decode())
             of_file[f.path] = [n for n in schema.names if n not in HIDDEN]
             shown[f.path] = []
             if not _has_live_rows(meta, schema.names.index(DELETED)):
@@ -77,7 +87,10 @@ def twin_columns(partitions: dict[int, list[TwinFile]], layout: bytes) -> TwinCo
                     )
                 elif seen.type != field.type or bool(seen.metadata) != json:
                     return None
-    return TwinColumns(list(found.values()), of_file, shown)
+    if len(merge_keys) > 1:
+        return None
+    merge_key = merge_keys.pop() if merge_keys else KEY_BYTES
+    return TwinColumns(list(found.values()), of_file, shown, merge_key)
 
 
 def _footer(p: int, f: TwinFile) -> pq.FileMetaData:
@@ -90,10 +103,12 @@ def _footer(p: int, f: TwinFile) -> pq.FileMetaData:
             f"partition {p}: columnar twin {f.name} cannot be read: "
             f"{detail.replace(f.path, f.name)}"
         ) from None
-    if KEY_BYTES not in names or DELETED not in names:
+    derived = (meta.schema.to_arrow_schema().metadata or {}).get(KEY_FROM)
+    key = KEY_BYTES if derived is None else derived.decode()
+    if key not in names or DELETED not in names:
         raise StoreCorruptedError(
             f"partition {p}: columnar twin {f.name} cannot be read: "
-            f"no {KEY_BYTES} or {DELETED} column"
+            f"no {key} or {DELETED} column"
         )
     return meta
 

@@ -30,8 +30,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ...errors import StoreCorruptedError
+from ..encoding.serdes import get_serde
+from ..manifest import StoreManifest
 from .shaping import _assemble, _Column, _unified_type
-from .twins import DELETED, JSON_TEXT, KEY_BYTES, LAYOUT
+from .twins import DELETED, JSON_TEXT, KEY_BYTES, KEY_FROM, LAYOUT, key_bounds, key_bytes
 
 __all__ = ["TwinScan"]
 
@@ -43,16 +45,26 @@ class _File:
     local: str
     schema: pa.Schema
     groups: list[int]
+    #: The column its RocksDB keys are derived from (None: it holds ``__key``).
+    key_from: str | None = None
 
 
-def _overlaps(stats: pq.Statistics | None, lower: bytes, upper: bytes | None) -> bool:
-    """Whether a row group whose ``__key`` statistics are ``stats`` can hold keys in
-    ``[lower, upper)`` (no statistics: it might)."""
+def _raw_bounds(stats: pq.Statistics | None) -> tuple[bytes, bytes] | None:
+    """The smallest and largest key of a row group by its ``__key`` statistics."""
     if stats is None or not stats.has_min_max:
-        return True
+        return None
     lo, hi = stats.min, stats.max
     if isinstance(lo, str):  # statistics of a column pyarrow took for text
         lo, hi = lo.encode("utf-8", "surrogateescape"), hi.encode("utf-8", "surrogateescape")
+    return lo, hi
+
+
+def _overlaps(bounds: tuple[bytes, bytes] | None, lower: bytes, upper: bytes | None) -> bool:
+    """Whether a row group whose keys lie within ``bounds`` can hold keys in
+    ``[lower, upper)`` (no bounds: it might)."""
+    if bounds is None:
+        return True
+    lo, hi = bounds
     return hi >= lower and (upper is None or lo < upper)
 
 
@@ -73,8 +85,10 @@ class TwinScan:
         columns: Sequence[str] | None = None,
         names: Sequence[str] | None = None,
         layout: bytes | None = None,
+        manifest: StoreManifest | None = None,
     ) -> None:
         self.lower, self.upper, self.reverse = lower, upper, reverse
+        self._key_serde = get_serde(manifest.key_serde) if manifest is not None else None
         #: Whether a file was written for another layout than ``layout`` (the store's
         #: manifest was changed since): the caller then does not read the twins.
         self.stale = False
@@ -88,19 +102,30 @@ class TwinScan:
                 meta = pq.read_metadata(os.fspath(path))
                 schema = meta.schema.to_arrow_schema()
                 leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
-                if KEY_BYTES not in leaves or DELETED not in leaves:
-                    raise ValueError(f"no {KEY_BYTES} or {DELETED} column")
+                derived = (schema.metadata or {}).get(KEY_FROM)
+                key_leaf = KEY_BYTES if derived is None else derived.decode()
+                if key_leaf not in leaves or DELETED not in leaves:
+                    raise ValueError(f"no {key_leaf} or {DELETED} column")
+                if derived is not None and self._key_serde is None:
+                    raise ValueError(f"its keys are derived from {key_leaf!r}: no manifest")
                 recorded = (schema.metadata or {}).get(LAYOUT)
                 if layout is not None and recorded != layout:
                     self.stale = True
-                key_index = leaves.index(KEY_BYTES)
+                key_index = leaves.index(key_leaf)
             groups = []
             for g in range(meta.num_row_groups):
                 group = meta.row_group(g)
-                if group.num_rows and _overlaps(group.column(key_index).statistics, lower, upper):
+                stats = group.column(key_index).statistics
+                if derived is None:
+                    bounds = _raw_bounds(stats)
+                else:
+                    bounds = key_bounds(stats, self._key_serde)
+                if group.num_rows and _overlaps(bounds, lower, upper):
                     groups.append(g)
             self.groups_total += meta.num_row_groups
-            self.files.append(_File(name, os.fspath(path), schema, groups))
+            self.files.append(
+                _File(name, os.fspath(path), schema, groups, None if derived is None else key_leaf)
+            )
         self.columns = None if columns is None else list(columns)
         #: Set by ``close``: the scan yields nothing more (its engine was closed).
         self.closed = False
@@ -133,13 +158,19 @@ class TwinScan:
         closed here)."""
         names = f.schema.names
         if self.columns is not None:
-            wanted = {KEY_BYTES, DELETED, *self.columns}
+            wanted = {KEY_BYTES, DELETED, f.key_from, *self.columns}
             names = [n for n in names if n in wanted]
         with _damage(f.path):
             if parquet is not None:
-                return parquet.read_row_groups(groups, columns=names, use_threads=False)
-            with pq.ParquetFile(f.local) as opened:
-                return opened.read_row_groups(groups, columns=names, use_threads=False)
+                table = parquet.read_row_groups(groups, columns=names, use_threads=False)
+            else:
+                with pq.ParquetFile(f.local) as opened:
+                    table = opened.read_row_groups(groups, columns=names, use_threads=False)
+            if f.key_from is None:
+                return table
+            assert self._key_serde is not None
+            # Every table a scan hands on has ``__key`` (merges and bounds compare it).
+            return table.add_column(0, KEY_BYTES, key_bytes(table, f.key_from, self._key_serde))
 
     def _bounded(self, table: pa.Table) -> pa.Table:
         keys = table.column(KEY_BYTES)

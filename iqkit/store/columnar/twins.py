@@ -5,19 +5,25 @@ Spark task's fragment) gets a twin uploaded beside it, ``<same name>.parquet``
 (``twin_key``), and the chain record lists its size (``ChainFile.twin``). A twin holds
 the SST's user rows, sorted by their RocksDB key like the SST, as columns:
 
-* ``__key`` (binary): the RocksDB key. Merging a chain's files (newest wins) and the
-  bounds of range and prefix scans compare it, and each row group's min/max statistics
-  of it let a bounded scan skip row groups without reading them.
+* ``__key`` (binary): the RocksDB key, for keys whose column cannot give it back
+  (``ordered`` and ``json`` keys, ``double`` keys). Merging a chain's files (newest wins)
+  and the bounds of range and prefix scans compare RocksDB keys; for the other serdes
+  (string, bytes, int32, int64: ``key_column_of``) a reader derives them from the key
+  column (``key_bytes``), whose row group statistics also let a bounded scan skip row
+  groups without reading them.
 * ``__deleted`` (bool): a tombstone. It hides the key's rows in older files and is not
-  a row itself; its other columns are null.
+  a row itself; its key columns are set, its value columns null.
 * the row layout's columns without ``partition`` (:mod:`iqkit.store.rows`): the key
   (``key``, or one column per tuple element) and the value (``value``, or one column per
   field of a JSON record), typed. They are made by the same code that shapes a scan of
   the SST (:mod:`iqkit.store.columnar.shaping`), so both paths give the same columns; a
   column that code keeps as JSON text is marked in its field metadata (``JSON_TEXT``).
-* ``__value`` (binary), only for value serdes whose typed columns cannot give the stored
-  value back exactly (``json``, ``ordered``): the stored bytes, so a scan that hands out
-  ``KeyValue`` rows decodes them exactly as it would from RocksDB.
+
+A twin holds no stored value bytes: where the typed columns cannot give a stored value
+back exactly (``json`` and ``ordered`` values), a scan's ``KeyValue`` rows are read from
+RocksDB and only its tables (``collect``, ``store_batches``, SQL, Spark) from the twin;
+that keeps a twin well under the size of its SST. Keys sorted and unique are written
+with Parquet's delta encoding; a column takes a dictionary only when it repeats values.
 
 The commit record and iqkit's other reserved keys are not rows and are not in a twin.
 Window stores have no twins yet: their scans read RocksDB (docs/DECISIONS.md).
@@ -34,14 +40,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ...errors import IqkitError
-from ..encoding.keyspace import KV_LOWER, KV_UPPER, RAW_PREFIX_LEN
+from ..encoding.keyspace import KV_LOWER, KV_UPPER, RAW_PREFIX_LEN, kv_key, kv_keys_arrow
 from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
 from ..names import TWIN_SUFFIX, twin_key
-from ..rows import PARTITION, VALUE
+from ..rows import PARTITION, VALUE, RowSchema
 from .shaping import _Shaper, _Stored
 
 __all__ = [
@@ -52,8 +59,11 @@ __all__ = [
     "LAYOUT",
     "ROW_GROUP_ROWS",
     "TWIN_SUFFIX",
-    "VALUE_BYTES",
-    "keeps_value_bytes",
+    "KEY_FROM",
+    "key_bounds",
+    "key_bytes",
+    "key_column_of",
+    "values_from_columns",
     "layout_of",
     "twin_key",
     "try_write",
@@ -64,13 +74,14 @@ __all__ = [
 
 KEY_BYTES = "__key"
 DELETED = "__deleted"
-VALUE_BYTES = "__value"
 #: The twin's own columns, never shown as row columns.
-HIDDEN = (KEY_BYTES, DELETED, VALUE_BYTES)
+HIDDEN = (KEY_BYTES, DELETED)
 #: Field metadata marking a column of JSON text (values without one Arrow type).
 JSON_TEXT = b"iqkit.json_text"
 #: Schema metadata: the layout the twin was written for (``layout_of``).
 LAYOUT = b"iqkit.layout"
+#: Schema metadata: the column ``__key`` is derived from when the twin does not hold it.
+KEY_FROM = b"iqkit.key_from"
 #: Rows per row group: small enough that a 1% prefix scan of a 1M-row store skips most of
 #: a file by statistics, big enough that a full scan is not dominated by per-group work.
 ROW_GROUP_ROWS = 16_384
@@ -91,10 +102,49 @@ def layout_of(manifest: StoreManifest) -> bytes:
     return json.dumps(facts, sort_keys=True, default=str).encode()
 
 
-def keeps_value_bytes(manifest: StoreManifest) -> bool:
-    """Whether twins of this store hold ``__value``: the value serde has no Arrow type
-    whose column gives the stored value back exactly (``json``, ``ordered``)."""
-    return get_serde(manifest.value_serde).arrow_type() is None
+#: Key serdes whose key column gives the RocksDB key back exactly, in an order its
+#: Parquet statistics can bound (``key_bytes``, ``key_bounds``).
+_DERIVED_KEYS = ("string", "bytes", "int32", "int64")
+
+
+def key_column_of(manifest: StoreManifest) -> str | None:
+    """The twin column whose values give ``__key`` back (the twin then has no
+    ``__key``), or None (it has one)."""
+    rows = RowSchema(manifest)
+    if rows.tuple_key_columns or manifest.key_serde not in _DERIVED_KEYS:
+        return None
+    return rows.key_column
+
+
+def values_from_columns(manifest: StoreManifest) -> bool:
+    """Whether a twin's value column gives the stored values back exactly (the value
+    serde has an Arrow type): a scan's ``KeyValue`` rows can then come from the twin."""
+    return get_serde(manifest.value_serde).arrow_type() is not None
+
+
+def key_bytes(table: pa.Table, column: str, key_serde: Any) -> pa.Array:
+    """The RocksDB keys of a twin table without ``__key``: its key column serialized
+    (vectorized) behind the key-value prefix."""
+    values = table.column(column).combine_chunks()
+    encoded = key_serde.serialize_arrow(values)
+    if encoded is None:
+        encoded = pa.array([key_serde.serialize(v) for v in values.to_pylist()], pa.binary())
+    return kv_keys_arrow(encoded)
+
+
+def key_bounds(stats: Any, key_serde: Any) -> tuple[bytes, bytes] | None:
+    """The smallest and largest RocksDB key of a row group whose key column has the
+    Parquet statistics ``stats``, or None when they do not bound it (then it is read).
+    Integers bound it only within one sign (their stored bytes put negatives after)."""
+    if stats is None or not stats.has_min_max:
+        return None
+    lo, hi = stats.min, stats.max
+    if isinstance(lo, int) and (lo < 0) != (hi < 0):
+        return None
+    try:
+        return kv_key(key_serde.serialize(lo)), kv_key(key_serde.serialize(hi))
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def _kv_decoder(manifest: StoreManifest) -> Any:
@@ -128,31 +178,57 @@ def twin_table(manifest: StoreManifest, rows: Sequence[tuple[bytes, bytes | None
         empty = shaper.empty_columns().items()
         cols = {n: c for n, c in empty if not pa.types.is_null(c.array.type)}
     cols.pop(PARTITION)
-    arrays: list[pa.Array] = [pa.array([k for k, _ in live], pa.binary())]
-    fields = [pa.field(KEY_BYTES, pa.binary(), nullable=False)]
+    derived = key_column_of(manifest)
+    arrays: list[pa.Array] = []
+    fields = []
+    if derived is None:
+        arrays.append(pa.array([k for k, _ in live], pa.binary()))
+        fields.append(pa.field(KEY_BYTES, pa.binary(), nullable=False))
     arrays.append(pa.array([False] * len(live), pa.bool_()))
     fields.append(pa.field(DELETED, pa.bool_(), nullable=False))
-    if keeps_value_bytes(manifest):
-        arrays.append(pa.array([v for _, v in live], pa.binary()))
-        fields.append(pa.field(VALUE_BYTES, pa.binary()))
     for name, column in cols.items():
         arrays.append(column.array)
         metadata = {JSON_TEXT: b"1"} if column.json else None
         fields.append(pa.field(name, column.array.type, metadata=metadata))
-    schema = pa.schema(fields, metadata={LAYOUT: layout_of(manifest)})
+    metadata = {LAYOUT: layout_of(manifest)}
+    if derived is not None:
+        metadata[KEY_FROM] = derived.encode()
+    schema = pa.schema(fields, metadata=metadata)
     table = pa.Table.from_arrays(arrays, schema=schema)
     if dead:
-        tombstones = pa.Table.from_arrays(
-            [
-                pa.array(dead, pa.binary()) if f.name == KEY_BYTES
-                else pa.array([True] * len(dead)) if f.name == DELETED
-                else pa.nulls(len(dead), f.type)
-                for f in schema
-            ],
-            schema=schema,
-        )
-        table = pa.concat_tables([table, tombstones]).sort_by(KEY_BYTES)
+        table = _with_tombstones(table, manifest, derived, dead)
     return table
+
+
+def _with_tombstones(
+    table: pa.Table, manifest: StoreManifest, derived: str | None, dead: list[bytes]
+) -> pa.Table:
+    """``table`` (live rows, sorted) with tombstones for the keys ``dead``, in key order.
+    A tombstone's key is in the key column when ``__key`` is derived from it."""
+    schema = table.schema
+    n = len(dead)
+    key_values = None
+    if derived is not None:
+        serde = get_serde(manifest.key_serde)
+        key_values = serde.decode_arrow(dead, RAW_PREFIX_LEN)
+        if key_values is None:
+            key_values = pa.array(serde.deserialize_many(dead, RAW_PREFIX_LEN))
+        key_values = key_values.cast(schema.field(derived).type)
+    tombstones = pa.Table.from_arrays(
+        [
+            pa.array(dead, pa.binary()) if f.name == KEY_BYTES
+            else pa.array([True] * n) if f.name == DELETED
+            else key_values if f.name == derived
+            else pa.nulls(n, f.type)
+            for f in schema
+        ],
+        schema=schema,
+    )
+    merged = pa.concat_tables([table, tombstones])
+    keys = merged.column(KEY_BYTES) if derived is None else key_bytes(
+        merged, derived, get_serde(manifest.key_serde)
+    )
+    return merged.take(pc.sort_indices(keys))
 
 
 def write_twin(path: str | os.PathLike[str], table: pa.Table) -> int:
@@ -160,18 +236,39 @@ def write_twin(path: str | os.PathLike[str], table: pa.Table) -> int:
 
     zstd; ``__key`` unencoded by dictionary (keys are unique) and with statistics (row
     groups are skipped by them); ``ROW_GROUP_ROWS`` rows per row group."""
+    delta = [
+        f.name for f in table.schema
+        if (f.name == KEY_BYTES or f.name.encode() == (table.schema.metadata or {}).get(KEY_FROM))
+        and (pa.types.is_binary(f.type) or pa.types.is_string(f.type))
+    ]  # fmt: skip
     pq.write_table(
         table,
         os.fspath(path),
         row_group_size=ROW_GROUP_ROWS,
         compression="zstd",
-        use_dictionary=[c for c in table.column_names if c not in (KEY_BYTES, VALUE_BYTES)],
+        # Sorted unique keys: delta encoding (shared prefixes) beats a dictionary; other
+        # columns take one only when they repeat values (a dictionary of unique
+        # numbers costs more than the numbers).
+        use_dictionary=[c for c in table.column_names if c not in delta and _repeats(table, c)],
+        column_encoding=dict.fromkeys(delta, "DELTA_BYTE_ARRAY") or None,
         write_statistics=True,
         # Quirk: by default nested lists are written with Parquet's child name
         # "element", and read back so: the columns would not equal a scan's ("item").
         use_compliant_nested_type=False,
     )
     return os.path.getsize(path)
+
+
+def _repeats(table: pa.Table, name: str) -> bool:
+    """Whether column ``name`` holds each value at least twice on average."""
+    column = table.column(name)
+    if len(column) < 2 or pa.types.is_nested(column.type) or pa.types.is_boolean(column.type):
+        return pa.types.is_boolean(column.type)
+    try:
+        distinct = pc.count_distinct(column, mode="all").as_py()
+    except pa.ArrowException:
+        return False
+    return 2 * distinct <= len(column)
 
 
 def write_twin_of_rows(
@@ -197,30 +294,32 @@ def write_merged_twin(
     delta = f"{os.fspath(path)}.delta"
     write_twin(delta, twin_table(manifest, delta_rows))
     try:
-        table = TwinScan([*older, delta], KV_LOWER, KV_UPPER).table()
+        table = TwinScan([*older, delta], KV_LOWER, KV_UPPER, manifest=manifest).table()
+        if key_column_of(manifest) is not None:
+            table = table.drop_columns([KEY_BYTES])  # the scan derived it: not stored
     finally:
         os.unlink(delta)
     # The merge does not keep the files' schema metadata: without its layout the
     # compacted twin would be taken for a stale one and never read.
     metadata = {**(table.schema.metadata or {}), LAYOUT: layout_of(manifest)}
+    derived = key_column_of(manifest)
+    if derived is not None:
+        metadata[KEY_FROM] = derived.encode()
     return write_twin(path, table.replace_schema_metadata(metadata))
 
 
 def stored_rows(table: pa.Table, value_serde: Any) -> list[tuple[bytes, bytes]]:
-    """The rows of a twin table as the ``(key, value)`` bytes RocksDB holds for them:
-    ``__value`` when the twin keeps it, else the ``value`` column serialized back
-    (exact for the serdes whose twins have no ``__value``: ``keeps_value_bytes``)."""
+    """The rows of a twin table (as ``TwinScan`` reads it: ``__key`` in) as the
+    ``(key, value)`` bytes RocksDB holds for them: the ``value`` column serialized back,
+    exact where ``values_from_columns``."""
     keys = table.column(KEY_BYTES).to_pylist()
-    if VALUE_BYTES in table.column_names:
-        values = table.column(VALUE_BYTES).to_pylist()
-    else:
-        column = table.column(VALUE).combine_chunks()
-        encoded = value_serde.serialize_arrow(column)
-        values = (
-            encoded.to_pylist()
-            if encoded is not None
-            else [value_serde.serialize(v) for v in column.to_pylist()]
-        )
+    column = table.column(VALUE).combine_chunks()
+    encoded = value_serde.serialize_arrow(column)
+    values = (
+        encoded.to_pylist()
+        if encoded is not None
+        else [value_serde.serialize(v) for v in column.to_pylist()]
+    )
     return list(zip(keys, values, strict=True))
 
 

@@ -378,15 +378,20 @@ class ScanIterator(KeyValueIterator[Any, Any]):
         scan: Any,
         convert: Callable[[list[tuple[bytes, bytes]]], list[KeyValue[Any, Any]]],
         key_offset: int,
-        stored: Callable[[Any], list[tuple[bytes, bytes]]],
+        stored: Callable[[Any], list[tuple[bytes, bytes]]] | None,
+        rocksdb: Callable[[], Iterator[list[tuple[bytes, bytes]]]],
     ) -> ScanIterator:
-        """A scan read from the partition's columnar twins (``scan``, a ``TwinScan``):
-        its rows are the twins' stored bytes (``stored`` of each table), decoded by
-        ``convert`` exactly as RocksDB's would be, or, through ``take_twin``, the typed
-        tables themselves."""
+        """A scan of the partition's columnar twins (``scan``, a ``TwinScan``): through
+        ``take_twin``, the typed tables themselves; iterated, ``KeyValue`` rows decoded
+        by ``convert`` exactly as RocksDB's would be, from the bytes the twins' columns
+        give back (``stored`` of each table) or, where they cannot (``stored`` None:
+        json and ordered values), from RocksDB (``rocksdb()``, opened when first read)."""
         tables = scan.batches()
 
         def chunks() -> Iterator[list[tuple[bytes, bytes]]]:
+            if stored is None:
+                yield from rocksdb()
+                return
             # A RocksDB scan's chunk size: a reader that stops early (or whose engine
             # closes) decodes no more than that past where it stopped.
             for table in tables:
@@ -489,14 +494,20 @@ class TypedKeyValueLayer(_TypedLayer):
         strip = keyspace.RAW_PREFIX_LEN
         twins = self.inner.twin_scan(lower, upper, reverse, trace)
         if twins is not None:
-            return ScanIterator.over_twins(twins, self._kv_chunk(strip), strip, self._stored)
+            exact = self.value_serde.arrow_type() is not None  # the column is the value
+            return ScanIterator.over_twins(
+                twins,
+                self._kv_chunk(strip),
+                strip,
+                self._stored if exact else None,
+                partial(self.inner.scan_chunks, lower, upper, reverse, _UNTRACED),
+            )
         chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
         return ScanIterator.over(chunks, self._kv_chunk(strip), strip)
 
     def _stored(self, table: Any) -> list[tuple[bytes, bytes]]:
-        """A twin table's rows as the ``(key, value)`` bytes RocksDB holds: the stored
-        values (``__value``), or the value column serialized back (its serde's Arrow
-        type gives the stored bytes exactly)."""
+        """A twin table's rows as the ``(key, value)`` bytes RocksDB holds: the value
+        column serialized back (its serde's Arrow type gives the stored bytes exactly)."""
         from ..columnar.twins import stored_rows  # pyarrow: only once twins are read
 
         return stored_rows(table, self.value_serde)
