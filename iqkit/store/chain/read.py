@@ -682,6 +682,7 @@ def plan_twin_scan(
     lower: bytes,
     upper: bytes | None,
     reverse: bool,
+    footers: dict[str, Any] | None = None,
 ) -> Any:
     """A ``TwinScan`` of ``chain``'s columnar twins (every file has one) for
     ``[lower, upper)``: read in place on a local root, else from the cache (fetched if
@@ -700,6 +701,7 @@ def plan_twin_scan(
             names=names,
             layout=layout_of(manifest),
             manifest=manifest,
+            footers=footers,
         )
     except BaseException:
         for pin in pins:

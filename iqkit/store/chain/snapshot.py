@@ -555,8 +555,12 @@ class ChainSnapshot:
         cache, objects, manifest = self.cache, self.objects, self.manifest
         twins = None
         if chain.twinned:
+            footers: dict[str, Any] = {}  # parsed once per partition version
+
             def twins(lower: bytes, upper: bytes | None, reverse: bool) -> Any:
-                return plan_twin_scan(cache, objects, chain, manifest, lower, upper, reverse)
+                return plan_twin_scan(
+                    cache, objects, chain, manifest, lower, upper, reverse, footers
+                )
 
         handle = ReopenablePartition(
             lambda: open_partition(cache, objects, self.name, p, chain),

@@ -23,6 +23,7 @@ import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +50,40 @@ class _File:
     key_from: str | None = None
 
 
+@dataclass
+class _Footer:
+    """What planning needs of a twin's footer, parsed once: its schema, layout, the
+    column its keys are derived from, and each row group's rows and key bounds."""
+
+    schema: pa.Schema
+    layout: bytes | None
+    key_from: str | None
+    groups: list[tuple[int, tuple[bytes, bytes] | None]]
+
+    @classmethod
+    def read(cls, local: str, key_serde: Any) -> _Footer:
+        # The footer only: no file stays open between planning and reading (a query
+        # plans every partition's scan before any is read).
+        meta = pq.read_metadata(local)
+        schema = meta.schema.to_arrow_schema()
+        leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        derived = (schema.metadata or {}).get(KEY_FROM)
+        key_leaf = KEY_BYTES if derived is None else derived.decode()
+        if key_leaf not in leaves or DELETED not in leaves:
+            raise ValueError(f"no {key_leaf} or {DELETED} column")
+        if derived is not None and key_serde is None:
+            raise ValueError(f"its keys are derived from {key_leaf!r}: no manifest")
+        key_index = leaves.index(key_leaf)
+        groups = []
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            stats = group.column(key_index).statistics
+            bounds = _raw_bounds(stats) if derived is None else key_bounds(stats, key_serde)
+            groups.append((group.num_rows, bounds))
+        layout = (schema.metadata or {}).get(LAYOUT)
+        return cls(schema, layout, None if derived is None else key_leaf, groups)
+
+
 def _raw_bounds(stats: pq.Statistics | None) -> tuple[bytes, bytes] | None:
     """The smallest and largest key of a row group by its ``__key`` statistics."""
     if stats is None or not stats.has_min_max:
@@ -73,7 +108,8 @@ class TwinScan:
     keys in ``[lower, upper)`` (``upper`` None: to the end), ascending or not.
 
     ``columns``: the row columns to read (None: all); ``__key`` and ``__deleted`` are
-    always read. Planning reads each file's footer; ``batches`` reads rows."""
+    always read. Planning reads each file's footer (or takes it from ``footers``, which
+    it fills: a partition's reader keeps its files' footers); ``batches`` reads rows."""
 
     def __init__(
         self,
@@ -86,6 +122,7 @@ class TwinScan:
         names: Sequence[str] | None = None,
         layout: bytes | None = None,
         manifest: StoreManifest | None = None,
+        footers: dict[str, Any] | None = None,
     ) -> None:
         self.lower, self.upper, self.reverse = lower, upper, reverse
         self._key_serde = get_serde(manifest.key_serde) if manifest is not None else None
@@ -96,36 +133,22 @@ class TwinScan:
         self.groups_total = 0
         self._names = list(names) if names is not None else [os.fspath(p) for p in paths]
         for path, name in zip(paths, self._names, strict=True):
-            with _damage(name):
-                # The footer only: no file stays open between planning and reading (a
-                # query plans every partition's scan before any is read).
-                meta = pq.read_metadata(os.fspath(path))
-                schema = meta.schema.to_arrow_schema()
-                leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
-                derived = (schema.metadata or {}).get(KEY_FROM)
-                key_leaf = KEY_BYTES if derived is None else derived.decode()
-                if key_leaf not in leaves or DELETED not in leaves:
-                    raise ValueError(f"no {key_leaf} or {DELETED} column")
-                if derived is not None and self._key_serde is None:
-                    raise ValueError(f"its keys are derived from {key_leaf!r}: no manifest")
-                recorded = (schema.metadata or {}).get(LAYOUT)
-                if layout is not None and recorded != layout:
-                    self.stale = True
-                key_index = leaves.index(key_leaf)
-            groups = []
-            for g in range(meta.num_row_groups):
-                group = meta.row_group(g)
-                stats = group.column(key_index).statistics
-                if derived is None:
-                    bounds = _raw_bounds(stats)
-                else:
-                    bounds = key_bounds(stats, self._key_serde)
-                if group.num_rows and _overlaps(bounds, lower, upper):
-                    groups.append(g)
-            self.groups_total += meta.num_row_groups
-            self.files.append(
-                _File(name, os.fspath(path), schema, groups, None if derived is None else key_leaf)
-            )
+            local = os.fspath(path)
+            footer = footers.get(local) if footers is not None else None
+            if footer is None:
+                with _damage(name):
+                    footer = _Footer.read(local, self._key_serde)
+                if footers is not None:  # twins never change: their footers neither
+                    footers[local] = footer
+            if layout is not None and footer.layout != layout:
+                self.stale = True
+            groups = [
+                g
+                for g, (rows, bounds) in enumerate(footer.groups)
+                if rows and _overlaps(bounds, lower, upper)
+            ]
+            self.groups_total += len(footer.groups)
+            self.files.append(_File(name, local, footer.schema, groups, footer.key_from))
         self.columns = None if columns is None else list(columns)
         #: Set by ``close``: the scan yields nothing more (its engine was closed).
         self.closed = False

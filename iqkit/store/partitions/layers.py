@@ -148,6 +148,11 @@ class RocksDBLayer:
             )
         return rows
 
+    def database_open(self) -> bool:
+        """Whether the partition's RocksDB is open now (a partition without twins is
+        always read through it)."""
+        return bool(getattr(self.partition, "is_open", True))
+
     def twin_scan(self, lower: bytes, upper: bytes | None, reverse: bool, trace: Trace) -> Any:
         """A planned scan of the partition's columnar twins (``store/columnar/scan.py``
         ``TwinScan``) for ``[lower, upper)``, or None when it has none (then scans read
@@ -494,12 +499,16 @@ class TypedKeyValueLayer(_TypedLayer):
         strip = keyspace.RAW_PREFIX_LEN
         twins = self.inner.twin_scan(lower, upper, reverse, trace)
         if twins is not None:
-            exact = self.value_serde.arrow_type() is not None  # the column is the value
+            # KeyValue rows from the twins where their value column is the stored value
+            # and the partition's database is not open; else from RocksDB (an open
+            # database iterates a short range faster than a row group is read).
+            exact = self.value_serde.arrow_type() is not None
+            from_twins = exact and not self.inner.inner.database_open()
             return ScanIterator.over_twins(
                 twins,
                 self._kv_chunk(strip),
                 strip,
-                self._stored if exact else None,
+                self._stored if from_twins else None,
                 partial(self.inner.scan_chunks, lower, upper, reverse, _UNTRACED),
             )
         chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
