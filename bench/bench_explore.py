@@ -3,6 +3,7 @@ as ratios against DuckDB (or Spark) over Parquet of the very same rows.
 
     .venv/bin/python bench/bench_explore.py [--rows 1000000] [--repeat 3] [--spark]
     .venv/bin/python bench/bench_explore.py --profile store-batches   # cProfile of one case
+    .venv/bin/python bench/bench_explore.py --spark-read   # only case 6's read (records)
 
 Builds two stores of ``--rows`` string keys in 8 partitions: ``records`` (JSON records
 ``{"price": float, "qty": int, "tag": short str}``) and ``numbers`` (``int64`` values);
@@ -82,10 +83,12 @@ def key_of(i: int, width: int) -> str:
     return f"k{i:0{width}d}"
 
 
-def build(root: Path, folder: Path, rows: int, width: int) -> float:
-    """Both stores (one StoreWriter commit each) and their Parquet files; seconds taken."""
+def build(root: Path, folder: Path, rows: int, width: int, names: tuple[str, ...]) -> float:
+    """The stores ``names`` (one StoreWriter commit each) and their Parquet files; seconds
+    taken."""
     t0 = time.perf_counter()
-    for name, (serde, _, _) in STORES.items():
+    for name in names:
+        serde = STORES[name][0]
         iqkit.create_store(root, name, partitions=PARTITIONS, key_serde="string", value_serde=serde)
         with iqkit.StoreWriter(root, name) as w:
             for i in range(rows):
@@ -96,7 +99,7 @@ def build(root: Path, folder: Path, rows: int, width: int) -> float:
                 w.put(key_of(i, width), value)
     took = time.perf_counter() - t0
     with cold_engine(folder) as engine:  # the Parquet files hold exactly the store's scan
-        for name in STORES:
+        for name in names:
             pq.write_table(
                 store_batches(engine, name).read_all(), parquet(root, name), compression="zstd"
             )
@@ -332,9 +335,9 @@ def measure_store(name: str, folder: Path, args: argparse.Namespace, width: int)
     return out
 
 
-def measure_spark(folder: Path, rows: int, repeat: int) -> list[Row]:
-    """Spark reads of the ``records`` store and its Parquet file, and writes of ``rows``
-    rows (local[2], as bench_spark.py)."""
+def measure_spark(folder: Path, rows: int, repeat: int, *, writes: bool = True) -> list[Row]:
+    """Spark reads of the ``records`` store and its Parquet file, and (``writes``) writes
+    of ``rows`` rows (local[2], as bench_spark.py)."""
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
@@ -379,6 +382,9 @@ def measure_spark(folder: Path, rows: int, repeat: int) -> list[Row]:
             1.5,
         )
     )
+    if not writes:
+        spark.stop()
+        return out
     df = (
         spark.range(rows)
         .select(
@@ -390,7 +396,7 @@ def measure_spark(folder: Path, rows: int, repeat: int) -> list[Row]:
         .cache()
     )
     df.count()
-    writes = {
+    jobs = {
         "df.write.parquet": lambda i: df.write.mode("overwrite").parquet(f"{folder}/spark-pq"),
         "write_store": lambda i: write_store(
             df, f"{folder}/spark-ws", f"w{i}", key="key", partitions=PARTITIONS, progress=False
@@ -408,7 +414,7 @@ def measure_spark(folder: Path, rows: int, repeat: int) -> list[Row]:
     # the best of two runs is the steady state a notebook user sees after the first write.
     took = {
         label: min(timed(lambda fn=fn, i=i: fn(i)) for i in range(2))
-        for label, fn in writes.items()
+        for label, fn in jobs.items()
     }
     t_pq = took["df.write.parquet"]
     for label in ("write_store", "df.write.format('iqkit')"):
@@ -447,6 +453,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--spark", action="store_true", help="also the Spark rows (minutes)")
     parser.add_argument(
+        "--spark-read",
+        action="store_true",
+        help="only the Spark read of the records store against spark.read.parquet",
+    )
+    parser.add_argument(
         "--profile",
         choices=("store-batches", "first-key"),
         help="only cProfile one cold case of the records store",
@@ -456,14 +467,17 @@ def main() -> None:
     outer_cache = os.environ.get("IQKIT_CACHE")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        build_s = build(folder / "root", folder, args.rows, width)
+        names = ("records",) if args.spark_read else tuple(STORES)
+        build_s = build(folder / "root", folder, args.rows, width, names)
         if args.profile:
             profile(args.profile, folder)
             return
         table: list[Row] = []
-        for name in STORES:
+        if args.spark_read:
+            table.extend(measure_spark(folder, args.rows, args.repeat, writes=False))
+        for name in () if args.spark_read else STORES:
             table.extend(measure_store(name, folder, args, width))
-        if args.spark:
+        if args.spark and not args.spark_read:
             table.extend(measure_spark(folder, args.rows, args.repeat))
     if outer_cache is not None:
         os.environ["IQKIT_CACHE"] = outer_cache
