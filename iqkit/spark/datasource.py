@@ -350,10 +350,11 @@ def _read_records(reader: IqkitReader, part: _StorePartition) -> Iterator[Any]:
                         f"iqkit: store {store!r} partition {p} at version {version} cannot "
                         f"be read: {result.failure_reason.name}: {result.failure_message}"
                     )
-                tables = _twin_tables(reader.arrow, result.result)
-                if tables is not None:
+                arrow = reader.arrow
+                tables = None if arrow is None else _twin_tables(arrow, result.result)
+                if arrow is not None and tables is not None:
                     path = "columnar"
-                    for batch in reader.arrow.batches(p, tables):  # type: ignore[union-attr]
+                    for batch in arrow.batches(p, tables):
                         count += batch.num_rows
                         yield batch
                     continue
@@ -365,10 +366,10 @@ def _read_records(reader: IqkitReader, part: _StorePartition) -> Iterator[Any]:
             _trace(reader.trace_dir, store, p, version, queries, count, path)
 
 
-def _twin_tables(arrow: ArrowRows | None, value: Any) -> Iterator[Any] | None:
+def _twin_tables(arrow: ArrowRows, value: Any) -> Iterator[Any] | None:
     """The twin tables of a scan result read from columnar twins (only the columns
     ``arrow`` needs), or ``None``: the result is read row by row."""
-    if arrow is None or not isinstance(value, ScanIterator):
+    if not isinstance(value, ScanIterator):
         return None
     return value.take_twin(arrow.columns())
 
