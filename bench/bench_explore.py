@@ -4,9 +4,11 @@ as ratios against DuckDB (or Spark) over Parquet of the very same rows.
     .venv/bin/python bench/bench_explore.py [--rows 1000000] [--repeat 3] [--spark]
     .venv/bin/python bench/bench_explore.py --profile store-batches   # cProfile of one case
     .venv/bin/python bench/bench_explore.py --spark-writes --rows 2000000  # only case 6's writes
+    .venv/bin/python bench/bench_explore.py --spark-read   # only case 6's read (records)
 
 Builds two stores of ``--rows`` string keys in 8 partitions: ``records`` (JSON records
-``{"price": float, "qty": int, "tag": short str}``) and ``numbers`` (``int64`` values);
+``{"price": float, "qty": int, "tag": short str}``, their columns declared in the
+manifest's value schema, as a Spark write records them) and ``numbers`` (``int64`` values);
 writes the same rows, with the same columns as a scan of the store (``partition, key,
 ...``), to one Parquet file each (pyarrow, zstd). Then, in this one process, for each
 store:
@@ -79,6 +81,8 @@ STORES = {
         "value",
     ),
 }
+#: The records store's value schema (Spark DDL), as a Spark writer records it.
+RECORD_SCHEMA = "price double, qty bigint, tag string"
 JOIN = "SELECT t.key, t.{col}, p.name FROM {t} t JOIN people p ON p.key = t.key"
 Row = tuple[str, str, str, str, str]
 
@@ -87,11 +91,22 @@ def key_of(i: int, width: int) -> str:
     return f"k{i:0{width}d}"
 
 
-def build(root: Path, folder: Path, rows: int, width: int) -> float:
-    """Both stores (one StoreWriter commit each) and their Parquet files; seconds taken."""
+def build(root: Path, folder: Path, rows: int, width: int, names: tuple[str, ...]) -> float:
+    """The stores ``names`` (one StoreWriter commit each) and their Parquet files; seconds
+    taken."""
     t0 = time.perf_counter()
-    for name, (serde, _, _) in STORES.items():
-        iqkit.create_store(root, name, partitions=PARTITIONS, key_serde="string", value_serde=serde)
+    for name in names:
+        serde = STORES[name][0]
+        # The records' columns are declared (what a Spark write records): a typed store.
+        properties = {"value_schema": RECORD_SCHEMA} if serde == "json" else None
+        iqkit.create_store(
+            root,
+            name,
+            partitions=PARTITIONS,
+            key_serde="string",
+            value_serde=serde,
+            properties=properties,
+        )
         with iqkit.StoreWriter(root, name) as w:
             for i in range(rows):
                 if serde == "json":
@@ -101,7 +116,7 @@ def build(root: Path, folder: Path, rows: int, width: int) -> float:
                 w.put(key_of(i, width), value)
     took = time.perf_counter() - t0
     with cold_engine(folder) as engine:  # the Parquet files hold exactly the store's scan
-        for name in STORES:
+        for name in names:
             pq.write_table(
                 store_batches(engine, name).read_all(), parquet(root, name), compression="zstd"
             )
@@ -357,12 +372,15 @@ def spark_session() -> SparkSession:
     return spark
 
 
-def measure_spark(folder: Path, rows: int, repeat: int, *, reads: bool = True) -> list[Row]:
+def measure_spark(
+    folder: Path, rows: int, repeat: int, *, reads: bool = True, writes: bool = True
+) -> list[Row]:
     """Spark reads of the ``records`` store and its Parquet file (unless not ``reads``),
-    and writes of ``rows`` rows."""
+    and writes of ``rows`` rows (unless not ``writes``)."""
     spark = spark_session()
     out = measure_spark_reads(spark, folder, repeat) if reads else []
-    out += measure_spark_writes(spark, folder, rows)
+    if writes:
+        out += measure_spark_writes(spark, folder, rows)
     spark.stop()
     return out
 
@@ -479,6 +497,11 @@ def main() -> None:
         help="only the Spark write rows (no store is built)",
     )
     parser.add_argument(
+        "--spark-read",
+        action="store_true",
+        help="only the Spark read of the records store against spark.read.parquet",
+    )
+    parser.add_argument(
         "--profile",
         choices=("store-batches", "first-key"),
         help="only cProfile one cold case of the records store",
@@ -493,13 +516,17 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        build_s = build(folder / "root", folder, args.rows, width)
+        names = ("records",) if args.spark_read else tuple(STORES)
+        build_s = build(folder / "root", folder, args.rows, width, names)
         if args.profile:
             profile(args.profile, folder)
             return
         table: list[Row] = []
-        for name in STORES:
-            table.extend(measure_store(name, folder, args, width))
+        if args.spark_read:
+            table.extend(measure_spark(folder, args.rows, args.repeat, writes=False))
+        else:
+            for name in STORES:
+                table.extend(measure_store(name, folder, args, width))
         if args.spark:
             table.extend(measure_spark(folder, args.rows, args.repeat))
     if outer_cache is not None:

@@ -32,7 +32,11 @@ Options
 ``time_to``        narrow the read to what an IQv2 query would return; a key lookup reads
                    only the partition that owns the key (:mod:`iqkit.spark.read_spec`).
 ``_trace_dir``     hidden, for tests and debugging: every partition read writes one JSON
-                   file there (store, partition, version, the IQv2 query it ran, rows).
+                   file there (store, partition, version, the IQv2 query it ran, rows,
+                   and ``path``: ``columnar`` or ``rows``).
+``_twin_scans``    hidden, for tests and benchmarks: ``false`` makes the tasks read RocksDB
+                   rows (``twin_scans(False)`` in each task: a flag set in the driver does
+                   not reach Spark's Python workers, which are other processes).
 Any other option is refused by name (a typo must not silently read the whole store).
 
 Narrowing is by options, never by Spark's filter pushdown
@@ -116,8 +120,11 @@ Other decisions
 * ``json`` values are re-encoded compactly (``ensure_ascii=False``), which equals the stored
   text for everything iqkit wrote; timestamps are yielded as UTC-aware datetimes, so the
   session time zone only affects how Spark displays them.
-* Rows are yielded as tuples (Spark batches them into Arrow); the engine's chunked scans
-  keep memory flat for large partitions.
+* Full, range and prefix reads of partitions that have columnar twins yield Arrow record
+  batches made from the twins' columns (:mod:`iqkit.spark.read_arrow`: which schemas it
+  serves, and why its rows are the row path's); other reads yield tuples (Spark batches
+  them into Arrow). Both keep memory flat for large partitions (a row group or a chunk
+  at a time).
 """
 
 from __future__ import annotations
@@ -146,10 +153,12 @@ from iqkit.query import (
     StateQueryRequest,
 )
 from iqkit.store.manifest import StoreManifest
+from iqkit.store.partitions.layers import ScanIterator, twin_scans
 from iqkit.store.roots import StoreRoot
 from iqkit.store.rows import RowSchema
 
 from .datasource_write import plan_write
+from .read_arrow import ArrowRows
 from .read_rows import SparkRows
 from .read_spec import parse_read_options
 from .roots import driver_root, driver_store_root
@@ -297,6 +306,10 @@ class IqkitReader(DataSourceReader):
         rows = RowSchema(manifest)
         value_schema = rows.spark_value_schema(_value_schema_option(options))
         self.rows = SparkRows(rows, schema, value_schema=value_schema is not None)
+        #: How twin tables become batches of ``schema`` (``None``: the row path only).
+        self.arrow = ArrowRows.plan(rows, self.rows, schema)
+        #: Whether the tasks read twins at all (hidden ``_twin_scans`` option).
+        self.twin_scans = str(options.get("_twin_scans", "true")).strip().lower() != "false"
 
     # -- planning --------------------------------------------------------------------------
     def partitions(self) -> list[InputPartition]:
@@ -304,21 +317,29 @@ class IqkitReader(DataSourceReader):
         return [_StorePartition(p, keys) for p, keys in self.spec.plan(self.manifest)]
 
     # -- execution (on the executors) -----------------------------------------------------
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         keep_spark_archive_indexes()
         if not isinstance(partition, _StorePartition) or self.version is None:
             return iter(())  # nothing to read (everything pruned, or nothing committed)
         return _read_partition(self, partition)
 
 
-def _read_partition(reader: IqkitReader, part: _StorePartition) -> Iterator[tuple[Any, ...]]:
-    """The rows of one store partition at the reader's version (a task's whole work);
-    a failed partition raises ``IqkitError`` (module docstring)."""
+def _read_partition(reader: IqkitReader, part: _StorePartition) -> Iterator[Any]:
+    """The rows of one store partition at the reader's version (a task's whole work):
+    Arrow record batches when its scan reads columnar twins and the schema allows
+    (``reader.arrow``), else tuples; a failed partition raises ``IqkitError`` (module
+    docstring)."""
+    twins = contextlib.nullcontext() if reader.twin_scans else twin_scans(False)
+    with twins:
+        yield from _read_records(reader, part)
+
+
+def _read_records(reader: IqkitReader, part: _StorePartition) -> Iterator[Any]:
     p, store, version = part.partition, reader.store, reader.version
     queries = reader.spec.queries(reader.manifest.kind, part.keys)
     split = reader.rows.splitter()
     build = reader.rows.builder(p)
-    count = 0
+    count, path = 0, "rows"
     try:
         with iqkit.open(reader.root, as_of={store: version}) as engine:
             for query in queries:
@@ -329,16 +350,38 @@ def _read_partition(reader: IqkitReader, part: _StorePartition) -> Iterator[tupl
                         f"iqkit: store {store!r} partition {p} at version {version} cannot "
                         f"be read: {result.failure_reason.name}: {result.failure_message}"
                     )
+                arrow = reader.arrow
+                tables = None if arrow is None else _twin_tables(arrow, result.result)
+                if arrow is not None and tables is not None:
+                    path = "columnar"
+                    for batch in arrow.batches(p, tables):
+                        count += batch.num_rows
+                        yield batch
+                    continue
                 for key, window, value in _records(query, result.result):
                     count += 1
                     yield build(split(key), window, value)
     finally:
         if reader.trace_dir:
-            _trace(reader.trace_dir, store, p, version, queries, count)
+            _trace(reader.trace_dir, store, p, version, queries, count, path)
+
+
+def _twin_tables(arrow: ArrowRows, value: Any) -> Iterator[Any] | None:
+    """The twin tables of a scan result read from columnar twins (only the columns
+    ``arrow`` needs), or ``None``: the result is read row by row."""
+    if not isinstance(value, ScanIterator):
+        return None
+    return value.take_twin(arrow.columns())
 
 
 def _trace(
-    trace_dir: str, store: str, p: int, version: int | None, queries: Sequence[Query], rows: int
+    trace_dir: str,
+    store: str,
+    p: int,
+    version: int | None,
+    queries: Sequence[Query],
+    rows: int,
+    path: str,
 ) -> None:
     """One JSON file per partition read (the hidden ``_trace_dir`` option)."""
     os.makedirs(trace_dir, exist_ok=True)
@@ -348,6 +391,7 @@ def _trace(
         "version": version,
         "queries": [repr(q) for q in queries],
         "rows": rows,
+        "path": path,
     }
     name = f"{store}-p{p}-{uuid.uuid4().hex}.json"
     path = os.path.join(trace_dir, name)

@@ -354,7 +354,7 @@ class ScanIterator(KeyValueIterator[Any, Any]):
     (same bounds, order and version), so it cannot disagree with the rows it skips.
     """
 
-    __slots__ = ("_rows", "decode", "key_offset", "twin")
+    __slots__ = ("_rows", "_twin_scan", "decode", "key_offset", "twin")
 
     #: Turns a list of stored ``(key, value)`` bytes into the ``KeyValue`` rows this
     #: iterator yields for them (same values, same errors).
@@ -375,6 +375,7 @@ class ScanIterator(KeyValueIterator[Any, Any]):
         it = cls.of_key_values(rows, getattr(chunks, "close", None))
         assert isinstance(it, ScanIterator)
         it._rows, it.decode, it.key_offset, it.twin = rows, convert, key_offset, None
+        it._twin_scan = None
         return it
 
     @classmethod
@@ -413,15 +414,19 @@ class ScanIterator(KeyValueIterator[Any, Any]):
 
         it = cls.over(rows, convert, key_offset)
         it._on_close = close
-        it.twin = tables
+        it.twin, it._twin_scan = tables, scan
         return it
 
-    def take_twin(self) -> Iterator[Any] | None:
+    def take_twin(self, columns: Sequence[str] | None = None) -> Iterator[Any] | None:
         """The rows as the twins' tables (``TwinScan.batches``: row columns plus the
         twin's own), when the scan reads twins and was not read from or closed; the
-        iterator then yields nothing (as after ``take_chunks``)."""
+        iterator then yields nothing (as after ``take_chunks``). ``columns``: only these
+        of the twins' columns are read (``__key`` and ``__deleted`` always are), for a
+        reader that needs few of them (the Spark data source)."""
         if self.twin is None or self.take_chunks() is None:
             return None
+        if columns is not None:
+            self._twin_scan.columns = list(columns)  # read lazily: no table is read yet
         return self.twin  # type: ignore[no-any-return]
 
     def take_chunks(self) -> Iterator[list[tuple[bytes, bytes]]] | None:
