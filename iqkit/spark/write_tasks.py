@@ -152,7 +152,7 @@ def remove_fragments(
     if job.uploads is None:
         return
     job.uploads.discard(
-        [f.run.name for f in fragments if f.run is not None],
+        [key for f in fragments if f.run is not None for key in f.run.object_keys()],
         keep=keep,
         objects=objects,
         unpublished=unpublished,
