@@ -199,6 +199,9 @@ def coerce(value: Any, dtype: DataType) -> Any:
             return float(value)
         return None
     if isinstance(dtype, DecimalType):
+        if isinstance(value, decimal.Decimal):  # a typed store's decimal member: exact
+            fits = value.is_finite() and value.adjusted() < dtype.precision - dtype.scale
+            return value.quantize(decimal.Decimal(1).scaleb(-dtype.scale)) if fits else None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             try:
                 return decimal.Decimal(str(value))

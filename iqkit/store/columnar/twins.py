@@ -36,11 +36,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ...errors import IqkitError
 from ..encoding.keyspace import KV_LOWER, KV_UPPER, RAW_PREFIX_LEN
 from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
 from ..names import TWIN_SUFFIX, twin_key
-from ..rows import PARTITION, VALUE
+from ..rows import PARTITION, VALUE, value_decoders
 from .shaping import _Shaper, _Stored
 
 __all__ = [
@@ -101,7 +102,7 @@ def _kv_decoder(manifest: StoreManifest) -> Any:
     from ...query import KeyValue
 
     keys_de = get_serde(manifest.key_serde).deserialize_many
-    values_de = get_serde(manifest.value_serde).deserialize_many
+    _, values_de = value_decoders(manifest)
 
     def decode(chunk: Sequence[tuple[bytes, bytes]]) -> list[Any]:
         if not chunk:
@@ -231,7 +232,8 @@ def try_write(write: Any, path: str | os.PathLike[str], *args: Any) -> bool:
     commit never fails for want of a twin."""
     try:
         write(path, *args)
-    except (pa.ArrowException, ValueError, TypeError, OverflowError, RecursionError):
+    # IqkitError: a typed store's value that does not fit its value schema (shaping).
+    except (pa.ArrowException, ValueError, TypeError, OverflowError, RecursionError, IqkitError):
         with contextlib.suppress(OSError):
             os.unlink(path)
         return False
