@@ -44,7 +44,7 @@ from pyspark.sql.types import (
 )
 
 from iqkit.errors import IqkitError
-from iqkit.store.rows import RowSchema
+from iqkit.store.rows import WIDE_DECIMALS, RowSchema
 
 __all__ = ["SparkRows", "coerce", "json_text"]
 
@@ -201,7 +201,8 @@ def coerce(value: Any, dtype: DataType) -> Any:
     if isinstance(dtype, DecimalType):
         if isinstance(value, decimal.Decimal):  # a typed store's decimal member: exact
             fits = value.is_finite() and value.adjusted() < dtype.precision - dtype.scale
-            return value.quantize(decimal.Decimal(1).scaleb(-dtype.scale)) if fits else None
+            quantum = decimal.Decimal(1).scaleb(-dtype.scale)
+            return value.quantize(quantum, context=WIDE_DECIMALS) if fits else None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             try:
                 return decimal.Decimal(str(value))

@@ -49,6 +49,7 @@ __all__ = [
     "PARTITION",
     "VALUE",
     "WINDOW_END",
+    "WIDE_DECIMALS",
     "WINDOW_START",
     "RowSchema",
     "arrow_timestamp",
@@ -587,6 +588,11 @@ def _record_walker(columns: Sequence[tuple[str, DdlType]]) -> Any:
     return walk
 
 
+#: Quirk: Python's default decimal context keeps 28 digits, and quantizing a Spark decimal
+#: of up to 38 digits in it fails; this one holds any (rounding half to even, as Spark).
+WIDE_DECIMALS = decimal.Context(prec=80, rounding=decimal.ROUND_HALF_EVEN)
+
+
 class _Misfit(ValueError):
     """A decoded value that does not fit its declared type (``typed_value_arrays`` names
     the column)."""
@@ -649,7 +655,7 @@ def _converter(t: DdlType) -> Any:
                 return _NO
             if not d.is_finite():
                 return _NO
-            d = d.quantize(quantum, rounding=decimal.ROUND_HALF_EVEN)
+            d = d.quantize(quantum, context=WIDE_DECIMALS)
             return d if len(d.as_tuple().digits) <= p else _NO
 
         return check(as_decimal)
