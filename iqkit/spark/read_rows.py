@@ -158,6 +158,10 @@ class SparkRows:
 def _json_default(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "0x" + bytes(value).hex()
+    if isinstance(value, decimal.Decimal):
+        # A typed store's decimal member (``RowSchema.exact_value_decoder``): JSON text
+        # has no exact spelling through json.dumps; the double, as the serde decodes it.
+        return float(value)
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
