@@ -605,7 +605,9 @@ def _misfit(value: Any, t: DdlType) -> _Misfit:
 def _converter(t: DdlType) -> Any:
     """``decoded value -> the Python value pa.array takes for ddl_arrow_type(t)``, from the
     JSON Spark's ``to_json`` writes (and iqkit's ``to_json.py`` writes alike): numbers,
-    decimals as JSON numbers, dates as ``yyyy-MM-dd``, timestamps as ISO-8601 text (with
+    decimals as JSON numbers (``Decimal`` from ``exact_value_decoder``; a decimal's text is
+    read too, as Spark's ``from_json`` does), dates as ``yyyy-MM-dd``, timestamps as
+    ISO-8601 text of any precision (with
     an offset, naive = UTC), binary as base64, maps as objects, structs as objects without
     their null members. ``None`` stays ``None``; anything else raises ``_Misfit``."""
     import base64

@@ -23,9 +23,11 @@ Why stored bytes: even so, decoding row by row (``json.loads`` per value, a ``Ke
 per row) was most of a big scan's time. A key-value scan's iterator (``ScanIterator``)
 hands over its rows undecoded, and whole chunks are decoded by Arrow: keys and values of
 the ``string``/``bytes``/``int32``/``int64``/``double`` serdes as one column each, JSON
-records with ``pyarrow.json``. That is done only where it provably gives what the row
-path gives (``_json_records`` lists the checks); any other chunk is decoded row by row by
-the engine's own decoder, so values, types and errors never depend on which path ran.
+records with ``pyarrow.json`` (a typed store's with its value schema as the explicit
+schema, ``_typed_records``: decimals exact, as the engine's decoder gives them). That is
+done only where it provably gives what the row path gives (``_json_records`` and
+``_typed_records`` list the checks); any other chunk is decoded row by row by the
+engine's own decoder, so values, types and errors never depend on which path ran.
 """
 
 
