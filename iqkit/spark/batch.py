@@ -72,6 +72,7 @@ from .schema import (
     plan_columns,
     spark_non_finite,
 )
+from .to_json import JSON_OPTIONS
 from .worker_python import require_workers_can_import_iqkit
 from .workers import consume_marker, keep_spark_archive_indexes, spill_dir
 from .write_encode import (
@@ -439,14 +440,15 @@ def _encode(df: DataFrame, plan: ColumnPlan, manifest: StoreManifest) -> tuple[D
 def _value_column(df: DataFrame, plan: ColumnPlan, store: str) -> Column:
     """The value as the write needs it: JSON text made by Spark's ``to_json`` (a record
     of the other columns, or one column wrapped in an array — ``to_json`` needs a
-    struct/array/map; the brackets are cut off later), else the column itself. The JSON
+    struct/array/map; the brackets are cut off later), else the column itself; timestamps
+    to the microsecond (``to_json.JSON_OPTIONS``, as the data source writes them). The JSON
     stays a Spark string: Arrow hands its UTF-8 bytes over as they are, where Spark's
     ``encode()`` would decode and re-encode every value."""
     if plan.value_column is None:
-        value = F.to_json(F.struct(*[F.col(c) for c in plan.record_columns]))
+        value = F.to_json(F.struct(*[F.col(c) for c in plan.record_columns]), JSON_OPTIONS)
     elif plan.value_serde == "json":
         vc = F.col(plan.value_column)
-        value = F.when(vc.isNull(), None).otherwise(F.to_json(F.array(vc)))
+        value = F.when(vc.isNull(), None).otherwise(F.to_json(F.array(vc), JSON_OPTIONS))
     else:
         return F.col(plan.value_column)
     return _refuse_non_finite(df, plan, store, value)

@@ -44,7 +44,7 @@ from pyspark.sql.types import (
 )
 
 from iqkit.errors import IqkitError
-from iqkit.store.rows import RowSchema
+from iqkit.store.rows import WIDE_DECIMALS, RowSchema
 
 __all__ = ["SparkRows", "coerce", "json_text"]
 
@@ -158,6 +158,10 @@ class SparkRows:
 def _json_default(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "0x" + bytes(value).hex()
+    if isinstance(value, decimal.Decimal):
+        # A typed store's decimal member (``RowSchema.exact_value_decoder``): JSON text
+        # has no exact spelling through json.dumps; the double, as the serde decodes it.
+        return float(value)
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
@@ -199,6 +203,10 @@ def coerce(value: Any, dtype: DataType) -> Any:
             return float(value)
         return None
     if isinstance(dtype, DecimalType):
+        if isinstance(value, decimal.Decimal):  # a typed store's decimal member: exact
+            fits = value.is_finite() and value.adjusted() < dtype.precision - dtype.scale
+            quantum = decimal.Decimal(1).scaleb(-dtype.scale)
+            return value.quantize(quantum, context=WIDE_DECIMALS) if fits else None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             try:
                 return decimal.Decimal(str(value))

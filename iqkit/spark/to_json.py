@@ -3,8 +3,9 @@
 store written by ``df.write.format("iqkit")`` reads back like one ``write_store`` wrote.
 
 Vectorized in Arrow for strings, numbers and booleans; other types go value by value
-through the converters here (timestamps in Spark's format, decimals, binary as base64,
-maps, lists and structs without null fields)."""
+through the spellings here (timestamps to the microsecond, ``JSON_OPTIONS``, which
+``write_store`` gives Spark's ``to_json`` too; decimals as their digits; doubles as Java
+spells them; binary as base64; maps, lists and structs without null fields)."""
 
 from __future__ import annotations
 
@@ -46,76 +47,136 @@ def json_records(batch: pa.RecordBatch, names: Sequence[str]) -> pa.Array:
 def json_texts(col: pa.Array) -> pa.Array:
     """The JSON text of every value of ``col`` as Spark's ``to_json`` writes it (a
     ``string`` array; null stays null). Vectorized for integers, booleans, floats and
-    strings that need no escaping; other types go value by value (``_json_converter``)."""
+    strings that need no escaping; other types go value by value (``_texter``)."""
     t = col.type
     if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
         return col.cast(pa.string())
     if pa.types.is_floating(t):
-        # Arrow writes the shortest text that reads back exactly, float32 in float32
-        # precision like Java's Float.toString; a JSON reader needs "1.0" (not "1") to
-        # see a float. (NaN and infinities were refused before: ``RowEncoder._values``
-        # in write_encode.py.)
-        text = col.cast(pa.string())
-        integral = pc.match_substring_regex(text, r"^-?[0-9]+$")
-        return pc.if_else(integral, pc.binary_join_element_wise(text, ".0", ""), text)
+        return _float_texts(col)
     is_text = pa.types.is_string(t) or pa.types.is_large_string(t)
     if is_text and not pc.any(pc.match_substring_regex(col, _NEEDS_ESCAPE)).as_py():
         return pc.binary_join_element_wise('"', col.cast(pa.string()), '"', "")
-    convert = _json_converter(t)
-    values = col.to_pylist()
-    if convert is not None:
-        values = [None if v is None else convert(v) for v in values]
-    return pa.array([None if v is None else _json_encode(v) for v in values], pa.string())
+    text = _texter(t)
+    return pa.array([None if v is None else text(v) for v in col.to_pylist()], pa.string())
 
 
-def _json_converter(t: pa.DataType) -> Callable[[Any], Any] | None:
-    """Python value of an Arrow type → the JSON-able value Spark's to_json would write, or
-    ``None`` when the value is already that (strings, integers, booleans)."""
+def _float_texts(col: pa.Array) -> pa.Array:
+    """Floats as Java's ``Double.toString`` / ``Float.toString`` write them (Spark's JSON
+    writer uses them): ``1.5``, ``100.0`` between 10^-3 and 10^7, else ``1.0E7``,
+    ``1.5E-7``. Arrow's cast writes the shortest digits that read back exactly (a
+    float32 in float32 precision), in its own notation: values within the plain range
+    only need ``.0`` after an integral text; the others are respelt value by value.
+    (NaN and infinities were refused before: ``RowEncoder._values`` in write_encode.py.)
+
+    Quirk: before Java 19, ``Double.toString`` sometimes writes more digits than the
+    shortest (``9.999999999999999E22`` for 1e23; most often beyond 10^16, and for many
+    float32s beyond 10^7); those texts read back as the same number, but their bytes
+    differ from the shortest text written here (docs/DECISIONS.md)."""
+    text = col.cast(pa.string())
+    magnitude = pc.abs(col.cast(pa.float64()))
+    within = pc.and_(pc.greater_equal(magnitude, 1e-3), pc.less(magnitude, 1e7))
+    plain = pc.and_(
+        pc.or_(pc.equal(magnitude, 0), within), pc.invert(pc.match_substring(text, "e"))
+    )
+    integral = pc.match_substring_regex(text, r"^-?[0-9]+$")
+    out = pc.if_else(integral, pc.binary_join_element_wise(text, ".0", ""), text)
+    if pc.all(pc.fill_null(plain, True)).as_py():
+        return out
+    texts, plains = out.to_pylist(), plain.to_pylist()
+    digits = text.to_pylist()
+    rows = zip(texts, plains, digits, strict=True)
+    return pa.array([t if ok is not False else _java_number(d) for t, ok, d in rows], pa.string())
+
+
+def _java_number(text: str) -> str:
+    """A finite number's shortest text (any notation: ``1e+16``, ``0.00001``) as Java's
+    ``Double.toString`` spells it: plain with at least one fraction digit for magnitudes
+    from 10^-3 to below 10^7, else ``<d>.<digits>E<exponent>``."""
+    sign, digits, exponent = decimal.Decimal(text).as_tuple()
+    minus = "-" if sign else ""
+    ds = "".join(map(str, digits)).rstrip("0")
+    if not ds:
+        return minus + "0.0"
+    exponent = int(exponent) + len(digits) - len(ds)
+    adjusted = len(ds) - 1 + exponent
+    if -3 <= adjusted < 7:
+        if exponent >= 0:
+            return f"{minus}{ds}{'0' * exponent}.0"
+        point = len(ds) + exponent
+        if point > 0:
+            return f"{minus}{ds[:point]}.{ds[point:]}"
+        return f"{minus}0.{'0' * -point}{ds}"
+    return f"{minus}{ds[0]}.{ds[1:] or '0'}E{adjusted}"
+
+
+def _texter(t: pa.DataType) -> Callable[[Any], str]:
+    """Python value of an Arrow type (not None) → its JSON text as Spark's ``to_json``
+    writes it."""
+    if pa.types.is_boolean(t):
+        return lambda v: "true" if v else "false"
+    if pa.types.is_integer(t):
+        return str
+    if pa.types.is_float32(t):
+        return lambda v: _java_number(str(np.float32(v)))
     if pa.types.is_floating(t):
-        return _float32_json if pa.types.is_float32(t) else None
+        return lambda v: _java_number(repr(v))
     if pa.types.is_timestamp(t):
-        return _spark_timestamp if t.tz is not None else _spark_timestamp_ntz
+        spell = _spark_timestamp if t.tz is not None else _spark_timestamp_ntz
+        return lambda v: '"' + spell(v) + '"'
     if pa.types.is_date(t):
-        return _dt.date.isoformat
+        return lambda v: f'"{v.year:04d}-{v.month:02d}-{v.day:02d}"'
     if pa.types.is_decimal(t):
-        return _decimal_json
+        # Spark writes a decimal as Java's BigDecimal.toString of its digits at the
+        # type's scale (1.10, 0E-18); Python's str of a Decimal spells them alike.
+        return str
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-        return lambda v: base64.b64encode(v).decode("ascii")
+        return lambda v: '"' + base64.b64encode(v).decode("ascii") + '"'
     if pa.types.is_map(t):
-        conv = _json_converter(t.item_type)
-        if conv is None:
-            return lambda v: dict(v)
-        return lambda v: {k: None if x is None else conv(x) for k, x in v}
+        key, item = _texter(t.key_type), _texter(t.item_type)
+        text_keys = pa.types.is_string(t.key_type) or pa.types.is_large_string(t.key_type)
+
+        def map_text(v: Sequence[tuple[Any, Any]]) -> str:
+            fields = (
+                (_json_encode(k) if text_keys else '"' + key(k).strip('"') + '"')
+                + ":"
+                + ("null" if x is None else item(x))
+                for k, x in v
+            )
+            return "{" + ",".join(fields) + "}"
+
+        return map_text
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        conv = _json_converter(t.value_type)
-        if conv is None:
-            return None
-        return lambda v: [None if x is None else conv(x) for x in v]
+        item = _texter(t.value_type)
+        return lambda v: "[" + ",".join("null" if x is None else item(x) for x in v) + "]"
     if pa.types.is_struct(t):
-        convs = {t.field(i).name: _json_converter(t.field(i).type) for i in range(t.num_fields)}
+        members = [
+            (t.field(i).name, _json_encode(t.field(i).name) + ":", _texter(t.field(i).type))
+            for i in range(t.num_fields)
+        ]
 
         # Spark's to_json leaves null struct fields out (ignoreNullFields), at every level.
-        def struct(v: dict[str, Any]) -> dict[str, Any]:
-            out = {}
-            for k, x in v.items():
-                if x is not None:
-                    conv = convs.get(k)
-                    out[k] = x if conv is None else conv(x)
-            return out
+        def struct_text(v: dict[str, Any]) -> str:
+            fields = (
+                name_text + text(v[name]) for name, name_text, text in members
+                if v.get(name) is not None
+            )
+            return "{" + ",".join(fields) + "}"
 
-        return struct
-    return None
+        return struct_text
+    return _json_encode
 
 
-def _float32_json(v: float) -> float:
-    """A float32 as Java's ``Float.toString`` writes it: its shortest float32 text (Arrow
-    hands it over widened to float64, 0.1f as 0.10000000149011612)."""
-    return float(str(np.float32(v)))
+#: The timestamp formats both Spark writers use (``write_store`` passes them to Spark's
+#: ``to_json``): microseconds, so a timestamp round-trips exactly (Spark's default
+#: writes milliseconds).
+TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
+TIMESTAMP_NTZ_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"
+JSON_OPTIONS = {"timestampFormat": TIMESTAMP_FORMAT, "timestampNTZFormat": TIMESTAMP_NTZ_FORMAT}
 
 
 def _spark_timestamp(v: _dt.datetime) -> str:
-    """``yyyy-MM-dd'T'HH:mm:ss.SSSXXX`` (Spark's JSON timestamp format) in ``v``'s zone,
-    which Arrow sets to the session time zone."""
+    """``TIMESTAMP_FORMAT`` in ``v``'s zone, which Arrow sets to the session time zone
+    (``XXX``: ``Z`` for UTC, else ``+01:00``)."""
     offset = v.utcoffset() or _dt.timedelta(0)
     if offset:
         minutes = int(offset.total_seconds()) // 60
@@ -123,14 +184,13 @@ def _spark_timestamp(v: _dt.datetime) -> str:
         zone = f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
     else:
         zone = "Z"
-    return f"{v:%Y-%m-%dT%H:%M:%S}.{v.microsecond // 1000:03d}{zone}"
+    return _spark_timestamp_ntz(v) + zone
 
 
 def _spark_timestamp_ntz(v: _dt.datetime) -> str:
-    return f"{v:%Y-%m-%dT%H:%M:%S}.{v.microsecond // 1000:03d}"
-
-
-def _decimal_json(d: decimal.Decimal) -> int | float:
-    """Spark writes a decimal's digits (``1.10``, ``5``): JSON readers get a float, or an
-    int for scale 0; the same here."""
-    return int(d) if d.as_tuple().exponent == 0 else float(d)
+    """``TIMESTAMP_NTZ_FORMAT``; fields spelt by hand: ``strftime("%Y")`` does not pad
+    years before 1000 on every platform, Spark's ``yyyy`` does."""
+    return (
+        f"{v.year:04d}-{v.month:02d}-{v.day:02d}T{v.hour:02d}:{v.minute:02d}:"
+        f"{v.second:02d}.{v.microsecond:06d}"
+    )

@@ -33,7 +33,9 @@ Pure Python: pyarrow is imported only inside the functions that build Arrow type
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import decimal
+import json
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .encoding.serdes import Serde, get_serde
@@ -47,6 +49,7 @@ __all__ = [
     "PARTITION",
     "VALUE",
     "WINDOW_END",
+    "WIDE_DECIMALS",
     "WINDOW_START",
     "RowSchema",
     "arrow_timestamp",
@@ -58,6 +61,7 @@ __all__ = [
     "quote_ddl",
     "split_ddl_list",
     "typed_value_arrays",
+    "value_decoders",
 ]
 
 PARTITION = "partition"
@@ -246,6 +250,35 @@ class RowSchema:
         except ValueError as exc:
             raise ValueError(f"iqkit: store {self.store!r}: {exc}") from None
 
+    def exact_value_decoder(self) -> Callable[[bytes], Any] | None:
+        """A decoder of one stored value that keeps the declared decimal members exact
+        (``decimal.Decimal``, at any depth), for a typed store whose value schema has one;
+        ``None`` when the json serde's own decode is exact (no decimal member, no value
+        schema, or one this reader cannot parse: the readers that need it say so).
+
+        Why: the json serde decodes every JSON number with a fraction as a double, which
+        keeps 15 significant digits of a ``decimal(38,18)``. Every other number of the
+        value is decoded as the serde decodes it (a double stays a ``float``), so a
+        store's values differ from the serde's only in their decimal members."""
+        try:
+            columns = self.value_columns()
+        except ValueError:
+            return None
+        if not any(_has_decimal(t) for _, t in columns):
+            return None
+        deserialize = self.value_serde.deserialize
+        walk = _record_walker(columns)
+        loads = json.JSONDecoder(parse_float=decimal.Decimal).decode
+
+        def decode(data: bytes) -> Any:
+            try:
+                value = loads(str(data, "utf-8"))
+            except (ValueError, TypeError):
+                return deserialize(data)  # raises the serde's own message
+            return walk(value)
+
+        return decode
+
     # Types ----------------------------------------------------------------------------
     def arrow_types(self) -> dict[str, pa.DataType | None]:
         """Arrow types of the columns known before any row is read (``None``: inferred
@@ -344,6 +377,19 @@ class RowSchema:
             else:
                 out.append(("value", None) if whole else ("field", members.get(name, name)))
         return out
+
+
+def value_decoders(
+    manifest: StoreManifest,
+) -> tuple[Callable[[bytes], Any], Callable[[Sequence[bytes]], list[Any]]]:
+    """How the engine decodes a store's stored values, one and many: the value serde's
+    ``deserialize`` / ``deserialize_many``, except for a typed store with decimal members
+    (``RowSchema.exact_value_decoder``): those stay exact wherever values are handed out."""
+    serde = get_serde(manifest.value_serde)
+    exact = RowSchema(manifest).exact_value_decoder() if manifest.properties else None
+    if exact is None:
+        return serde.deserialize, serde.deserialize_many
+    return exact, lambda datas: list(map(exact, datas))
 
 
 # -- the value schema: DDL types, their Arrow types, decoded values as typed Arrow ----------
@@ -489,6 +535,64 @@ def ddl_text(t: DdlType) -> str:
     return str(name)
 
 
+def _has_decimal(t: DdlType) -> bool:
+    if t[0] == "decimal":
+        return True
+    if t[0] == "array":
+        return _has_decimal(t[1])
+    if t[0] == "map":
+        return _has_decimal(t[2])
+    return t[0] == "struct" and any(_has_decimal(m) for _, m in t[1])
+
+
+def _floats(v: Any) -> Any:
+    """``v`` decoded with ``parse_float=Decimal``, as the json serde decodes it."""
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    if isinstance(v, list):
+        return [_floats(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _floats(x) for k, x in v.items()}
+    return v
+
+
+def _walker(t: DdlType) -> Any:
+    """``v`` (decoded with ``parse_float=Decimal``) → decimals where ``t`` declares one
+    (an int there too), the serde's floats everywhere else."""
+    name = t[0]
+    if name == "decimal":
+        # ``type(v) is int``: a JSON true is a bool, which Python counts as an int.
+        return lambda v: (
+            decimal.Decimal(v) if type(v) is int
+            else v if isinstance(v, decimal.Decimal) else _floats(v)
+        )
+    if name == "array" and _has_decimal(t[1]):
+        item = _walker(t[1])
+        return lambda v: [item(x) for x in v] if isinstance(v, list) else _floats(v)
+    if name == "map" and _has_decimal(t[2]):
+        item = _walker(t[2])
+        return lambda v: {k: item(x) for k, x in v.items()} if isinstance(v, dict) else _floats(v)
+    if name == "struct" and _has_decimal(t):
+        return _record_walker(t[1])
+    return _floats
+
+
+def _record_walker(columns: Sequence[tuple[str, DdlType]]) -> Any:
+    members = {n: _walker(m) for n, m in columns}
+
+    def walk(v: Any) -> Any:
+        if not isinstance(v, dict):
+            return _floats(v)
+        return {k: members.get(k, _floats)(x) for k, x in v.items()}
+
+    return walk
+
+
+#: Quirk: Python's default decimal context keeps 28 digits, and quantizing a Spark decimal
+#: of up to 38 digits in it fails; this one holds any (rounding half to even, as Spark).
+WIDE_DECIMALS = decimal.Context(prec=80, rounding=decimal.ROUND_HALF_EVEN)
+
+
 class _Misfit(ValueError):
     """A decoded value that does not fit its declared type (``typed_value_arrays`` names
     the column)."""
@@ -501,14 +605,14 @@ def _misfit(value: Any, t: DdlType) -> _Misfit:
 def _converter(t: DdlType) -> Any:
     """``decoded value -> the Python value pa.array takes for ddl_arrow_type(t)``, from the
     JSON Spark's ``to_json`` writes (and iqkit's ``to_json.py`` writes alike): numbers,
-    decimals as JSON numbers, dates as ``yyyy-MM-dd``, timestamps as ISO-8601 text (with
+    decimals as JSON numbers (``Decimal`` from ``exact_value_decoder``; a decimal's text is
+    read too, as Spark's ``from_json`` does), dates as ``yyyy-MM-dd``, timestamps as
+    ISO-8601 text of any precision (with
     an offset, naive = UTC), binary as base64, maps as objects, structs as objects without
     their null members. ``None`` stays ``None``; anything else raises ``_Misfit``."""
     import base64
     import binascii
     import datetime as dt
-    import decimal
-    import json
 
     name = t[0]
 
@@ -540,6 +644,11 @@ def _converter(t: DdlType) -> Any:
         def as_decimal(v: Any) -> Any:
             if isinstance(v, decimal.Decimal):
                 d = v
+            elif isinstance(v, str):  # Spark's from_json reads a decimal's text too
+                try:
+                    d = decimal.Decimal(v)
+                except decimal.InvalidOperation:
+                    return _NO
             elif type(v) in (int, float):
                 # The json serde decodes a number as a double: its shortest text is the
                 # decimal Spark wrote whenever that had at most 15 significant digits.
@@ -548,7 +657,7 @@ def _converter(t: DdlType) -> Any:
                 return _NO
             if not d.is_finite():
                 return _NO
-            d = d.quantize(quantum, rounding=decimal.ROUND_HALF_EVEN)
+            d = d.quantize(quantum, context=WIDE_DECIMALS)
             return d if len(d.as_tuple().digits) <= p else _NO
 
         return check(as_decimal)

@@ -132,7 +132,7 @@ def test_json_records_round_trip_like_write_store(spark, tmp_path):
     assert len(ours) == 60
     assert ours == theirs  # same partitions, keys and decoded JSON records
     by_key = {k: v for _, k, v in ours}
-    assert by_key["id-3"]["ts"] == "2026-01-01T12:03:00.123Z"  # Spark's to_json format
+    assert by_key["id-3"]["ts"] == "2026-01-01T12:03:00.123456Z"  # to the microsecond
     assert "note" not in by_key["id-3"]  # null fields are left out, as to_json does
     # One json-valued column (a map; a null one is a delete), also like write_store.
     save(df, tmp_path / "ds", "nested", key="id", value="attrs", partitions=2)

@@ -23,9 +23,11 @@ Why stored bytes: even so, decoding row by row (``json.loads`` per value, a ``Ke
 per row) was most of a big scan's time. A key-value scan's iterator (``ScanIterator``)
 hands over its rows undecoded, and whole chunks are decoded by Arrow: keys and values of
 the ``string``/``bytes``/``int32``/``int64``/``double`` serdes as one column each, JSON
-records with ``pyarrow.json``. That is done only where it provably gives what the row
-path gives (``_json_records`` lists the checks); any other chunk is decoded row by row by
-the engine's own decoder, so values, types and errors never depend on which path ran.
+records with ``pyarrow.json`` (a typed store's with its value schema as the explicit
+schema, ``_typed_records``: decimals exact, as the engine's decoder gives them). That is
+done only where it provably gives what the row path gives (``_json_records`` and
+``_typed_records`` list the checks); any other chunk is decoded row by row by the
+engine's own decoder, so values, types and errors never depend on which path ran.
 """
 
 
@@ -55,7 +57,15 @@ from ...query import (
 )
 from ..manifest import StoreManifest
 from ..partitions.layers import ScanIterator
-from ..rows import PARTITION, VALUE, WINDOW_END, WINDOW_START, RowSchema, arrow_timestamp
+from ..rows import (
+    PARTITION,
+    VALUE,
+    WINDOW_END,
+    WINDOW_START,
+    RowSchema,
+    arrow_timestamp,
+    value_decoders,
+)
 
 if TYPE_CHECKING:
     pass
@@ -185,7 +195,9 @@ def _as_pa_array_types(array: pa.Array) -> bool:
     return t in (pa.null(), pa.bool_(), pa.int64(), pa.string())
 
 
-def _read_json(data: bytes, schema: pa.Schema | None = None) -> pa.Table:
+def _read_json(
+    data: bytes, schema: pa.Schema | None = None, unexpected: str = "infer"
+) -> pa.Table:
     """``data`` (JSON objects, one per line) read by ``pyarrow.json`` as one block on one
     thread. Quirk: with several blocks on several threads, the order of the columns
     depends on which block is done first, while it must be the order fields are first
@@ -194,28 +206,15 @@ def _read_json(data: bytes, schema: pa.Schema | None = None) -> pa.Table:
         pa.BufferReader(data),
         read_options=pa_json.ReadOptions(use_threads=False, block_size=len(data) + 1),
         parse_options=pa_json.ParseOptions(
-            explicit_schema=schema, newlines_in_values=False, unexpected_field_behavior="infer"
+            explicit_schema=schema, newlines_in_values=False, unexpected_field_behavior=unexpected
         ),
     )
 
 
-def _json_records(values: list[bytes]) -> list[tuple[str, pa.Array]] | None:
-    """The fields of JSON records (``json`` serde values that are all objects), one
-    Arrow column each in first-seen order, equal to what ``_value_columns`` makes of
-    ``json.loads`` of each value — or ``None`` when that is not certain.
-
-    The values are joined with newlines and read by ``pyarrow.json`` as one document per
-    line; before that, the bytes are checked to be exactly ``len(values)`` lines each of
-    one object. Quirks guarded against: ``pyarrow.json`` crashes the process on a line
-    that is just ``null``, and reads ``null`` lines among objects as rows (so every line
-    must start with ``{``); it reads two objects on one line as two rows (so it must
-    return one row per value); it accepts invalid UTF-8 and raw control characters in
-    strings, which ``json.loads`` refuses (so the bytes are checked first); it infers
-    timestamps from ISO-8601 strings (those are read again as strings); it builds
-    invalid arrays for some nested values (so nested columns are validated); and see
-    ``_as_pa_array_types``. What it refuses (mixed types, duplicate keys, lone
-    surrogates, numbers beyond a double) goes the row path, which decides.
-    """
+def _joined_objects(values: list[bytes]) -> bytes | None:
+    """``values`` joined with newlines when that is exactly one JSON object per line of
+    valid UTF-8 without raw control characters (what ``pyarrow.json`` must be given to
+    read what ``json.loads`` reads: ``_json_records`` says why), else ``None``."""
     n = len(values)
     joined = b"\n".join(values)
     if joined[:1] != b"{" or joined[-1:] != b"}" or len(joined) >= 2**31:
@@ -237,6 +236,30 @@ def _json_records(values: list[bytes]) -> list[tuple[str, pa.Array]] | None:
         ).cast(pa.string())
     except _ARROW_ERRORS:
         return None
+    return joined
+
+
+def _json_records(values: list[bytes]) -> list[tuple[str, pa.Array]] | None:
+    """The fields of JSON records (``json`` serde values that are all objects), one
+    Arrow column each in first-seen order, equal to what ``_value_columns`` makes of
+    ``json.loads`` of each value — or ``None`` when that is not certain.
+
+    The values are joined with newlines and read by ``pyarrow.json`` as one document per
+    line; before that, the bytes are checked to be exactly ``len(values)`` lines each of
+    one object. Quirks guarded against: ``pyarrow.json`` crashes the process on a line
+    that is just ``null``, and reads ``null`` lines among objects as rows (so every line
+    must start with ``{``); it reads two objects on one line as two rows (so it must
+    return one row per value); it accepts invalid UTF-8 and raw control characters in
+    strings, which ``json.loads`` refuses (so the bytes are checked first); it infers
+    timestamps from ISO-8601 strings (those are read again as strings); it builds
+    invalid arrays for some nested values (so nested columns are validated); and see
+    ``_as_pa_array_types``. What it refuses (mixed types, duplicate keys, lone
+    surrogates, numbers beyond a double) goes the row path, which decides.
+    """
+    n = len(values)
+    joined = _joined_objects(values)
+    if joined is None:
+        return None
     try:
         table = _read_json(joined)
         if table.num_rows == n and any(_untimestamped(t) != t for t in table.schema.types):
@@ -257,6 +280,101 @@ def _json_records(values: list[bytes]) -> list[tuple[str, pa.Array]] | None:
             except _ARROW_ERRORS:
                 return None
         out.append((name, array))
+    return out
+
+
+# -- decoding a typed store's stored records in bulk -----------------------------------------
+def _readable(t: pa.DataType, top: bool) -> pa.DataType | None:
+    """The type ``pyarrow.json`` reads a declared column of type ``t`` as, so that it
+    accepts exactly what the row path (``RowSchema.value_arrow_arrays``) accepts; then
+    ``_typed_fix`` makes ``t`` of it. ``None``: no such type (maps, which it cannot read;
+    binary inside another type).
+
+    Quirks: it reads dates only from numbers of days (Spark writes ``2024-02-29``) and
+    binary as the text itself (Spark writes base64): both are read as strings; a naive
+    timestamp as a string too, since it would move one with an offset to UTC where the
+    row path drops the offset; float32 as a double (the row path rounds the double)."""
+    if pa.types.is_map(t) or (pa.types.is_binary(t) and not top):
+        return None
+    if pa.types.is_date(t) or pa.types.is_binary(t):
+        return pa.string()
+    if pa.types.is_timestamp(t) and t.tz is None:
+        return pa.string()
+    if pa.types.is_float32(t):
+        return pa.float64()
+    if pa.types.is_list(t):
+        item = _readable(t.value_type, False)
+        return None if item is None else pa.list_(t.value_field.with_type(item))
+    if pa.types.is_struct(t):
+        members = [_readable(f.type, False) for f in t]
+        if any(m is None for m in members):
+            return None
+        return pa.struct([f.with_type(m) for f, m in zip(t, members, strict=True)])
+    return t
+
+
+def _all_finite(array: pa.Array) -> bool:
+    """Whether every double of ``array`` (nested too) is finite: ``pyarrow.json`` reads
+    ``Inf`` and ``-NaN``, which the row path refuses as JSON."""
+    t = array.type
+    if pa.types.is_struct(t):
+        return all(_all_finite(array.field(i)) for i in range(t.num_fields))
+    if pa.types.is_list(t):
+        return _all_finite(array.flatten())
+    if pa.types.is_floating(t):
+        return bool(pc.all(pc.fill_null(pc.is_finite(array), True)).as_py() is not False)
+    return True
+
+
+def _typed_fix(array: pa.Array, t: pa.DataType) -> pa.Array:
+    """A column read as ``_readable(t)`` made ``t`` (``ValueError`` where it does not
+    fit: the row path then decides)."""
+    if array.type == t:
+        return array
+    if pa.types.is_binary(t):
+        import base64
+
+        texts = array.to_pylist()
+        return pa.array(
+            [None if v is None else base64.b64decode(v, validate=True) for v in texts], t
+        )
+    if pa.types.is_float32(t):
+        return array.cast(t, safe=False)  # as pa.array does with a double
+    return array.cast(t)
+
+
+def _typed_records(values: list[bytes], schema: pa.Schema) -> list[pa.Array] | None:
+    """The declared columns of a typed store's stored records read by ``pyarrow.json``
+    with the value schema as its explicit schema, equal to what the row path makes of
+    them (``RowSchema.value_arrow_arrays``), or ``None`` when that is not certain.
+
+    Exact where ``json.loads`` is not: decimals are parsed from their digits. Strict as
+    the row path: ``pyarrow.json`` with an explicit schema refuses a string in a number
+    column, a number in a string or boolean column, an int beyond its width, a fraction
+    in an int column and a member the schema does not declare (each goes the row path,
+    which names it); ``_readable`` and ``_all_finite`` cover the rest."""
+    read = [_readable(f.type, True) for f in schema]
+    if any(r is None for r in read):
+        return None
+    joined = _joined_objects(values)
+    if joined is None:
+        return None
+    read_schema = pa.schema([f.with_type(r) for f, r in zip(schema, read, strict=True)])
+    try:
+        table = _read_json(joined, read_schema, unexpected="error")
+        if table.num_rows != len(values):
+            return None
+        out = []
+        for f in schema:
+            column = table.column(f.name)
+            array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+            if not _all_finite(array):
+                return None
+            if pa.types.is_nested(array.type):
+                array.validate(full=True)  # quirk: see _json_records
+            out.append(_typed_fix(array, f.type))
+    except (*_ARROW_ERRORS, ValueError):
+        return None
     return out
 
 
@@ -290,6 +408,9 @@ class _Shaper:
         self.value_serde = self.rows.value_serde
         self.key_hint = self.key_serde.arrow_type()
         self.value_hint = self.value_serde.arrow_type()
+        #: Stored values decoded row by row as the engine decodes them (a typed store's
+        #: decimals exact).
+        self.values_de = value_decoders(manifest)[1]
         #: Declared tuple keys: always one column per element, even for short keys.
         self.key_names = self.rows.tuple_key_columns
         #: The one key column's name (``key``, or a typed store's written name).
@@ -344,7 +465,13 @@ class _Shaper:
         else:  # ordered, json: the serde's own chunk decoder, then as the row path
             self._key_columns(self.key_serde.deserialize_many(keys, key_offset), cols)
         if self.value_names:
-            self._typed_values(self.value_serde.deserialize_many(values), cols)
+            schema = self.rows.value_arrow_schema()
+            arrays = _typed_records(values, schema) if values else None
+            if arrays is None:  # the row path decides (and names what does not fit)
+                self._typed_values(self.values_de(values), cols)
+                return cols
+            for member, array in zip(self.value_names, arrays, strict=True):
+                cols[self.value_names[member]] = _Column(array)
             return cols
         if value is not None:  # as the row path: not renamed (it is not a record field)
             cols[VALUE] = _Column(value)

@@ -48,7 +48,7 @@ from ..encoding.keyspace import KV_LOWER, KV_UPPER, RAW_PREFIX_LEN, kv_key, kv_k
 from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
 from ..names import TWIN_SUFFIX, twin_key
-from ..rows import PARTITION, VALUE, RowSchema
+from ..rows import PARTITION, VALUE, RowSchema, value_decoders
 from .shaping import _Shaper, _Stored
 
 __all__ = [
@@ -152,7 +152,7 @@ def _kv_decoder(manifest: StoreManifest) -> Any:
     from ...query import KeyValue
 
     keys_de = get_serde(manifest.key_serde).deserialize_many
-    values_de = get_serde(manifest.value_serde).deserialize_many
+    _, values_de = value_decoders(manifest)
 
     def decode(chunk: Sequence[tuple[bytes, bytes]]) -> list[Any]:
         if not chunk:
@@ -335,6 +335,7 @@ def try_write(write: Any, path: str | os.PathLike[str], *args: Any) -> bool:
     commit never fails for want of a twin."""
     try:
         write(path, *args)
+    # IqkitError: a typed store's value that does not fit its value schema (shaping).
     except (pa.ArrowException, ValueError, TypeError, OverflowError, RecursionError, IqkitError):
         with contextlib.suppress(OSError):
             os.unlink(path)

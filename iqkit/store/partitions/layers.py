@@ -44,6 +44,7 @@ from ..encoding import keyspace
 from ..encoding.serdes import Serde, get_serde
 from ..kinds import StoreKind
 from ..manifest import StoreManifest
+from ..rows import value_decoders
 from .partition import BytesPartition
 
 #: Rows per chunk of a scan read from twins: what a RocksDB scan's chunks grow to
@@ -270,6 +271,9 @@ class _TypedLayer:
         self.inner = inner
         self.key_serde: Serde = get_serde(manifest.key_serde)
         self.value_serde: Serde = get_serde(manifest.value_serde)
+        #: How stored values are decoded: by the serde, except a typed store's declared
+        #: decimal members, kept exact (``RowSchema.exact_value_decoder``).
+        self.value_de, self.values_de = value_decoders(manifest)
         self._serdes = f"{manifest.key_serde}→{manifest.value_serde}"
         self._handlers: dict[type[Query], Callable[[Any, Trace], Any]] = {}
 
@@ -299,7 +303,7 @@ class _TypedLayer:
         (``deserialize_many``) and ``KeyValue``s are built in C (``map``/``zip``), so the
         per-row Python work is one key slice."""
         keys_de = self.key_serde.deserialize_many
-        values_de = self.value_serde.deserialize_many
+        values_de = self.values_de
 
         def convert(chunk: list[tuple[bytes, bytes]]) -> list[KeyValue[Any, Any]]:
             if not chunk:
@@ -475,19 +479,19 @@ class TypedKeyValueLayer(_TypedLayer):
             raw = self.inner.inner.partition.get(key)
         else:
             raw = self.inner.get(key, _UNTRACED, False)
-        return None if raw is None else self.value_serde.deserialize(raw)
+        return None if raw is None else self.value_de(raw)
 
     def _key(self, query: KeyQuery, trace: Trace) -> Any:
         raw = self.inner.get(
             keyspace.kv_key(self.serialize_key(query.key)), trace, query.is_skip_cache
         )
-        return None if raw is None else self.value_serde.deserialize(raw)
+        return None if raw is None else self.value_de(raw)
 
     def _multi_key(self, query: MultiKeyQuery, trace: Trace) -> dict[Any, Any]:
         keys = list(query.keys)
         physical = [keyspace.kv_key(self.serialize_key(k)) for k in keys]
         values = self.inner.multi_get(physical, trace, query.is_skip_cache)
-        value_de = self.value_serde.deserialize
+        value_de = self.value_de
         return {k: value_de(v) for k, v in zip(keys, values, strict=True) if v is not None}
 
     def _range(self, query: RangeQuery, trace: Trace) -> KeyValueIterator[Any, Any]:
@@ -569,7 +573,7 @@ class TypedWindowLayer(_TypedLayer):
         lower, upper = keyspace.window_key_range(key_bytes, query.time_from, query.time_to)
         reverse = query.result_order is ResultOrder.DESCENDING
         chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
-        key, size, value_de = query.key, self.window_size, self.value_serde.deserialize
+        key, size, value_de = query.key, self.window_size, self.value_de
         decode_time = keyspace.decode_time
         time_at = -keyspace.TIME_LEN
 
@@ -591,7 +595,7 @@ class TypedWindowLayer(_TypedLayer):
         reverse = query.result_order is ResultOrder.DESCENDING
         index_chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
         size, inner = self.window_size, self.inner
-        key_de, value_de = self.key_serde.deserialize, self.value_serde.deserialize
+        key_de, value_de = self.key_serde.deserialize, self.value_de
         split = keyspace.split_window_time_key
 
         def convert(chunk: list[tuple[bytes, bytes]]) -> list[KeyValue[Any, Any]]:
