@@ -245,6 +245,8 @@ class ReopenablePartition:
         scan = self._twins(lower, upper, reverse)
         if scan is not None:
             self._twin_scans.add(scan)  # closing the partition ends them (``close``)
+            if self.on_open is not None and scan.fetched is not None:
+                self.on_open(scan.fetched)  # what the scan fetched, in its query's trace
         return scan
 
     # -- BytesPartition ------------------------------------------------------------------
@@ -538,7 +540,9 @@ class ChainSnapshot:
             if handle.on_open is not None:
                 # Twins: scans never open the database, and a key lookup opens it
                 # (its failure is that query's result, its cost in that query's trace).
-                entry.fetched = None
+                # Open already: on an object root the trace says nothing was fetched
+                # (a scan of the twins then says what it fetched instead).
+                entry.fetched = already_open_line(self.objects) if handle.is_open else None
                 return entry
             if not handle.is_open and not database_exists(
                 database_folder(self.cache, self.objects, self.name, p, chain)
