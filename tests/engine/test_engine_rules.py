@@ -178,13 +178,21 @@ def test_a_corrupt_partition_fails_alone(totals, open_engine):
     assert all(statuses[p] == "ok" for p in range(4) if p != victim)
 
 
-def test_an_unreadable_partition_is_a_store_exception(totals, open_engine):
+@pytest.mark.parametrize("twins", [True, False])
+def test_an_unreadable_partition_is_a_store_exception(totals, open_engine, twins):
+    """Whichever files a scan reads (the twins, or RocksDB: ``twin_scans(False)``, a raw
+    scan), the damaged one is named in that partition's result, never raised while
+    iterating."""
     break_partition(totals, "totals", 1)
-    with open_engine(totals) as engine:
+    with open_engine(totals) as engine, twin_scans(twins):
         r = engine.query(request("totals", iqkit.RangeQuery.with_no_bounds()))
-    assert r.partition_results[1].failure_reason is FailureReason.STORE_EXCEPTION
-    assert "partition 1" in r.partition_results[1].failure_message
-    assert all(r.partition_results[p].is_success for p in (0, 2, 3))
+        raw = engine.query(request("totals", iqkit.RawScanQuery.scan()))  # always RocksDB
+    for result, damaged in [(r, ".parquet" if twins else ".sst"), (raw, ".sst")]:
+        failed = result.partition_results[1]
+        assert failed.failure_reason is FailureReason.STORE_EXCEPTION
+        assert "partition 1" in failed.failure_message
+        assert f"{damaged}" in failed.failure_message, failed.failure_message
+        assert all(result.partition_results[p].is_success for p in (0, 2, 3))
 
 
 def test_a_query_the_store_kind_cannot_run_is_unknown_query_type(totals, root, open_engine):

@@ -15,6 +15,7 @@ import iqkit
 from iqkit.errors import StoreExistsError, VersionConflictError
 from iqkit.store.chain.records import list_versions
 from iqkit.store.objects import open_objects
+from iqkit.store.partitions.layers import twin_scans
 
 
 @pytest.fixture
@@ -126,21 +127,32 @@ def test_partitions_never_written_are_empty_and_as_of_pins_a_version(s3_root):
         iqkit.open(s3_root, as_of=9).version("totals")
 
 
-def test_the_trace_says_what_was_fetched_and_a_new_version_fetches_only_its_delta(s3_root):
+@pytest.mark.parametrize("twins", [True, False])
+def test_the_trace_says_what_was_fetched_and_a_new_version_fetches_only_its_delta(
+    s3_root, twins
+):
+    """A scan fetches the partitions' twins (``twins``) or SSTs, for their database."""
     write_totals(s3_root)
     q = traced("totals", iqkit.RangeQuery.with_no_bounds())
-    with iqkit.open(s3_root) as engine:
+    read = "columnar twin read, no database" if twins else "database"
+    with twin_scans(twins), iqkit.open(s3_root) as engine:
         first = cache_lines(engine.query(q))
         assert len(first) == 3 and all("fetched 1 file" in line for line in first)
+        assert all(read in line for line in first), first
         again = cache_lines(engine.query(q))  # same version: nothing fetched
         assert len(again) == 3 and all("fetched 0 files" in line for line in again)
-    with iqkit.open(s3_root) as engine:  # a new reader on the same cache
+    with twin_scans(twins), iqkit.open(s3_root) as engine:  # a new reader on the same cache
         reopened = cache_lines(engine.query(q))
-        assert all("fetched 0 files" in line and "reused" in line for line in reopened)
+        assert len(reopened) == 3 and all("fetched 0 files" in line for line in reopened)
+        assert all(("1 columnar twin" if twins else "reused") in line for line in reopened)
+        if twins:  # a key lookup builds the owner's database: the SST is fetched now
+            lookup = traced("totals", iqkit.KeyQuery.with_key("user-05"))
+            (built,) = cache_lines(engine.query(lookup))
+            assert "fetched 1 file" in built and "database built" in built, built
     with iqkit.StoreWriter(s3_root, "totals", who="second") as w:
         w.put("user-05", 500, partition=None)
     owner = iqkit.open(s3_root).partition_for_key("totals", "user-05")
-    with iqkit.open(s3_root) as engine:
+    with twin_scans(twins), iqkit.open(s3_root) as engine:
         result = engine.query(q)
         lines = {p: cache_lines_of(qr) for p, qr in result.partition_results.items()}
     assert "fetched 1 file" in lines[owner] and "1 from cache" in lines[owner]

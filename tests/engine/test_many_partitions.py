@@ -167,8 +167,18 @@ def test_a_partition_known_empty_opens_nothing(root):
         assert "never written" not in trace and "on version 0" not in trace, trace
         assert f"on version 2 ({root}/{STORE}/sst/3)" in trace, trace
         assert [kv.value for kv in result.partition_results[0].result] == ["1"]
-    built = {p.parent.parent.name for p in cache.dbs_dir.rglob("CURRENT")}
-    assert built == {"0"}
+
+        def built() -> set[str]:
+            return {p.parent.parent.name for p in cache.dbs_dir.rglob("CURRENT")}
+
+        assert built() == set()  # partition 0's scan read its twin: no database either
+        # A key lookup opens partition 0's database, and still nothing for partition 3.
+        lookup = request(STORE, iqkit.KeyQuery.with_key("a")).with_partitions({0, 3})
+        looked_up = engine.query(lookup)
+        assert looked_up.partition_results[0].result == "1"
+        assert looked_up.partition_results[3].is_success
+        assert looked_up.partition_results[3].result is None
+    assert built() == {"0"}
 
 
 def test_a_record_damaged_after_it_was_read_is_refused_again(root):

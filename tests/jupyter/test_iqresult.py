@@ -20,6 +20,7 @@ from iqkit.jupyter.result import (
     parse_trace_line,
     stores_frame,
 )
+from iqkit.store.partitions.layers import twin_scans
 
 run = iq_result
 
@@ -99,7 +100,10 @@ def test_partitions_frame_reports_each_partition(shards):
     assert set(r.failures) == {2, 9}
     assert r.failures[2].failure_reason is FailureReason.STORE_EXCEPTION
     assert r.ok_partitions == 3
-    assert r.position == Position.from_map({"in": {0: 5, 3: 4}})
+    # A failed partition carries its position too: the version record's, known without
+    # reading the files that failed (the scan of partition 2's twins).
+    assert r.position == Position.from_map({"in": {0: 5, 2: 9, 3: 4}})
+    assert r.failures[2].position == Position.from_map({"in": {2: 9}})
 
 
 def test_elapsed_is_engine_trace_time_plus_read_time(totals):
@@ -120,23 +124,20 @@ def test_elapsed_is_engine_trace_time_plus_read_time(totals):
 
 
 # -- trace ---------------------------------------------------------------------------------
-def test_trace_parses_every_partition_line(totals):
-    with iqkit.open(totals) as engine:
+@pytest.mark.parametrize("twins", [True, False])
+def test_trace_parses_every_partition_line(totals, twins):
+    with iqkit.open(totals) as engine, twin_scans(twins):
         r = run(engine, scan_request("totals"))
     t = r.trace
     assert list(t.columns) == TRACE_COLUMNS
-    # Opening the partition says what it read (its files, the database).
-    opened = ["FileCache"]
+    if twins:  # the scan reads the twins: no database is opened, so no FileCache line
+        layers = ["ColumnarScan", "TypedKeyValueLayer", "StateEngine"]
+    else:  # opening the partition says what it read (its files, the database)
+        layers = ["RocksDBLayer", "CachingLayer", "TypedKeyValueLayer", "FileCache", "StateEngine"]
     for p, qr in r.result.partition_results.items():
         rows = t[t["partition"] == p]
         assert rows["step"].tolist() == list(range(len(qr.execution_info)))
-        assert rows["layer"].tolist() == [
-            "RocksDBLayer",
-            "CachingLayer",
-            "TypedKeyValueLayer",
-            *opened,
-            "StateEngine",
-        ]
+        assert rows["layer"].tolist() == layers
         for line, (_, row) in zip(qr.execution_info, rows.iterrows(), strict=True):
             assert line.startswith(f"Handled in {row['layer']} in {row['nanoseconds']}ns: ")
             assert line.endswith(row["detail"])

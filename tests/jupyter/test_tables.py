@@ -22,6 +22,7 @@ from iqkit import (
     WindowRangeQuery,
     tables,
 )
+from iqkit.store.partitions.layers import twin_scans
 from iqkit.tables import collect, store_batches, to_pandas
 
 UTC_MS = pa.timestamp("ms", tz="UTC")
@@ -173,8 +174,12 @@ def test_chunks_with_different_types_are_unified(root, monkeypatch):
     rows += [(f"k{i}", {"n": i + 0.5, "s": i, "late": True}) for i in range(6, 9)]
     write_store(root, "c", rows, partitions=1)
     with iqkit.open(root) as engine:
-        t = scan(engine, "c").table
+        with twin_scans(False):  # RocksDB's rows come in chunks, each shaped on its own
+            t = scan(engine, "c").table
+        twin = scan(engine, "c").table
         expected = kv_rows(engine, "c")
+    # The twin holds the file's columns, typed once for all its rows: the same table.
+    assert twin.schema == t.schema and twin.to_pylist() == t.to_pylist()
     assert t.num_rows == 9 and t.column("n").num_chunks == 3
     assert t.schema.names == ["partition", "key", "n", "s", "late"]
     assert t.schema.field("n").type == pa.float64()
@@ -392,11 +397,14 @@ def test_a_field_missing_from_the_inferred_schema_is_an_error_not_a_silent_drop(
     rows.append(("z", {"n": 9, "extra": "x"}))
     write_store(root, "s", rows, partitions=1)
     with iqkit.open(root) as engine:
-        reader = store_batches(engine, "s", batch_size=4, sample_rows=4)
-        with pytest.raises(
+        # A twin's schema comes from the whole file: 'extra' is in it, null where absent.
+        whole = store_batches(engine, "s", batch_size=4, sample_rows=4).read_all()
+        assert whole.schema.names == ["partition", "key", "n", "extra"]
+        assert whole["extra"].to_pylist() == [None] * 4 + ["x"]
+        with twin_scans(False), pytest.raises(  # RocksDB's schema comes from a sample of rows
             iqkit.IqkitError, match=r"store 's' partition 0: field 'extra' is not in the schema"
         ):
-            reader.read_all()
+            store_batches(engine, "s", batch_size=4, sample_rows=4).read_all()
         explicit = pa.schema(
             [("partition", pa.int32()), ("key", pa.string()), ("n", pa.float64()),
              ("extra", pa.string())]
@@ -414,8 +422,15 @@ def test_later_batches_are_conformed_to_the_first(root):
     rows += [("k3", {"n": 3, "opt": "text", "mixed": "s"}), ("k4", {"n": 4, "opt": 5})]
     write_store(root, "s", rows, partitions=1)
     with iqkit.open(root) as engine:
-        t = store_batches(engine, "s", batch_size=3, sample_rows=3).read_all()
+        with twin_scans(False):  # the schema from the first rows read, the rest conformed
+            t = store_batches(engine, "s", batch_size=3, sample_rows=3).read_all()
+        twin = store_batches(engine, "s", batch_size=3, sample_rows=3).read_all()
         bad = [("k5", {"n": 5.5})]
+    # A twin's types come from the whole file: 'opt' holds a string and an int there, so
+    # it is JSON text in every row; the other columns are as the conformed ones.
+    assert twin.schema == t.schema
+    assert twin["opt"].to_pylist() == [None, None, None, '"text"', "5"]
+    assert twin.drop_columns(["opt"]).to_pylist() == t.drop_columns(["opt"]).to_pylist()
     assert t.schema.field("opt").type == pa.string()  # only nulls in the first batch
     assert t["opt"].to_pylist() == [None, None, None, "text", "5"]  # later strings as is
     assert t.schema.field("mixed").type == pa.string()  # JSON text from the first batch
@@ -431,8 +446,13 @@ def test_later_batches_are_conformed_to_the_first(root):
         for key, value in bad:
             w.put(key, value)
     cast_refused = r"field 'n' holds double but .* says int64"
-    with iqkit.open(root) as engine, pytest.raises(iqkit.IqkitError, match=cast_refused):
-        store_batches(engine, "s", batch_size=3, sample_rows=3).read_all()
+    with iqkit.open(root) as engine:
+        with twin_scans(False), pytest.raises(iqkit.IqkitError, match=cast_refused):
+            store_batches(engine, "s", batch_size=3, sample_rows=3).read_all()
+        # The twins' first table is the partition's whole chain merged: one type fits all.
+        merged = store_batches(engine, "s", batch_size=3, sample_rows=3).read_all()
+    assert merged.schema.field("n").type == pa.float64()
+    assert merged["n"].to_pylist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.5]
 
 
 def test_store_batches_read_one_version_even_if_commits_land_meanwhile(root):

@@ -23,6 +23,7 @@ from iqkit.store.chain.records import ChainVersion, latest_version
 from iqkit.store.chain.write import commit_version
 from iqkit.store.names import CACHE_BUILDING_PREFIX, CACHE_EVICTING_PREFIX
 from iqkit.store.objects import ObjectStore, open_objects
+from iqkit.store.partitions.layers import twin_scans
 
 STORE = "totals"
 PARTITIONS = 4
@@ -270,10 +271,11 @@ def test_several_processes_build_read_and_evict_databases_safely(objects, v1, tm
 
 
 # -- through the public API on the real S3 server ---------------------------------------
-def all_rows(root: str) -> tuple[list[tuple[str, int]], list[str]]:
-    """Every row of ``totals`` (sorted) and the trace's FileCache lines."""
+def all_rows(root: str, *, twins: bool = False) -> tuple[list[tuple[str, int]], list[str]]:
+    """Every row of ``totals`` (sorted) and the trace's FileCache lines; read through the
+    partitions' databases unless ``twins`` (then the scan reads the columnar twins)."""
     req = request(STORE, iqkit.RangeQuery.with_no_bounds()).enable_execution_info()
-    with iqkit.open(root) as engine:
+    with iqkit.open(root) as engine, twin_scans(twins):
         result = engine.query(req)
         out, lines = [], []
         for qr in result.partition_results.values():
@@ -299,8 +301,13 @@ def test_queries_answer_the_same_rows_after_their_databases_were_evicted(s3_root
     with iqkit.StoreWriter(s3_root, STORE) as w:
         for i in range(300):
             w.put(f"user-{i:03d}", i)
+    # A scan of the twins builds no database.
+    from_twins, lines = all_rows(s3_root, twins=True)
+    assert len(from_twins) == 300 and databases(FileCache()) == []
+    assert len(lines) == 3 and all("1 columnar twin read, no database" in x for x in lines)
     first, lines = all_rows(s3_root)
-    assert len(first) == 300 and all("database built" in line for line in lines)
+    assert first == from_twins
+    assert len(lines) == 3 and all("database built" in line for line in lines)
 
     cache = FileCache()  # the engine's cache: IQKIT_CACHE, IQKIT_CACHE_SIZE
     assert len(databases(cache)) == 3 and cache.usage() > 1
@@ -309,7 +316,8 @@ def test_queries_answer_the_same_rows_after_their_databases_were_evicted(s3_root
     assert cache.stats.databases_evicted == 3
 
     again, lines = all_rows(s3_root)
-    assert again == first and all("database built" in line for line in lines)
+    assert again == first and len(lines) == 3
+    assert all("database built" in line for line in lines)
 
     # A new version: opening its databases evicts the previous version's, the trace says so.
     with iqkit.StoreWriter(s3_root, STORE) as w:

@@ -18,6 +18,7 @@ import iqkit
 from iqkit.jupyter.values import key_value
 from iqkit.store.encoding.serdes import SERDE_NAMES, all_serdes, get_serde
 from iqkit.store.manifest import StoreManifest
+from iqkit.store.rows import parse_ddl_type
 
 PACKAGE = Path(iqkit.__file__).parent
 #: The modules that used to keep their own tables of serde facts.
@@ -82,9 +83,21 @@ def test_each_spark_type_has_at_most_one_default_serde():
     assert len(defaults) == len(set(defaults))
 
 
-def _serde_tables(path: Path) -> list[str]:
+def _is_spark_type_name(text: str) -> bool:
+    try:
+        parse_ddl_type(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _serde_tables(path: Path, base: Path = PACKAGE) -> list[str]:
     """Literal dicts, tuples, lists and sets naming two or more serdes: a table of serde
-    facts kept away from the serdes."""
+    facts kept away from the serdes. A table of Spark type names is not one: "string" and
+    "double" are Spark type names too, and a value schema's DDL types (store/rows.py) map
+    Spark types, not serdes. Such a table is told apart by naming only Spark types, one
+    or more of which no serde is called ("boolean", "float"); a table naming only serdes
+    is still flagged, whatever those names also mean to Spark."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Dict):
@@ -93,10 +106,25 @@ def _serde_tables(path: Path) -> list[str]:
             items = node.elts
         else:
             continue
-        names = [i.value for i in items if isinstance(i, ast.Constant) and i.value in SERDE_NAMES]
-        if len(names) >= 2:
-            found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {names}")
+        texts = [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)]
+        names = [t for t in texts if t in SERDE_NAMES]
+        spark_types = all(_is_spark_type_name(t) for t in texts)
+        if len(names) >= 2 and not (spark_types and len(names) < len(texts)):
+            found.append(f"{path.relative_to(base)}:{node.lineno} {names}")
     return found
+
+
+def test_a_table_of_serde_names_is_found_and_a_table_of_spark_types_is_not(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        'A = {"string": 1, "int64": 2}\n'  # serde names only
+        'B = ("string", "double")\n'  # serde names that are Spark types too: still serdes
+        'C = {"string": 1, "double": 2, "boolean": 3}\n'  # Spark types
+        'D = ["string", "double", "weird"]\n',  # serde names and an unknown name
+        encoding="utf-8",
+    )
+    lines = [t.split(" ")[0].rsplit(":", 1)[1] for t in _serde_tables(source, tmp_path)]
+    assert lines == ["1", "2", "4"]
 
 
 def test_no_other_module_keeps_a_table_of_serde_facts():

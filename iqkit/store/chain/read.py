@@ -691,6 +691,7 @@ def plan_twin_scan(
     from ..columnar.scan import TwinScan  # pyarrow: imported once twins are read
     from ..columnar.twins import layout_of
 
+    before = cache.stats.copy()
     paths, names, pins = pin_twins(cache, objects, chain)
     try:
         scan = TwinScan(
@@ -713,6 +714,9 @@ def plan_twin_scan(
         return None
     for pin in pins:  # released when the scan is gone (its rows read, or dropped)
         weakref.finalize(scan, pin.release)
+    if pins:  # an object root: the trace says what was fetched, as a database's open does
+        twins = counted(len(pins), "columnar twin")
+        scan.fetched = f"{cache.stats.since(before).line()}; {twins} read, no database"
     return scan
 
 

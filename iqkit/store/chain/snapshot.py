@@ -182,6 +182,7 @@ class ReopenablePartition:
         self.on_open: Callable[[str | None], None] | None = None
         self._bound = bound
         self._part: ChainPartition | MemoryPartition | None = None
+        self._opened_once = False
         self._small = chain.size <= SMALL_CHAIN_BYTES
         self._scans = 0  # started scans not yet ended
         self._generators: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -203,6 +204,7 @@ class ReopenablePartition:
         part = self._part
         if part is None:
             opened = self._opener()
+            self._opened_once = True
             self._trace = opened.trace_line()
             if self.on_open is not None:
                 self.on_open(self._trace)
@@ -243,6 +245,8 @@ class ReopenablePartition:
         scan = self._twins(lower, upper, reverse)
         if scan is not None:
             self._twin_scans.add(scan)  # closing the partition ends them (``close``)
+            if self.on_open is not None and scan.fetched is not None:
+                self.on_open(scan.fetched)  # what the scan fetched, in its query's trace
         return scan
 
     # -- BytesPartition ------------------------------------------------------------------
@@ -259,6 +263,13 @@ class ReopenablePartition:
     def scan_chunks(
         self, lower: bytes, upper: bytes | None, *, reverse: bool = False
     ) -> Iterator[list[tuple[bytes, bytes]]]:
+        if self._twins is not None and not self._opened_once:
+            # A chain with twins has not opened its database yet (scans read the twins).
+            # A scan of RocksDB all the same (a raw scan, ``twin_scans(False)``, twins of
+            # another layout) opens it now, as a chain without twins did when it was
+            # first read: a failure to fetch or build is this query's result, not an
+            # error out of its iterator, and the cost is in this query's trace.
+            self.open()
         gen = self._scan(lower, upper, reverse)
         self._generators.add(gen)
         return gen
@@ -529,7 +540,9 @@ class ChainSnapshot:
             if handle.on_open is not None:
                 # Twins: scans never open the database, and a key lookup opens it
                 # (its failure is that query's result, its cost in that query's trace).
-                entry.fetched = None
+                # Open already: on an object root the trace says nothing was fetched
+                # (a scan of the twins then says what it fetched instead).
+                entry.fetched = already_open_line(self.objects) if handle.is_open else None
                 return entry
             if not handle.is_open and not database_exists(
                 database_folder(self.cache, self.objects, self.name, p, chain)

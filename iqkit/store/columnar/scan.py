@@ -152,6 +152,9 @@ class TwinScan:
         self.columns = None if columns is None else list(columns)
         #: Set by ``close``: the scan yields nothing more (its engine was closed).
         self.closed = False
+        #: What planning fetched into the cache, for a query's trace (set by whoever
+        #: fetched the files; None when they were read in place on a local root).
+        self.fetched: str | None = None
 
     def close(self) -> None:
         """End the scan: ``batches`` stops before its next row group."""
