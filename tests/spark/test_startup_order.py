@@ -107,14 +107,14 @@ import iqkit.spark  # sets PYSPARK_PYTHON for sessions started from now on
 df = spark.createDataFrame([("a", 1), ("b", 2)], "k string, v int")
 attempt("write", lambda: df.write.format("iqkit").mode("append").option("store", "t")
         .option("key", "k").option("partitions", 2).save(root))
-attempt("read", lambda: sorted((r.key, r.value) for r in
+attempt("read", lambda: sorted((r.k, r.v) for r in
         spark.read.format("iqkit").option("store", "t").load(root).collect()))
-attempt("key", lambda: [r.key for r in spark.read.format("iqkit").option("store", "t")
+attempt("key", lambda: [r.k for r in spark.read.format("iqkit").option("store", "t")
         .option("key", "b").load(root).collect()])
 print("RESULT" + json.dumps(out))
 """
     )
     out = _run(script, root, path_without_iqkit)
     assert out["write"] == ["ok", None]
-    assert out["read"] == ["ok", [["a", '{"v":1}'], ["b", '{"v":2}']]]
+    assert out["read"] == ["ok", [["a", 1], ["b", 2]]]  # typed: the columns written
     assert out["key"] == ["ok", ["b"]]

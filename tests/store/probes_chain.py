@@ -547,12 +547,20 @@ def partition_rows(engine: iqkit.StateEngine) -> dict[int, object]:
         ).partition_results
     except iqkit.StoreCorruptedError as exc:
         return {-1: exc}
-    return {
-        p: {(p, k): v for k, v in drain(r).items()}
-        if r.is_success
-        else (r.failure_reason, r.failure_message)
-        for p, r in results.items()
-    }
+    return {p: _rows_or_failure(p, r) for p, r in results.items()}
+
+
+def _rows_or_failure(p: int, r: iqkit.QueryResult) -> object:
+    """A successful partition's rows, or its failure. A json store's scan reads its rows
+    from RocksDB when they are first iterated (its columnar twins hold no stored value
+    text), so a damaged SST fails the iteration, naming the file, rather than the query:
+    counted as that partition's STORE_EXCEPTION."""
+    if not r.is_success:
+        return (r.failure_reason, r.failure_message)
+    try:
+        return {(p, k): v for k, v in drain(r).items()}
+    except iqkit.IqkitError as exc:
+        return (iqkit.FailureReason.STORE_EXCEPTION, str(exc))
 
 
 def check_damaged_reads(

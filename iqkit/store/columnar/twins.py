@@ -102,16 +102,11 @@ def layout_of(manifest: StoreManifest) -> bytes:
     return json.dumps(facts, sort_keys=True, default=str).encode()
 
 
-#: Key serdes whose key column gives the RocksDB key back exactly, in an order its
-#: Parquet statistics can bound (``key_bytes``, ``key_bounds``).
-_DERIVED_KEYS = ("string", "bytes", "int32", "int64")
-
-
 def key_column_of(manifest: StoreManifest) -> str | None:
     """The twin column whose values give ``__key`` back (the twin then has no
     ``__key``), or None (it has one)."""
     rows = RowSchema(manifest)
-    if rows.tuple_key_columns or manifest.key_serde not in _DERIVED_KEYS:
+    if rows.tuple_key_columns or not get_serde(manifest.key_serde).keys_from_column:
         return None
     return rows.key_column
 

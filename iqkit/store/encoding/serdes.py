@@ -118,6 +118,10 @@ class Serde(ABC):
     #: True when a key given in a list of keys (the Spark reader's ``keys`` option) is
     #: its text as typed (``"alice"``, ``"0x0a"``), not a JSON value.
     text_keys: ClassVar[bool] = False
+    #: True when a column of this serde's Arrow type gives the serialized keys back
+    #: (``serialize_arrow``) and its Parquet statistics bound them: a columnar twin then
+    #: derives its RocksDB keys from the key column instead of storing them.
+    keys_from_column: ClassVar[bool] = False
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self)
@@ -219,6 +223,7 @@ class StringSerde(Serde):
     into U+FFFD, so corrupt keys are noticed rather than merged.
     """
 
+    keys_from_column = True
     __slots__ = ()
     name: ClassVar[str] = "string"
     order_preserving: ClassVar[bool] = True  # UTF-8 byte order == code point order
@@ -291,6 +296,7 @@ class StringSerde(Serde):
 class BytesSerde(Serde):
     """Raw bytes, like Kafka's ``ByteArraySerializer``; accepts any bytes-like value."""
 
+    keys_from_column = True
     __slots__ = ()
     name: ClassVar[str] = "bytes"
     order_preserving: ClassVar[bool] = True
@@ -376,6 +382,7 @@ def _parse_int(serde: Serde, text: str, lo: int, hi: int) -> int:
 class _BigEndianIntSerde(Serde):
     """Fixed-width big-endian two's complement; subclasses set the width."""
 
+    keys_from_column = True
     __slots__ = ()
     CODE: ClassVar[str]
     WIDTH: ClassVar[int]
