@@ -222,6 +222,12 @@ class ObjectStore(ABC):
         del path
         return None
 
+    def open_local_file(self, path: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        """The file behind ``path`` open for reading, for the block, when ``local_file``
+        gives one: reached through no link, and a plain file (a link swapped in after
+        ``local_file`` checked it is refused here too). Only local roots have one."""
+        raise NotImplementedError(f"{type(self).__name__} has no local files")
+
     def remove_stale_temporaries(self, prefix: str, older_than: float) -> list[str]:
         """Remove the temporary files (``TMP_PREFIX``) under ``prefix`` last written
         before ``older_than`` (a time): what a process killed mid-create or mid-upload
@@ -553,6 +559,9 @@ class LocalObjects(ObjectStore):
             if not stat.S_ISREG(st.st_mode):
                 raise refused(path, st.st_mode)
             return st.st_size
+
+    def open_local_file(self, path: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        return self._open_file(path)
 
     def local_file(self, path: str) -> Path | None:
         """The file's path, once checked to be a plain file reached through no link (a

@@ -77,13 +77,8 @@ def as_record(value: dict) -> dict:
     return {c: value.get(c) for c in ("price", "qty", "tag", "note")}
 
 
-#: What the json store holds after its three commits (key -> value).
-LATEST: dict[str, object] = {}
-
-
-@pytest.fixture(scope="module")
-def json_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("json-root")
+def create_records_store(root) -> None:
+    """The ``records`` store: json values with the declared columns ``RECORD_DDL``."""
     iqkit.create_store(
         root,
         "records",
@@ -91,6 +86,16 @@ def json_root(tmp_path_factory):
         value_serde="json",
         properties={"value_schema": RECORD_DDL},
     )
+
+
+#: What the json store holds after its three commits (key -> value).
+LATEST: dict[str, object] = {}
+
+
+@pytest.fixture(scope="module")
+def json_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("json-root")
+    create_records_store(root)
     model = LATEST
     with iqkit.StoreWriter(root, "records") as w:
         for i in range(2_000):
@@ -230,13 +235,7 @@ def test_a_typed_store_equals_the_row_path(spark, tmp_path):
 
 
 def test_an_object_root_reads_through_twins(spark, s3_root, tmp_path):
-    iqkit.create_store(
-        s3_root,
-        "records",
-        partitions=PARTITIONS,
-        value_serde="json",
-        properties={"value_schema": RECORD_DDL},
-    )
+    create_records_store(s3_root)
     with iqkit.StoreWriter(s3_root, "records") as w:
         for i in range(600):
             w.put(f"k{i:05d}", json_value(i))

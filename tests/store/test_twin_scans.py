@@ -256,3 +256,24 @@ def test_a_twin_holds_the_sst_rows_typed(root):
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     return tmp_path / "stores"
+
+
+def test_a_twin_swapped_for_a_link_after_planning_is_never_read(root, tmp_path):
+    """A scan opens its twin through the root, refusing a link, also when the link is
+    put in place after the scan was planned (the file was checked then)."""
+    iqkit.create_store(root, "t", partitions=1, key_serde="string", value_serde="int64")
+    with iqkit.StoreWriter(root, "t") as w:
+        w.put("a", 1)
+    other = tmp_path / "other"  # another store's twin: what a link would show
+    iqkit.create_store(other, "o", partitions=1, key_serde="string", value_serde="int64")
+    with iqkit.StoreWriter(other, "o") as w:
+        w.put("a", 666)
+    (twin,) = twin_files(root, "t")
+    (outside,) = twin_files(other, "o")
+    with iqkit.open(root) as engine:
+        r = engine.query(StateQueryRequest.in_store("t").with_query(RangeQuery.with_no_bounds()))
+        it = r.partition_results[0].result  # planned: its footer was read
+        twin.unlink()
+        twin.symlink_to(outside)
+        with pytest.raises(iqkit.IqkitError, match="link"):
+            list(it)

@@ -703,6 +703,9 @@ def plan_twin_scan(
             layout=layout_of(manifest),
             manifest=manifest,
             footers=footers,
+            # On a local root the root's own files, opened refusing a link; pinned cache
+            # copies are opened as they are.
+            opener=None if pins else _opener_by_key(objects, paths, chain),
         )
     except BaseException:
         for pin in pins:
@@ -718,6 +721,13 @@ def plan_twin_scan(
         twins = counted(len(pins), "columnar twin")
         scan.fetched = f"{cache.stats.since(before).line()}; {twins} read, no database"
     return scan
+
+
+def _opener_by_key(objects: ObjectStore, paths: list[str], chain: PartitionChain) -> Any:
+    """Opens each of ``paths`` (``chain``'s twins on a local root) through the root,
+    by its key, so no link is followed whatever is on the path by then."""
+    keys = dict(zip(paths, (f.twin_name for f in chain.files), strict=True))
+    return lambda local: objects.open_local_file(keys[local])
 
 
 def pin_twins(

@@ -298,9 +298,12 @@ def commit_partition(
             else:
                 rows = []
             write_arrow_delta(delta, changes, commit)
-        else:
+        elif twinned:  # the twin is made from the same rows
             rows = list(_checked(changes, commit))
             rocks.write_changes_sst(delta, rows)
+        else:
+            rows = []
+            rocks.write_changes_sst(delta, _checked(changes, commit))
         twin: Path | None = Path(tmp) / "upload.parquet" if twinned else None
         if old and len(old) > compact_after:
             upload = Path(tmp) / "base.sst"

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +51,25 @@ class _File:
     key_from: str | None = None
 
 
+#: Opens a twin's local path for reading, for a ``with`` block.
+Opener = Callable[[str], AbstractContextManager[BinaryIO]]
+
+#: Where a descriptor's open file can be named: pyarrow then reads it with its own
+#: native reader, yet opens nothing by the twin's path (which a link could replace).
+_FD_FOLDER = "/proc/self/fd"
+
+
+def _open_copy(local: str) -> AbstractContextManager[BinaryIO]:
+    """A twin copy pinned in this user's private cache (its folders are 0700)."""
+    return open(local, "rb")
+
+
+def _native(fh: BinaryIO) -> str | BinaryIO:
+    """What pyarrow reads the open file ``fh`` through: its descriptor's name where the
+    system has one, else the Python file (slower, same bytes)."""
+    return f"{_FD_FOLDER}/{fh.fileno()}" if os.path.isdir(_FD_FOLDER) else fh
+
+
 @dataclass
 class _Footer:
     """What planning needs of a twin's footer, parsed once: its schema, layout, the
@@ -61,10 +81,11 @@ class _Footer:
     groups: list[tuple[int, tuple[bytes, bytes] | None]]
 
     @classmethod
-    def read(cls, local: str, key_serde: Any) -> _Footer:
+    def read(cls, local: str, key_serde: Any, opener: Opener) -> _Footer:
         # The footer only: no file stays open between planning and reading (a query
         # plans every partition's scan before any is read).
-        meta = pq.read_metadata(local)
+        with opener(local) as fh:
+            meta = pq.read_metadata(_native(fh))
         schema = meta.schema.to_arrow_schema()
         leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
         derived = (schema.metadata or {}).get(KEY_FROM)
@@ -123,8 +144,10 @@ class TwinScan:
         layout: bytes | None = None,
         manifest: StoreManifest | None = None,
         footers: dict[str, Any] | None = None,
+        opener: Opener | None = None,
     ) -> None:
         self.lower, self.upper, self.reverse = lower, upper, reverse
+        self._open = opener or _open_copy
         self._key_serde = get_serde(manifest.key_serde) if manifest is not None else None
         #: Whether a file was written for another layout than ``layout`` (the store's
         #: manifest was changed since): the caller then does not read the twins.
@@ -137,7 +160,7 @@ class TwinScan:
             footer = footers.get(local) if footers is not None else None
             if footer is None:
                 with _damage(name):
-                    footer = _Footer.read(local, self._key_serde)
+                    footer = _Footer.read(local, self._key_serde, self._open)
                 if footers is not None:  # twins never change: their footers neither
                     footers[local] = footer
             if layout is not None and footer.layout != layout:
@@ -190,7 +213,7 @@ class TwinScan:
             if parquet is not None:
                 table = parquet.read_row_groups(groups, columns=names, use_threads=False)
             else:
-                with pq.ParquetFile(f.local) as opened:
+                with self._open(f.local) as fh, pq.ParquetFile(_native(fh)) as opened:
                     table = opened.read_row_groups(groups, columns=names, use_threads=False)
             if f.key_from is None:
                 return table
@@ -214,9 +237,10 @@ class TwinScan:
         if len(self.files) == 1:
             f = self.files[0]
             order = reversed(f.groups) if self.reverse else f.groups
-            with _damage(f.path):
-                parquet = pq.ParquetFile(f.local)
-            try:
+            with contextlib.ExitStack() as held:
+                with _damage(f.path):
+                    fh = held.enter_context(self._open(f.local))
+                    parquet = held.enter_context(pq.ParquetFile(_native(fh)))
                 for g in order:
                     if self.closed:
                         return
@@ -225,8 +249,6 @@ class TwinScan:
                         table = _reversed(table)
                     if table.num_rows:
                         yield table
-            finally:
-                parquet.close()
             return
         table = self.table()
         if table.num_rows:

@@ -181,18 +181,31 @@ def _as_pa_array_types(array: pa.Array) -> bool:
     column read by ``pyarrow.json`` cannot tell. So every double must be finite and
     below 2**53 in magnitude; and only the types ``pa.array`` infers may occur.
     """
-    t = array.type
-    if pa.types.is_struct(t):
-        return all(_as_pa_array_types(array.field(i)) for i in range(t.num_fields))
-    if pa.types.is_list(t):
-        return _as_pa_array_types(array.flatten())
+    return all(map(_leaf_as_pa_array_type, _leaves(array)))
+
+
+def _leaf_as_pa_array_type(leaf: pa.Array) -> bool:
+    t = leaf.type
     if pa.types.is_float64(t):
-        if array.null_count == len(array):
+        if leaf.null_count == len(leaf):
             return True
         # Strictly below: 2**53 + 1 reads as the double 2**53. NaN compares false.
-        within = pc.less(pc.abs(array), _EXACT_DOUBLE_INT)
+        within = pc.less(pc.abs(leaf), _EXACT_DOUBLE_INT)
         return bool(pc.all(within).as_py())
     return t in (pa.null(), pa.bool_(), pa.int64(), pa.string())
+
+
+def _leaves(array: pa.Array) -> Iterator[pa.Array]:
+    """The arrays of ``array``'s values that hold no others: a struct's fields and a
+    list's items, all the way down, else ``array`` itself."""
+    t = array.type
+    if pa.types.is_struct(t):
+        for i in range(t.num_fields):
+            yield from _leaves(array.field(i))
+    elif pa.types.is_list(t):
+        yield from _leaves(array.flatten())
+    else:
+        yield array
 
 
 def _read_json(
@@ -316,14 +329,11 @@ def _readable(t: pa.DataType, top: bool) -> pa.DataType | None:
 def _all_finite(array: pa.Array) -> bool:
     """Whether every double of ``array`` (nested too) is finite: ``pyarrow.json`` reads
     ``Inf`` and ``-NaN``, which the row path refuses as JSON."""
-    t = array.type
-    if pa.types.is_struct(t):
-        return all(_all_finite(array.field(i)) for i in range(t.num_fields))
-    if pa.types.is_list(t):
-        return _all_finite(array.flatten())
-    if pa.types.is_floating(t):
-        return bool(pc.all(pc.fill_null(pc.is_finite(array), True)).as_py() is not False)
-    return True
+    return all(
+        pc.all(pc.fill_null(pc.is_finite(leaf), True)).as_py() is not False
+        for leaf in _leaves(array)
+        if pa.types.is_floating(leaf.type)
+    )
 
 
 def _typed_fix(array: pa.Array, t: pa.DataType) -> pa.Array:

@@ -48,6 +48,7 @@ from ..encoding.keyspace import KV_LOWER, KV_UPPER, RAW_PREFIX_LEN, kv_key, kv_k
 from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
 from ..names import TWIN_SUFFIX, twin_key
+from ..partitions.layers import kv_chunk_decoder
 from ..rows import PARTITION, VALUE, RowSchema, value_decoders
 from .shaping import _Shaper, _Stored
 
@@ -144,19 +145,9 @@ def key_bounds(stats: Any, key_serde: Any) -> tuple[bytes, bytes] | None:
 
 def _kv_decoder(manifest: StoreManifest) -> Any:
     """What a key-value scan's ``ScanIterator`` decodes stored rows with (the row path)."""
-    from ...query import KeyValue
-
-    keys_de = get_serde(manifest.key_serde).deserialize_many
     _, values_de = value_decoders(manifest)
-
-    def decode(chunk: Sequence[tuple[bytes, bytes]]) -> list[Any]:
-        if not chunk:
-            return []
-        raw_keys, raw_values = zip(*chunk, strict=True)
-        pairs = zip(keys_de(raw_keys, RAW_PREFIX_LEN), values_de(raw_values), strict=True)
-        return [KeyValue(k, v) for k, v in pairs]
-
-    return decode
+    keys_de = get_serde(manifest.key_serde).deserialize_many
+    return kv_chunk_decoder(keys_de, values_de, RAW_PREFIX_LEN)
 
 
 def twin_table(manifest: StoreManifest, rows: Sequence[tuple[bytes, bytes | None]]) -> pa.Table:

@@ -302,17 +302,24 @@ class _TypedLayer:
         """Decoder of one chunk of key-value rows: the serdes decode whole columns
         (``deserialize_many``) and ``KeyValue``s are built in C (``map``/``zip``), so the
         per-row Python work is one key slice."""
-        keys_de = self.key_serde.deserialize_many
-        values_de = self.values_de
+        return kv_chunk_decoder(self.key_serde.deserialize_many, self.values_de, strip)
 
-        def convert(chunk: list[tuple[bytes, bytes]]) -> list[KeyValue[Any, Any]]:
-            if not chunk:
-                return []
-            raw_keys, raw_values = zip(*chunk, strict=True)
-            pairs = zip(keys_de(raw_keys, strip), values_de(raw_values), strict=True)
-            return list(map(_tuple_new, _KEY_VALUE_TYPE, pairs))
 
-        return convert
+def kv_chunk_decoder(
+    keys_de: Callable[..., list[Any]], values_de: Callable[..., list[Any]], strip: int
+) -> Callable[[Sequence[tuple[bytes, bytes]]], list[KeyValue[Any, Any]]]:
+    """Decoder of one chunk of stored key-value rows into ``KeyValue``s, with the serdes'
+    column decoders (keys after ``strip`` bytes of keyspace prefix): what a scan of
+    RocksDB yields, and what a columnar twin's columns are shaped from."""
+
+    def convert(chunk: Sequence[tuple[bytes, bytes]]) -> list[KeyValue[Any, Any]]:
+        if not chunk:
+            return []
+        raw_keys, raw_values = zip(*chunk, strict=True)
+        pairs = zip(keys_de(raw_keys, strip), values_de(raw_values), strict=True)
+        return list(map(_tuple_new, _KEY_VALUE_TYPE, pairs))
+
+    return convert
 
 
 def _stream(

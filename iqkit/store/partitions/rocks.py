@@ -285,23 +285,33 @@ def write_changes_sst(
     Quirk: rocksdict's writer has no ``delete`` method; ``del writer[key]`` is it.
     Nothing is written (no file) when ``changes`` is empty: RocksDB refuses to finish
     an empty SST."""
-    writer = SstFileWriter(_options(create=True))
-    count = 0
-    try:
-        writer.open(os.fspath(path))
+    with _sst_writer(path) as (writer, written):
         for key, value in changes:
             if value is None:
                 del writer[key]
             else:
                 writer[key] = value
-            count += 1
-        if count:
+            written[0] += 1
+    return written[0]
+
+
+@contextlib.contextmanager
+def _sst_writer(path: str | os.PathLike[str]) -> Iterator[tuple[SstFileWriter, list[int]]]:
+    """An ``SstFileWriter`` open on ``path`` for the block, and a one-item list the block
+    counts its rows in: the SST is finished only when it has some (RocksDB refuses to
+    finish an empty one). rocksdict's errors are classified (``classify``); a
+    ``ValueError`` is the caller's own check of its rows and passes as it is."""
+    writer = SstFileWriter(_options(create=True))
+    written = [0]
+    try:
+        writer.open(os.fspath(path))
+        yield writer, written
+        if written[0]:
             writer.finish()
     except ValueError:
-        raise  # the caller's own check of its rows (rocksdict raises plain Exception)
-    except Exception as exc:
+        raise
+    except Exception as exc:  # rocksdict raises plain Exception
         raise classify(exc, path) from exc
-    return count
 
 
 #: Rows turned into Python objects at a time by ``write_arrow_sst`` (bounds its memory).
@@ -327,14 +337,12 @@ def write_arrow_sst(
     generators)."""
     import numpy as np
 
-    writer = SstFileWriter(_options(create=True))
-    put, delete = writer.__setitem__, writer.__delitem__
-    puts = deletes = rows = 0
-    try:
-        writer.open(os.fspath(path))
+    puts = deletes = 0
+    with _sst_writer(path) as (writer, written):
+        put, delete = writer.__setitem__, writer.__delitem__
         for key, value in head:
             writer[key] = value
-            rows += 1
+            written[0] += 1
         for keys, values in chunks:
             for lo in range(0, len(keys), _ARROW_CHUNK_ROWS):
                 k = keys.slice(lo, _ARROW_CHUNK_ROWS).to_pylist()
@@ -353,13 +361,7 @@ def write_arrow_sst(
                             deque(map(put, k[a:b], vs[a:b]), maxlen=0)
                         else:
                             deque(map(delete, k[a:b]), maxlen=0)
-                puts, deletes, rows = puts + n - nulls, deletes + nulls, rows + n
-        if rows:
-            writer.finish()
-    except ValueError:
-        raise  # the caller's own check of its rows (rocksdict raises plain Exception)
-    except Exception as exc:
-        raise classify(exc, path) from exc
+                puts, deletes, written[0] = puts + n - nulls, deletes + nulls, written[0] + n
     return puts, deletes
 
 
