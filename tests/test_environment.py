@@ -45,7 +45,10 @@ def test_rocksdict_is_the_pinned_release():
 def test_spark_round_trips_a_pandas_frame_through_arrow():
     from pyspark.sql import SparkSession
 
-    spark = (
+    # Quirk: getOrCreate returns a session another test of this process started (the
+    # shared ``spark`` fixture, under pytest-xdist), and stopping it would stop theirs.
+    shared = SparkSession.getActiveSession()
+    spark = shared or (
         SparkSession.builder.master("local[1]")
         .appName("iqkit-env-check")
         .config("spark.ui.enabled", "false")
@@ -57,7 +60,8 @@ def test_spark_round_trips_a_pandas_frame_through_arrow():
         back = spark.createDataFrame(frame).toPandas()
         assert back.to_dict("records") == frame.to_dict("records")
     finally:
-        spark.stop()
+        if shared is None:
+            spark.stop()
 
 
 def test_matplotlib_is_installed_and_draws_without_a_display():
