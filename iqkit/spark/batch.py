@@ -35,6 +35,10 @@ The job, end to end:
    speculative attempt's output is never published (retention removes it after its
    grace period).
 
+A DataFrame of few Spark partitions (``batch_in_place.IN_PLACE_MAX_PARTITIONS``), unless
+Kafka-shaped or ``mark_as_partitioned``, skips steps 2-5: each task writes its own rows
+in place as the data source's tasks do, and the driver chains them (``batch_in_place``).
+
 Duplicate keys: the row with the highest sequence wins (Kafka's ``offset`` for
 Kafka-shaped input, else ``monotonically_increasing_id``, i.e. input order).
 """
@@ -61,6 +65,7 @@ from ..store.formats import format_for
 from ..store.manifest import StoreManifest
 from ..store.roots import StoreRoot
 from ..store.sorted_rows import SortedRows
+from .batch_in_place import write_in_place, writes_in_place
 from .progress import WriteProgress
 from .roots import driver_store_root
 from .schema import (
@@ -130,6 +135,7 @@ def write_store(
     progress: bool = True,
     _fail_task_once: str | None = None,
     _spill_bytes: int | None = None,
+    _shuffle: bool | None = None,
 ) -> int:
     """Write ``df`` into store ``store`` under ``root``; return the published version.
 
@@ -150,7 +156,13 @@ def write_store(
     ``progress``: show a progress bar (tasks, then partitions and rows written).
     ``_fail_task_once``: tests only — a marker file whose presence makes one task attempt
     fail after staging its first partition (the marker is consumed).
-    ``_spill_bytes``: tests only — a write task's memory budget (default 256 MiB).
+    ``_spill_bytes``: tests only — a write task's memory budget (default 256 MiB) on the
+    shuffle path, which it chooses.
+    ``_shuffle``: tests only — ``True``/``False`` choose the shuffle or the in-place path
+    (default: chosen by ``writes_in_place``).
+
+    A DataFrame of few Spark partitions is written in place, with no shuffle
+    (``batch_in_place``); the store is the same.
     """
     require_workers_can_import_iqkit(df.sparkSession)
     fmt = format_for(driver_store_root(root))
@@ -166,6 +178,22 @@ def write_store(
     )
     window_size = _window_size(df, plan, store) if plan.window_column else None
     manifest = _store_manifest(fmt, store, df, plan, partitions, window_size, retention)
+    in_place = writes_in_place(df, plan) if _shuffle is None else not _shuffle
+    if in_place and _spill_bytes is None:
+        return write_in_place(
+            df,
+            driver_store_root(root),
+            store,
+            plan,
+            partitions=partitions,
+            mode=mode,
+            retention=retention,
+            metadata={**(metadata or {}), "spark_write": "write_store"},
+            source_end=source_end,
+            progress=progress,
+            fail_marker=_fail_task_once,
+            arrow_batches=lambda: _arrow_batches(df.sparkSession),
+        )
     encoded, raw = _encode(df, plan, manifest)
     if not raw:  # raw (JVM-routed) writes count null keys in the job itself: one pass less
         _check_no_null_keys(df, plan, store)

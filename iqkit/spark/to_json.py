@@ -23,49 +23,96 @@ import pyarrow.compute as pc
 # NaN and infinities are refused before encoding (schema.arrow_has_non_finite); JSON has no
 # such numbers, so one reaching the encoder fails the task rather than being written.
 _json_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
-#: Characters a JSON string must escape (RE2 syntax): quote, backslash, controls.
-_NEEDS_ESCAPE = r'["\\\x00-\x1f]'
 
 
 def json_records(batch: pa.RecordBatch, names: Sequence[str]) -> pa.Array:
     """One JSON object per row (a ``string`` array, never null: a record of nulls is
     ``{}``), decoding to what ``to_json(struct(...))`` writes: null fields are left out.
 
-    Built column by column in Arrow (``,"name":<value text>`` per present field, then
-    ``{`` + the fields without the first comma + ``}``): no per-row Python for columns of
-    strings, numbers and booleans."""
-    fields = []
-    for name in names:
-        name_text = pa.scalar("," + _json_encode(name) + ":", pa.string())
-        text = json_texts(batch.column(name))
-        field = pc.binary_join_element_wise(name_text, text, "", null_handling="emit_null")
-        fields.append(pc.fill_null(field, ""))
-    joined = pc.binary_join_element_wise(*fields, "") if len(fields) > 1 else fields[0]
+    Built in Arrow with one ``binary_join_element_wise`` over the pieces ``{``, per field
+    ``"name":`` and its value's pieces (``_text_pieces``), and ``}``: no per-row Python
+    for columns of strings, numbers and booleans, and no join per column where a
+    column has no nulls (a column with nulls becomes one array of its pieces first,
+    ``""`` where null). The separating comma goes before every field but the first
+    present one: with a first column that has no nulls that is simply every later
+    field; otherwise a comma goes before every field and the one after ``{`` is cut
+    off (a slower kernel)."""
+    if not names:
+        return pa.array(np.full(batch.num_rows, "{}", dtype=object), pa.string())
+    columns = [batch.column(name) for name in names]
+    texts = [_text_pieces(c) for c in columns]
+    if columns[0].null_count == 0:
+        return pc.binary_join_element_wise("{", *_field_pieces(names, texts, ""), "}", "")
+    joined = pc.binary_join_element_wise(*_field_pieces(names, texts, ","), "")
     return pc.binary_join_element_wise("{", pc.utf8_slice_codeunits(joined, 1), "}", "")
+
+
+def _field_pieces(names: Sequence[str], texts: Sequence[list[Any]], lead: str) -> list[Any]:
+    """The pieces of ``json_records``' join: per field, its ``"name":`` (after a comma
+    but for the first, unless ``lead`` puts one there too) and its value's pieces, or
+    for a field with nulls one array of them all (``""`` where null)."""
+    pieces: list[Any] = []
+    for i, (name, text) in enumerate(zip(names, texts, strict=True)):
+        name_text = pa.scalar((lead if i == 0 else ",") + _json_encode(name) + ":", pa.string())
+        if not any(isinstance(p, pa.Array) and p.null_count for p in text):
+            pieces += [name_text, *text]
+        else:
+            field = pc.binary_join_element_wise(name_text, *text, "", null_handling="emit_null")
+            pieces.append(pc.fill_null(field, ""))
+    return pieces
 
 
 def json_texts(col: pa.Array) -> pa.Array:
     """The JSON text of every value of ``col`` as Spark's ``to_json`` writes it (a
-    ``string`` array; null stays null). Vectorized for integers, booleans, floats and
-    strings that need no escaping; other types go value by value (``_texter``)."""
+    ``string`` array; null stays null): its ``_text_pieces`` joined."""
+    pieces = _text_pieces(col)
+    if len(pieces) == 1:
+        return pieces[0]  # type: ignore[no-any-return]
+    return pc.binary_join_element_wise(*pieces, "")
+
+
+_QUOTE = pa.scalar('"', pa.string())
+
+
+def _text_pieces(col: pa.Array) -> list[Any]:
+    """The JSON texts of ``col`` as pieces to join (arrays, null where ``col`` is, and
+    string scalars): a column's text is rarely worth a join of its own when it is joined
+    into a record anyway. Vectorized for integers, booleans, floats and strings that need
+    no escaping; other types go value by value (``_texter``)."""
     t = col.type
     if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
-        return col.cast(pa.string())
+        return [col.cast(pa.string())]
     if pa.types.is_floating(t):
-        return _float_texts(col)
+        return _float_pieces(col)
     is_text = pa.types.is_string(t) or pa.types.is_large_string(t)
-    if is_text and not pc.any(pc.match_substring_regex(col, _NEEDS_ESCAPE)).as_py():
-        return pc.binary_join_element_wise('"', col.cast(pa.string()), '"', "")
+    if is_text and not _may_need_escapes(col):
+        return [_QUOTE, col.cast(pa.string()), _QUOTE]
     text = _texter(t)
-    return pa.array([None if v is None else text(v) for v in col.to_pylist()], pa.string())
+    return [pa.array([None if v is None else text(v) for v in col.to_pylist()], pa.string())]
 
 
-def _float_texts(col: pa.Array) -> pa.Array:
-    """Floats as Java's ``Double.toString`` / ``Float.toString`` write them (Spark's JSON
-    writer uses them): ``1.5``, ``100.0`` between 10^-3 and 10^7, else ``1.0E7``,
-    ``1.5E-7``. Arrow's cast writes the shortest digits that read back exactly (a
-    float32 in float32 precision), in its own notation: values within the plain range
-    only need ``.0`` after an integral text; the others are respelt value by value.
+def _may_need_escapes(col: pa.Array) -> bool:
+    """Whether a string column may hold a character JSON escapes (quote, backslash, a
+    control character): a scan of the bytes its offsets span (null slots' bytes too,
+    which can only say yes wrongly: the slow path is then taken, never a wrong text)."""
+    if len(col) == 0:
+        return False
+    width = np.int32 if pa.types.is_string(col.type) else np.int64
+    offsets = np.frombuffer(col.buffers()[1], dtype=width)
+    start, end = int(offsets[col.offset]), int(offsets[col.offset + len(col)])
+    data = col.buffers()[2]
+    if data is None or end <= start:
+        return False
+    raw = np.frombuffer(data, dtype=np.uint8, count=end - start, offset=start)
+    return bool(((raw < 0x20) | (raw == 0x22) | (raw == 0x5C)).any())
+
+
+def _float_pieces(col: pa.Array) -> list[Any]:
+    """The pieces of floats' texts as Java's ``Double.toString`` / ``Float.toString`` write
+    them (Spark's JSON writer uses them): ``1.5``, ``100.0`` between 10^-3 and 10^7, else
+    ``1.0E7``, ``1.5E-7``. Arrow's cast writes the shortest digits that read back exactly (a
+    float32 in float32 precision), in its own notation: values within the plain range only
+    need ``.0`` after an integral text; the others are respelt value by value.
     (NaN and infinities were refused before: ``RowEncoder._values`` in write_encode.py.)
 
     Quirk: before Java 19, ``Double.toString`` sometimes writes more digits than the
@@ -78,14 +125,22 @@ def _float_texts(col: pa.Array) -> pa.Array:
     plain = pc.and_(
         pc.or_(pc.equal(magnitude, 0), within), pc.invert(pc.match_substring(text, "e"))
     )
-    integral = pc.match_substring_regex(text, r"^-?[0-9]+$")
-    out = pc.if_else(integral, pc.binary_join_element_wise(text, ".0", ""), text)
+    # Arrow writes an integral value of the plain range without a fraction ("5", "-0").
+    integral = pc.equal(pc.floor(col), col)
+    fraction = pc.if_else(integral, _POINT_ZERO, _NOTHING)
     if pc.all(pc.fill_null(plain, True)).as_py():
-        return out
+        return [text, fraction]
+    out = pc.binary_join_element_wise(text, fraction, "")
     texts, plains = out.to_pylist(), plain.to_pylist()
     digits = text.to_pylist()
     rows = zip(texts, plains, digits, strict=True)
-    return pa.array([t if ok is not False else _java_number(d) for t, ok, d in rows], pa.string())
+    return [
+        pa.array([t if ok is not False else _java_number(d) for t, ok, d in rows], pa.string())
+    ]
+
+
+_POINT_ZERO = pa.scalar(".0", pa.string())
+_NOTHING = pa.scalar("", pa.string())
 
 
 def _java_number(text: str) -> str:

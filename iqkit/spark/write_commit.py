@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ..errors import StoreConflictError
 from ..query.position import Position
@@ -28,18 +29,31 @@ from .write_options import WriteJob, existing_manifest
 from .write_tasks import Fragment, IqkitCommitMessage, remove_fragments
 
 
-def commit_job(job: WriteJob, messages: list[IqkitCommitMessage]) -> int:
+def commit_job(
+    job: WriteJob,
+    messages: list[IqkitCommitMessage],
+    *,
+    metadata: dict[str, Any] | None = None,
+    source_end: Position | None = None,
+) -> int:
     """Publish what the tasks wrote as the store's next version; its number. What the
-    tasks wrote is removed afterwards, whatever the outcome (module docstring)."""
+    tasks wrote is removed afterwards, whatever the outcome (module docstring).
+    ``metadata`` and ``source_end``: as ``write_store`` takes them (it commits here when it
+    writes in place)."""
     published: frozenset[str] = frozenset()
     try:
-        version, published = _publish(job, messages)
+        version, published = _publish(job, messages, metadata or {}, source_end)
     finally:
         remove_job_fragments(job, messages, keep=published)
     return version
 
 
-def _publish(job: WriteJob, messages: list[IqkitCommitMessage]) -> tuple[int, frozenset[str]]:
+def _publish(
+    job: WriteJob,
+    messages: list[IqkitCommitMessage],
+    metadata: dict[str, Any],
+    source_end: Position | None,
+) -> tuple[int, frozenset[str]]:
     """Publish; the version and the SST keys its staged chains list."""
     assert job.plan is not None
     plan = job.plan
@@ -86,10 +100,12 @@ def _publish(job: WriteJob, messages: list[IqkitCommitMessage]) -> tuple[int, fr
             staged = list(pool.map(stage, todo))
         version = commit.publish(
             staged,
+            source_end=source_end,
             metadata={
+                **metadata,
                 "rows_written": sum(s.puts for s in staged),  # type: ignore[attr-defined]
                 "rows_in": sum(m.rows for m in messages),
-                "spark_write": "datasource",
+                "spark_write": metadata.get("spark_write", "datasource"),
             },
         )
     listed = frozenset(name for s in staged for name in s.files())  # type: ignore[attr-defined]
@@ -137,7 +153,7 @@ def _store_manifest(job: WriteJob, fmt: StoreFormat, window_size: int | None) ->
         window_size=window_size,
         retention=job.retention,
         key_types=job.key_types,
-        written_by="iqkit.spark data source",
+        written_by=job.written_by,
         settings=STORE_SETTINGS,
     )
 

@@ -84,6 +84,8 @@ class WriteJob:
     #: The format's job spec (``JobCommit.spec``: picklable), whose ``upload_runs`` the
     #: tasks upload their runs with (``None``: a skipped write).
     uploads: Any = None
+    #: What a new store's manifest says made it.
+    written_by: str = "iqkit.spark data source"
 
     def root_format(self) -> StoreFormat:
         """The root's format (the commit, in its own Python worker, asks it again)."""
@@ -120,10 +122,18 @@ def _text_option(options: Mapping[str, Any], name: str) -> str | None:
 
 
 def plan_job(
-    options: Mapping[str, Any], where: StoreRoot, store: str, schema: StructType, overwrite: bool
+    options: Mapping[str, Any],
+    where: StoreRoot,
+    store: str,
+    schema: StructType,
+    overwrite: bool,
+    *,
+    written_by: str = "iqkit.spark data source",
 ) -> WriteJob:
     """Check everything that can be checked without the rows; return the job. ``where``:
-    the root, parsed once by the data source (``spark/roots.driver_store_root``)."""
+    the root, parsed once by the data source (``spark/roots.driver_store_root``).
+    ``written_by``: what a new store's manifest says made it (``write_store`` writing in
+    place plans its job here too)."""
     root = driver_root(where)
     unknown = sorted(k for k in options if k.lower() not in WRITE_OPTIONS)
     if unknown:
@@ -182,7 +192,11 @@ def plan_job(
     elif partitions is None:
         raise ValueError(f"iqkit: option 'partitions' is required to create store {store!r}")
     # An existing store's settings must fit (checked again at commit, with the window size
-    # known); a new store's manifest is only what the chain format's pin needs.
+    # known). A new store's manifest is the one the commit will create, but for a window
+    # store's size: the tasks write each twin for this manifest's layout (``layout_of``),
+    # which must be the published one's, or the twins are never read.
+    types = {f.name: f.dataType.simpleString() for f in schema.fields}
+    key_types = tuple(types[k] for k in plan.key_columns)
     manifest = ensure_spark_store(
         fmt,
         store,
@@ -191,8 +205,8 @@ def plan_job(
         partitioner=existing.partitioner if existing is not None else None,
         window_size=None,
         retention=retention,
-        key_types=(),
-        written_by="iqkit.spark data source",
+        key_types=key_types,
+        written_by=written_by,
     )
     mode = "overwrite" if overwrite else "upsert"
     # The job commit's own pin (the latest version and a job id; nothing is written) and
@@ -200,7 +214,6 @@ def plan_job(
     # ``manifest`` holds a stand-in window size: the spec's manifest only counts records,
     # and the commit opens the job again with the real one.
     uploads = fmt.open_job_commit(store, mode=mode, create=manifest).spec
-    types = {f.name: f.dataType.simpleString() for f in schema.fields}
     return WriteJob(
         root=root,
         store=store,
@@ -210,7 +223,7 @@ def plan_job(
         partitioner=(existing.partitioner if existing else None)
         or ("explicit" if mark else "murmur2"),
         retention=retention,
-        key_types=tuple(types[k] for k in plan.key_columns),
+        key_types=key_types,
         kafka=set(KAFKA_COLUMNS) <= set(types),
         base_version=uploads.base_version,
         job_id=uploads.job_id,
@@ -218,4 +231,5 @@ def plan_job(
         run_rows=_int_option(options, "_run_rows", minimum=1) or RUN_ROWS,
         where=where,
         uploads=uploads,
+        written_by=written_by,
     )

@@ -68,7 +68,13 @@ def write_task(job: WriteJob, iterator: Iterator[pa.RecordBatch]) -> IqkitCommit
         # The input is never read. Spark 4.1 refuses a None message (DATA_SOURCE_TYPE_
         # MISMATCH), although its docstring allows one: send an empty message.
         return IqkitCommitMessage(spark_partition=spark_partition)
-    encoder = RowEncoder(job)
+    manifest = job.uploads.manifest
+    twin_columns = None
+    if manifest.kind.has_twins:
+        from ..store.columnar.twins import twin_source_columns  # pyarrow, writers only
+
+        twin_columns = twin_source_columns(manifest)
+    encoder = RowEncoder(job, twin_columns)
     written: list[Fragment] = []
     run = 0
     # One connection for every run the task uploads.
@@ -111,16 +117,17 @@ def _write_run(
     with tempfile.TemporaryDirectory(prefix="iqkit-run-", dir=spill_dir()) as scratch:
         written: list[tuple[int, str]] = []
         counts: list[tuple[int, int]] = []
-        for p, keys, values in encoder.drain():
+        for p, keys, values, columns in encoder.drain():
             sst = os.path.join(scratch, f"{p}.sst")
             # The fragment's keys (sorted) and values (aligned, null: a delete) as Arrow
             # arrays: its SST is written from them here, and its columnar twin beside it
-            # (``upload_runs`` uploads both).
+            # (``upload_runs`` uploads both), from the input's own columns where the
+            # encoder kept them.
             counts.append(rocks.write_arrow_sst(sst, [(keys, values)]))
             if manifest.kind.has_twins:
-                from ..store.columnar.twins import write_twin_of_arrays  # pyarrow, writers only
+                from ..store.columnar.twins import write_twin_of_columns  # pyarrow, writers only
 
-                write_twin_of_arrays(twin_key(sst), manifest, keys, values)
+                write_twin_of_columns(twin_key(sst), manifest, keys, values, columns)
             written.append((p, sst))
         uploaded = job.uploads.upload_runs(written, objects=objects)
     return [

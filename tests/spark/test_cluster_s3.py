@@ -33,9 +33,15 @@ def written(spark_cluster, s3_endpoint) -> tuple[str, dict]:
     return root, spark_cluster.run(_write_and_read_on_s3, root, str(scratch))
 
 
+def _store_files(folder: Path) -> list[Path]:
+    """The store's files under ``folder``: SSTs and their columnar twins (a scan of a
+    twinned partition fetches its twins, a key lookup its SSTs)."""
+    return [p for p in folder.rglob("*") if p.suffix in (".sst", ".parquet") and p.is_file()]
+
+
 def _cached_files(folder: Path) -> list[Path]:
-    """The SSTs a cache under ``folder`` fetched (``objects/``)."""
-    return [p for p in (folder / CLUSTER_CACHE / "objects").rglob("*.sst") if p.is_file()]
+    """The store files a cache under ``folder`` fetched (``objects/``)."""
+    return _store_files(folder / CLUSTER_CACHE / "objects")
 
 
 def _write_and_read_on_s3(spark, root: str, scratch: str) -> dict:
@@ -97,9 +103,10 @@ def test_cluster_writes_to_s3_and_reads_through_each_executors_cache(spark_clust
     # Nothing of the store is on the driver's or the executors' disks but those caches.
     driver_cwd = Path(spark_cluster.facts["driver_cwd"])
     # (The driver's cache may hold databases of test_cluster.py's local-root stores.)
-    outside = [p for p in driver_cwd.rglob("*.sst") if CLUSTER_CACHE not in p.parts]
+    outside = [p for p in _store_files(driver_cwd) if CLUSTER_CACHE not in p.parts]
     assert not list(work.rglob("stores")) and not outside, outside
-    assert not list((spark_cluster.scratch / "s3-stream").rglob("*.sst"))
+    stream = spark_cluster.scratch / "s3-stream"  # the Kafka stand-in's topics are Parquet
+    assert not [p for p in _store_files(stream) if "topics" not in p.relative_to(stream).parts]
 
 
 def _explore_script() -> str:

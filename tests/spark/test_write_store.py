@@ -286,10 +286,15 @@ def test_progress_counts_windows_not_rocksdb_keys(spark, tmp_path, capsys):
     assert "rows=40," in capsys.readouterr().err
     rows_written, puts = written_counts(tmp_path, "w")
     assert rows_written == 40
-    # A partition's commit record is the first key of its SST, written before the rows
-    # stream in, so write_store's records carry no counts (docs/DECISIONS.md): the
-    # version's rows_written above is where the count lives.
-    assert puts is None
+    # On the shuffle path a partition's commit record is the first key of its SST,
+    # written before the rows stream in, so it carries no counts (docs/DECISIONS.md);
+    # written in place (this small DataFrame), the commit records count windows too.
+    assert puts == 40
+    write_store(
+        windowed_counts(spark, 8, 5), tmp_path, "w2", key="user", value="n", window="window",
+        partitions=2, _shuffle=True,
+    )  # fmt: skip
+    assert written_counts(tmp_path, "w2") == (40, None)
 
 
 def test_a_first_write_that_fails_creates_no_store(spark, tmp_path):

@@ -1,4 +1,5 @@
-"""write_store's fast paths (real Spark): routing in the JVM is byte-exact with Kafka's
+"""write_store's shuffle path and its fast paths (real Spark; ``_shuffle=True``, as a
+DataFrame of many Spark partitions takes it): routing in the JVM is byte-exact with Kafka's
 murmur2, vectorized serialization matches the serdes, the Python fallback and the
 spilling sort give the same stores, and duplicate keys keep the later row."""
 
@@ -53,7 +54,7 @@ def test_the_jvm_routes_string_keys_like_kafka(spark, tmp_path):
     ]
     keys = sorted(set(keys))
     df = spark.createDataFrame([(k, i) for i, k in enumerate(keys)], "k string, v long")
-    write_store(df, tmp_path, "s", key="k", value="v", partitions=7, progress=False)
+    write_store(df, tmp_path, "s", key="k", value="v", partitions=7, progress=False, _shuffle=True)
     rows = store_rows(tmp_path, "s")
     assert sorted(k for _, k, _ in rows) == keys
     assert_kafka_placement(rows, "string", 7)
@@ -70,7 +71,7 @@ def test_the_jvm_routes_string_keys_like_kafka(spark, tmp_path):
 )
 def test_int_keys_land_where_kafka_puts_them(spark, tmp_path, ddl, serde, keys):
     df = spark.createDataFrame([(k, f"v{k}") for k in keys], f"{ddl}, v string")
-    write_store(df, tmp_path, "s", key="k", value="v", partitions=5, progress=False)
+    write_store(df, tmp_path, "s", key="k", value="v", partitions=5, progress=False, _shuffle=True)
     rows = store_rows(tmp_path, "s")
     assert {k: v for _, k, v in rows} == {k: f"v{k}" for k in keys}
     assert_kafka_placement(rows, serde, 5)
@@ -86,7 +87,7 @@ def test_int_keys_land_where_kafka_puts_them(spark, tmp_path, ddl, serde, keys):
 def test_python_routed_keys_and_vectorized_values(spark, tmp_path, ddl, serde, rows):
     # bytes/double keys have no JVM murmur2: the Python encoder routes them (vectorized)
     df = spark.createDataFrame(rows, f"{ddl}, v double")
-    write_store(df, tmp_path, "s", key="k", value="v", partitions=3, progress=False)
+    write_store(df, tmp_path, "s", key="k", value="v", partitions=3, progress=False, _shuffle=True)
     got = store_rows(tmp_path, "s")
     assert_kafka_placement(got, serde, 3)
     key_bytes, value_bytes = get_serde(serde).serialize, get_serde("double").serialize
@@ -98,12 +99,14 @@ def test_python_routing_gives_the_same_store_as_jvm_routing(spark, tmp_path):
     df = spark.createDataFrame(
         [(f"user-{i % 50}", i, i * 0.25) for i in range(600)], "user string, n long, x double"
     ).repartition(3)
-    write_store(df, tmp_path / "jvm", "s", key="user", partitions=4, progress=False)
+    write_store(df, tmp_path / "jvm", "s", key="user", partitions=4, progress=False, _shuffle=True)
     app = spark.sparkContext.applicationId
     before = batch._jvm_murmur2_checked.pop(app, None)
     batch._jvm_murmur2_checked[app] = False  # as if commons-codec were missing
     try:
-        write_store(df, tmp_path / "py", "s", key="user", partitions=4, progress=False)
+        write_store(
+            df, tmp_path / "py", "s", key="user", partitions=4, progress=False, _shuffle=True
+        )
     finally:
         batch._jvm_murmur2_checked.pop(app)
         if before is not None:
@@ -120,7 +123,15 @@ def test_later_rows_win_across_input_partitions_and_through_spills(spark, tmp_pa
     want = {k: max(i for i in range(4000) if i % 97 == k) for k in range(97)}
     for name, spill in (("mem", None), ("spill", 1)):
         write_store(
-            df, tmp_path, name, key="k", value="v", partitions=3, progress=False, _spill_bytes=spill
+            df,
+            tmp_path,
+            name,
+            key="k",
+            value="v",
+            partitions=3,
+            progress=False,
+            _shuffle=True,
+            _spill_bytes=spill,
         )
         assert {k: v for _, k, v in store_rows(tmp_path, name)} == want
 
@@ -131,7 +142,7 @@ def test_kafka_shaped_input_keeps_the_highest_offset(spark, tmp_path):
     df = spark.createDataFrame(
         rows, "topic string, partition int, offset long, k string, v long"
     ).coalesce(1)
-    write_store(df, tmp_path, "s", key="k", value="v", partitions=2, progress=False)
+    write_store(df, tmp_path, "s", key="k", value="v", partitions=2, progress=False, _shuffle=True)
     assert {k: v for _, k, v in store_rows(tmp_path, "s")} == {"a": 3, "b": 2}
 
 
@@ -144,11 +155,14 @@ def test_a_null_value_deletes_and_the_last_row_decides(spark, tmp_path):
         value="v",
         partitions=2,
         progress=False,
+        _shuffle=True,
     )
     update = spark.createDataFrame(
         [("a", None), ("b", None), ("b", "22"), ("d", None)], "k string, v string"
     ).coalesce(1)
-    write_store(update, tmp_path, "s", key="k", value="v", partitions=2, progress=False)
+    write_store(
+        update, tmp_path, "s", key="k", value="v", partitions=2, progress=False, _shuffle=True
+    )
     assert {k: v for _, k, v in store_rows(tmp_path, "s")} == {"b": "22", "c": "3"}
 
 
@@ -157,7 +171,9 @@ def test_null_keys_found_in_the_job_are_refused_and_nothing_is_published(spark, 
     key = 1 if ddl.startswith("k long") else "x"
     df = spark.createDataFrame([(key, 1), (None, 2)], ddl).repartition(2)
     with pytest.raises(ValueError, match="store 's': key column 'k' holds null keys"):
-        write_store(df, tmp_path, "s", key="k", value="v", partitions=2, progress=False)
+        write_store(
+            df, tmp_path, "s", key="k", value="v", partitions=2, progress=False, _shuffle=True
+        )
     assert not (tmp_path / "s" / "LATEST").exists()
     assert list(tmp_path.rglob(".job-*")) == []
 
@@ -167,7 +183,9 @@ def test_string_keys_that_are_not_utf8_are_refused_naming_the_column(spark, tmp_
         F.col("b").cast("string").alias("k"), "v"
     )
     with pytest.raises(Exception, match="key column 'k' holds a string that is not valid UTF-8"):
-        write_store(df, tmp_path, "s", key="k", value="v", partitions=2, progress=False)
+        write_store(
+            df, tmp_path, "s", key="k", value="v", partitions=2, progress=False, _shuffle=True
+        )
     assert not (tmp_path / "s" / "LATEST").exists()
 
 
@@ -185,6 +203,7 @@ def test_mark_as_partitioned_with_vectorized_keys_and_values(spark, tmp_path):
         partitions=3,
         mark_as_partitioned="part",
         progress=False,
+        _shuffle=True,
     )
     got = store_rows(tmp_path, "s")
     assert sorted(got) == sorted((p, k, v) for p, k, v in rows)

@@ -49,6 +49,8 @@ class _File:
     groups: list[int]
     #: The column its RocksDB keys are derived from (None: it holds ``__key``).
     key_from: str | None = None
+    #: The groups whose keys all lie within the scan's bounds (by their statistics).
+    inside: frozenset[int] = frozenset()
 
 
 #: Opens a twin's local path for reading, for a ``with`` block.
@@ -115,6 +117,15 @@ def _raw_bounds(stats: pq.Statistics | None) -> tuple[bytes, bytes] | None:
     return lo, hi
 
 
+def _within(bounds: tuple[bytes, bytes] | None, lower: bytes, upper: bytes | None) -> bool:
+    """Whether every key of a row group whose keys lie within ``bounds`` is in
+    ``[lower, upper)`` (no bounds: not known)."""
+    if bounds is None:
+        return False
+    lo, hi = bounds
+    return lo >= lower and (upper is None or hi < upper)
+
+
 def _overlaps(bounds: tuple[bytes, bytes] | None, lower: bytes, upper: bytes | None) -> bool:
     """Whether a row group whose keys lie within ``bounds`` can hold keys in
     ``[lower, upper)`` (no bounds: it might)."""
@@ -171,7 +182,8 @@ class TwinScan:
                 if rows and _overlaps(bounds, lower, upper)
             ]
             self.groups_total += len(footer.groups)
-            self.files.append(_File(name, local, footer.schema, groups, footer.key_from))
+            inside = frozenset(g for g in groups if _within(footer.groups[g][1], lower, upper))
+            self.files.append(_File(name, local, footer.schema, groups, footer.key_from, inside))
         self.columns = None if columns is None else list(columns)
         #: Set by ``close``: the scan yields nothing more (its engine was closed).
         self.closed = False
@@ -202,9 +214,16 @@ class TwinScan:
             f"[{self.lower.hex()}, {upper})"
         )
 
-    def _read(self, f: _File, groups: list[int], parquet: pq.ParquetFile | None = None) -> pa.Table:
+    def _read(
+        self,
+        f: _File,
+        groups: list[int],
+        parquet: pq.ParquetFile | None = None,
+        *,
+        keys: bool = True,
+    ) -> pa.Table:
         """Row groups ``groups`` of ``f`` (through ``parquet`` if open, else opened and
-        closed here)."""
+        closed here); ``keys``: with ``__key`` derived where the file does not hold it."""
         names = f.schema.names
         if self.columns is not None:
             wanted = {KEY_BYTES, DELETED, f.key_from, *self.columns}
@@ -215,7 +234,7 @@ class TwinScan:
             else:
                 with self._open(f.local) as fh, pq.ParquetFile(_native(fh)) as opened:
                     table = opened.read_row_groups(groups, columns=names, use_threads=False)
-            if f.key_from is None:
+            if f.key_from is None or not keys:
                 return table
             assert self._key_serde is not None
             # Every table a scan hands on has ``__key`` (merges and bounds compare it).
@@ -237,6 +256,9 @@ class TwinScan:
         if len(self.files) == 1:
             f = self.files[0]
             order = reversed(f.groups) if self.reverse else f.groups
+            # A reader that named its columns without ``__key`` (the Spark data source)
+            # gets none derived for row groups its bounds hold whole: no filter needs them.
+            keyless = self.columns is not None and KEY_BYTES not in self.columns
             with contextlib.ExitStack() as held:
                 with _damage(f.path):
                     fh = held.enter_context(self._open(f.local))
@@ -244,7 +266,10 @@ class TwinScan:
                 for g in order:
                     if self.closed:
                         return
-                    table = _live(self._bounded(self._read(f, [g], parquet)))
+                    if keyless and g in f.inside:
+                        table = _live(self._read(f, [g], parquet, keys=False))
+                    else:
+                        table = _live(self._bounded(self._read(f, [g], parquet)))
                     if self.reverse:
                         table = _reversed(table)
                     if table.num_rows:

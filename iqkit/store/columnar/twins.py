@@ -39,6 +39,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -49,7 +50,7 @@ from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
 from ..names import TWIN_SUFFIX, twin_key
 from ..partitions.layers import kv_chunk_decoder
-from ..rows import PARTITION, VALUE, RowSchema, value_decoders
+from ..rows import PARTITION, VALUE, RowSchema, ddl_arrow_type, value_decoders
 from .shaping import _Shaper, _Stored
 
 __all__ = [
@@ -71,6 +72,9 @@ __all__ = [
     "twin_table",
     "write_twin",
     "write_twin_of_arrays",
+    "twin_source_columns",
+    "twin_table_of_columns",
+    "write_twin_of_columns",
 ]
 
 KEY_BYTES = "__key"
@@ -337,3 +341,103 @@ def write_twin_of_arrays(
     (``try_write``)."""
     rows = list(zip(keys.to_pylist(), values.to_pylist(), strict=True))
     return try_write(write_twin_of_rows, path, manifest, rows)
+
+
+def _copied_as_written(t: pa.DataType) -> bool:
+    """Whether a typed store's member of Arrow type ``t`` can be copied into its twin as
+    written: its JSON text reads back to the very same value (nested types are shaped
+    from the stored rows)."""
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_string(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_date32(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_binary(t)
+    )
+
+
+def twin_source_columns(manifest: StoreManifest) -> tuple[str, ...] | None:
+    """The writer's own columns a twin of ``manifest``'s store can be made of directly
+    (``twin_table_of_columns``): its key column and its value schema's members, under
+    the names the writer gave them; ``None`` when a twin must be shaped from the stored
+    rows instead (no value schema, a tuple key, a key serde whose column does not give
+    the key back, a nested member)."""
+    if not manifest.kind.has_twins:
+        return None
+    rows = RowSchema(manifest)
+    if rows.value_schema is None or key_column_of(manifest) is None:
+        return None
+    try:
+        members = rows.value_columns()
+    except ValueError:
+        return None
+    if not all(_copied_as_written(ddl_arrow_type(t)) for _, t in members):
+        return None
+    return (rows.declared_key_columns[0], *(m for m, _ in members))
+
+
+def twin_table_of_columns(manifest: StoreManifest, columns: pa.Table) -> pa.Table | None:
+    """The twin of a fragment a Spark writer made from ``columns`` (the
+    ``twin_source_columns`` of its rows, sorted by key, each key once, no deletes), taken
+    as they are: a typed store's twin *is* its key column and its members, typed as
+    declared, so nothing is encoded and decoded again. ``None`` when a column's type is
+    not exactly its layout's (the caller then shapes the stored rows, ``twin_table``).
+
+    Equal to ``twin_table`` of the fragment's stored rows (tests/store/test_twin_sources.py):
+    each member's JSON text, as both Spark writers spell it, reads back to the value
+    written."""
+    names = twin_source_columns(manifest)
+    if names is None or tuple(columns.column_names) != names:
+        return None
+    rows = RowSchema(manifest)
+    key_type = rows.key_serde.arrow_type()
+    targets = [(rows.key_column, key_type)]
+    renamed = rows.value_column_names()
+    targets += [(renamed[m], ddl_arrow_type(t)) for m, t in rows.value_columns()]
+    arrays = [pa.array(np.zeros(columns.num_rows, dtype=bool), pa.bool_())]
+    fields = [pa.field(DELETED, pa.bool_(), nullable=False)]
+    for (name, target), column in zip(targets, columns.columns, strict=True):
+        array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        if array.type != target:
+            if not _same_instants(array.type, target):
+                return None
+            array = array.cast(target)  # the zone is metadata: the instants stay
+        arrays.append(array)
+        fields.append(pa.field(name, target))
+    if arrays[1].null_count:  # a null key is refused before this; never a twin of one
+        return None
+    metadata = {LAYOUT: layout_of(manifest), KEY_FROM: rows.key_column.encode()}
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
+
+
+def _same_instants(got: pa.DataType, want: pa.DataType) -> bool:
+    """Timestamps of one unit, both with a zone: Spark hands Arrow its session's zone,
+    a typed store declares UTC; the values (instants) are the same."""
+    return (
+        pa.types.is_timestamp(got)
+        and pa.types.is_timestamp(want)
+        and got.unit == want.unit
+        and got.tz is not None
+        and want.tz is not None
+    )
+
+
+def write_twin_of_columns(
+    path: str | os.PathLike[str],
+    manifest: StoreManifest,
+    keys: pa.Array,
+    values: pa.Array,
+    columns: pa.Table | None,
+) -> bool:
+    """Write at ``path`` the twin of a Spark fragment: from the writer's own ``columns``
+    where ``twin_table_of_columns`` takes them, else shaped from its stored rows
+    (``write_twin_of_arrays``); False when it has none (``try_write``)."""
+    table = None
+    if columns is not None and not values.null_count:  # columns never stand for deletes
+        table = twin_table_of_columns(manifest, columns)
+    if table is None:
+        return write_twin_of_arrays(path, manifest, keys, values)
+    return try_write(write_twin, path, table)

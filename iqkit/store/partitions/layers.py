@@ -432,8 +432,9 @@ class ScanIterator(KeyValueIterator[Any, Any]):
         """The rows as the twins' tables (``TwinScan.batches``: row columns plus the
         twin's own), when the scan reads twins and was not read from or closed; the
         iterator then yields nothing (as after ``take_chunks``). ``columns``: only these
-        of the twins' columns are read (``__key`` and ``__deleted`` always are), for a
-        reader that needs few of them (the Spark data source)."""
+        of the twins' columns are read (and ``__deleted``; ``__key`` too, except in row
+        groups of a one-file scan that its bounds hold whole, unless ``columns`` names
+        it), for a reader that needs few of them (the Spark data source)."""
         if self.twin is None or self.take_chunks() is None:
             return None
         if columns is not None:
