@@ -192,6 +192,13 @@ class StateEngine:
         with view.snapshot.reading():
             return view.snapshot.twin_files(record)
 
+    def scan_bytes(self, store: str) -> dict[int, int]:
+        """Per partition of the version of ``store`` served now, the bytes a full scan
+        reads (twins, else SSTs), from its version record: nothing is fetched or built.
+        Empty when nothing is published."""
+        view = self._view(store)
+        return view.snapshot.scan_bytes(view.snapshot.current())
+
     def partition_for_key(self, store: str, key: Any) -> int | None:
         """The partition that owns ``key`` (KIP-535 ``queryMetadataForKey``).
 

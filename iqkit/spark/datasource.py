@@ -31,6 +31,9 @@ Options
 ``partitions``, ``key``, ``keys``, ``prefix``, ``key_from``, ``key_to``, ``time_from``,
 ``time_to``        narrow the read to what an IQv2 query would return; a key lookup reads
                    only the partition that owns the key (:mod:`iqkit.spark.read_spec`).
+``max_partition_bytes``  the most bytes (``"64m"``, ``"1g"``) one Spark task reads
+                   before the read gets more tasks (default 128 MiB; ``1``: one task per
+                   store partition).
 ``_trace_dir``     hidden, for tests and debugging: every partition read writes one JSON
                    file there (store, partition, version, the IQv2 query it ran, rows,
                    and ``path``: ``columnar`` or ``rows``).
@@ -70,13 +73,14 @@ than mixing versions. A store with nothing committed reads as an empty DataFrame
 
 Partitions
 ----------
-One Spark input partition per store partition read (``_StorePartition.partition`` is the
-store partition number), so ``df.rdd.getNumPartitions()`` is the store's partition count
-when nothing is narrowed. A task runs its queries with ``.with_partitions({p})``; a
-partition no commit has touched is empty (no rows, as the engine answers it); any failure
-(``STORE_EXCEPTION``, ``NOT_PRESENT``, ``NOT_ACTIVE``, ...) fails the task with the
-failure reason and message, because the query cannot be answered. The engine is closed
-when the partition's rows are done.
+The store partitions read are spread over Spark tasks by their size, as Spark packs small
+files (:mod:`iqkit.spark.read_tasks`: as many tasks as the driver has cores, more for
+big stores; ``max_partition_bytes=1`` gives each store partition its own task). The
+``partition`` column is always the store partition. A task runs each of its partitions'
+queries with ``.with_partitions({p})``; a partition no commit has touched is empty (no
+rows, as the engine answers it); any failure (``STORE_EXCEPTION``, ``NOT_PRESENT``,
+``NOT_ACTIVE``, ...) fails the task with the failure reason and message, because the
+query cannot be answered. The task's engine is closed when its partitions are done.
 
 Schema rules
 ------------
@@ -161,6 +165,7 @@ from .datasource_write import plan_write
 from .read_arrow import ArrowRows
 from .read_rows import SparkRows
 from .read_spec import parse_read_options
+from .read_tasks import max_partition_bytes, spread
 from .roots import driver_root, driver_store_root
 from .worker_python import require_workers_can_import_iqkit
 from .workers import keep_spark_archive_indexes
@@ -232,9 +237,18 @@ def _read_manifest(root: str, store: str, as_of: int | None) -> tuple[StoreManif
     """The store's manifest and the version to read (checked: an unknown store raises
     ``UnknownStoreError`` with a did-you-mean hint, an unretained ``as_of`` a
     ``ValueError`` naming the retained versions)."""
+    manifest, version, _ = _read_version(root, store, as_of)
+    return manifest, version
+
+
+def _read_version(
+    root: str, store: str, as_of: int | None
+) -> tuple[StoreManifest, int | None, dict[int, int]]:
+    """``_read_manifest``, and the bytes a scan of each partition of that version reads
+    (``StateEngine.scan_bytes``)."""
     pin = {store: as_of} if as_of is not None else None
     with iqkit.open(root, as_of=pin) as engine:
-        return engine.manifest(store), engine.version(store)
+        return engine.manifest(store), engine.version(store), engine.scan_bytes(store)
 
 
 class IqkitDataSource(DataSource):
@@ -279,14 +293,24 @@ class _StorePartition(InputPartition):
         self.keys = keys
 
 
+class _StorePartitions(InputPartition):
+    """The store partitions one Spark task reads, in order (``read_tasks.spread``)."""
+
+    def __init__(self, parts: list[_StorePartition]) -> None:
+        super().__init__([p.partition for p in parts])
+        self.parts = parts
+
+
 # -- the reader ------------------------------------------------------------------------------
 class IqkitReader(DataSourceReader):
-    """Reads the store partitions the read options select (all by default), one input
-    partition each, at the version resolved when the reader is built (on the driver).
+    """Reads the store partitions the read options select (all by default), spread over
+    Spark tasks by their size (:mod:`iqkit.spark.read_tasks`), at the version resolved
+    when the reader is built (on the driver).
 
-    Three jobs, three homes: what to read is planned here from the options
-    (:mod:`iqkit.spark.read_spec`: which partitions, which IQv2 queries), a partition is
-    read by ``_read_partition`` in its task, and records become rows of the schema as
+    Four jobs, four homes: what to read is planned here from the options
+    (:mod:`iqkit.spark.read_spec`: which partitions, which IQv2 queries), which task
+    reads which partition by ``read_tasks``, a task's partitions are read by
+    ``_read_partitions``, and records become rows of the schema as
     :class:`iqkit.spark.read_rows.SparkRows` says (the layout is :mod:`iqkit.store.rows`').
 
     Deliberately no ``pushFilters``: see "Narrowing is by options" in the module
@@ -295,9 +319,13 @@ class IqkitReader(DataSourceReader):
     def __init__(self, options: Any, schema: StructType) -> None:
         self.root = driver_root(_store_root_from_options(options))
         self.store = _store_from_options(options, self.root)
-        manifest, version = _read_manifest(self.root, self.store, _as_of_from_options(options))
+        as_of = _as_of_from_options(options)
+        manifest, version, scan_bytes = _read_version(self.root, self.store, as_of)
         #: What the options narrow the read to (checked here, on the driver).
         self.spec = parse_read_options(options, manifest)
+        #: How the partitions are spread over tasks (``read_tasks``).
+        self.scan_bytes = scan_bytes
+        self.max_partition_bytes = max_partition_bytes(options)
         self.manifest = manifest
         #: The version every partition reads (``None``: nothing committed yet).
         self.version = version
@@ -313,54 +341,61 @@ class IqkitReader(DataSourceReader):
 
     # -- planning --------------------------------------------------------------------------
     def partitions(self) -> list[InputPartition]:
+        """The store partitions to read, spread over Spark tasks by the bytes a scan of
+        each reads (``read_tasks``; key lookups weigh nothing)."""
         keep_spark_archive_indexes()
-        return [_StorePartition(p, keys) for p, keys in self.spec.plan(self.manifest)]
+        planned = self.spec.plan(self.manifest)
+        weights = {} if self.spec.keys is not None else self.scan_bytes
+        groups = spread(planned, weights, cap=self.max_partition_bytes)
+        return [_StorePartitions([_StorePartition(p, keys) for p, keys in g]) for g in groups]
 
     # -- execution (on the executors) -----------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[Any]:
         keep_spark_archive_indexes()
-        if not isinstance(partition, _StorePartition) or self.version is None:
+        if not isinstance(partition, _StorePartitions) or self.version is None:
             return iter(())  # nothing to read (everything pruned, or nothing committed)
-        return _read_partition(self, partition)
+        return _read_partitions(self, partition.parts)
 
 
-def _read_partition(reader: IqkitReader, part: _StorePartition) -> Iterator[Any]:
-    """The rows of one store partition at the reader's version (a task's whole work):
-    Arrow record batches when its scan reads columnar twins and the schema allows
-    (``reader.arrow``), else tuples; a failed partition raises ``IqkitError`` (module
-    docstring)."""
+def _read_partitions(reader: IqkitReader, parts: list[_StorePartition]) -> Iterator[Any]:
+    """The rows of a task's store partitions at the reader's version, one after the
+    other: Arrow record batches where a partition's scan reads columnar twins and the
+    schema allows (``reader.arrow``), else tuples; a failed partition raises
+    ``IqkitError`` (module docstring)."""
     twins = contextlib.nullcontext() if reader.twin_scans else twin_scans(False)
-    with twins:
-        yield from _read_records(reader, part)
+    with twins, iqkit.open(reader.root, as_of={reader.store: reader.version}) as engine:
+        for part in parts:
+            yield from _read_records(reader, part, engine)
 
 
-def _read_records(reader: IqkitReader, part: _StorePartition) -> Iterator[Any]:
+def _read_records(
+    reader: IqkitReader, part: _StorePartition, engine: iqkit.StateEngine
+) -> Iterator[Any]:
     p, store, version = part.partition, reader.store, reader.version
     queries = reader.spec.queries(reader.manifest.kind, part.keys)
     split = reader.rows.splitter()
     build = reader.rows.builder(p)
     count, path = 0, "rows"
     try:
-        with iqkit.open(reader.root, as_of={store: version}) as engine:
-            for query in queries:
-                request = StateQueryRequest.in_store(store).with_query(query).with_partitions({p})
-                result = engine.query(request).partition_results[p]
-                if result.is_failure:
-                    raise IqkitError(
-                        f"iqkit: store {store!r} partition {p} at version {version} cannot "
-                        f"be read: {result.failure_reason.name}: {result.failure_message}"
-                    )
-                arrow = reader.arrow
-                tables = None if arrow is None else _twin_tables(arrow, result.result)
-                if arrow is not None and tables is not None:
-                    path = "columnar"
-                    for batch in arrow.batches(p, tables):
-                        count += batch.num_rows
-                        yield batch
-                    continue
-                for key, window, value in _records(query, result.result):
-                    count += 1
-                    yield build(split(key), window, value)
+        for query in queries:
+            request = StateQueryRequest.in_store(store).with_query(query).with_partitions({p})
+            result = engine.query(request).partition_results[p]
+            if result.is_failure:
+                raise IqkitError(
+                    f"iqkit: store {store!r} partition {p} at version {version} cannot "
+                    f"be read: {result.failure_reason.name}: {result.failure_message}"
+                )
+            arrow = reader.arrow
+            tables = None if arrow is None else _twin_tables(arrow, result.result)
+            if arrow is not None and tables is not None:
+                path = "columnar"
+                for batch in arrow.batches(p, tables):
+                    count += batch.num_rows
+                    yield batch
+                continue
+            for key, window, value in _records(query, result.result):
+                count += 1
+                yield build(split(key), window, value)
     finally:
         if reader.trace_dir:
             _trace(reader.trace_dir, store, p, version, queries, count, path)

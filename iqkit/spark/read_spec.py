@@ -68,6 +68,7 @@ READ_OPTIONS = (
     "as_of",
     "value_schema",
     "_trace_dir",
+    "max_partition_bytes",  # how partitions are spread over tasks (read_tasks.py)
     *NARROWING_OPTIONS,
 )
 

@@ -198,6 +198,11 @@ class StoreSnapshot(Protocol):
         without twins, a window store). Raises ``IqkitError`` naming the partition when
         a file cannot be fetched."""
 
+    def scan_bytes(self, record: Any) -> dict[int, int]:
+        """Per partition of ``record``, the bytes a full scan of it reads (its twins
+        where it has them, else its SSTs), from the version record alone: what a reader
+        that spreads partitions over tasks weighs them by."""
+
     def close(self) -> None: ...
 
 

@@ -50,6 +50,10 @@ def orders_root(tmp_path_factory) -> Path:
 
 
 def reader(spark, root, store, **options):
+    """A read of ``store``; one Spark task per store partition read unless the test says
+    otherwise (``max_partition_bytes``), so the input partitions show which store
+    partitions a narrowed read plans (packing is tests/spark/test_read_tasks.py's)."""
+    options.setdefault("max_partition_bytes", "1")
     r = spark.read.format("iqkit").option("store", store)
     for name, value in options.items():
         r = r.option(name, value)

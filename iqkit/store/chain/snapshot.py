@@ -599,6 +599,16 @@ class ChainSnapshot:
         self._open[key] = entry
         return entry
 
+    def scan_bytes(self, record: ChainVersion | None) -> dict[int, int]:
+        """format.py's ``StoreSnapshot.scan_bytes``: each chain's twin bytes where every
+        file has a twin, else its SST bytes."""
+        if record is None:
+            return {}
+        return {
+            p: sum(f.twin or 0 for f in chain.files) if chain.twinned else chain.size
+            for p, chain in record.partitions.items()
+        }
+
     def twin_files(self, record: ChainVersion | None) -> TwinFiles | None:
         """``record``'s twins as local files, pinned until ``release`` (format.py's
         ``StoreSnapshot.twin_files``): None unless every partition with rows has a
