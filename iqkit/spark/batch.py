@@ -60,7 +60,7 @@ from pyspark.sql import types as T
 from ..query.position import Position
 from ..store.encoding.partitioners import get_partitioner, murmur2
 from ..store.encoding.serdes import Serde, get_serde
-from ..store.format import StoreFormat
+from ..store.format import StoreFormat, check_job_mode
 from ..store.formats import format_for
 from ..store.manifest import StoreManifest
 from ..store.roots import StoreRoot
@@ -164,6 +164,7 @@ def write_store(
     A DataFrame of few Spark partitions is written in place, with no shuffle
     (``batch_in_place``); the store is the same.
     """
+    check_job_mode(mode)  # both paths take it; the in-place one never asks the format
     require_workers_can_import_iqkit(df.sparkSession)
     fmt = format_for(driver_store_root(root))
     plan = plan_columns(

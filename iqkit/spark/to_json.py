@@ -71,7 +71,9 @@ def json_texts(col: pa.Array) -> pa.Array:
     return pc.binary_join_element_wise(*pieces, "")
 
 
-_QUOTE = pa.scalar('"', pa.string())
+# Pieces are plain strings, made Arrow scalars by the kernels: a ``pa.scalar`` at import
+# would load pandas (``pyarrow.pandas_compat``) in every Spark worker (test_import_cost).
+_QUOTE = '"'
 
 
 def _text_pieces(col: pa.Array) -> list[Any]:
@@ -139,8 +141,8 @@ def _float_pieces(col: pa.Array) -> list[Any]:
     ]
 
 
-_POINT_ZERO = pa.scalar(".0", pa.string())
-_NOTHING = pa.scalar("", pa.string())
+_POINT_ZERO = ".0"
+_NOTHING = ""
 
 
 def _java_number(text: str) -> str:

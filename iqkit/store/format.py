@@ -51,9 +51,11 @@ from .partitions.partition import BytesPartition
 from .roots import StoreRoot
 
 __all__ = [
+    "JOB_MODES",
     "MAX_OPEN_PARTITIONS",
     "NEVER_WRITTEN",
     "JobCommit",
+    "check_job_mode",
     "OpenPartition",
     "PublishedVersion",
     "Publisher",
@@ -70,6 +72,17 @@ Layers = TypedKeyValueLayer | TypedWindowLayer
 
 #: Partition versions a reader keeps open at once (each is a read-only RocksDB).
 MAX_OPEN_PARTITIONS = 512
+
+#: A job commit's modes: ``upsert`` keeps the keys the job does not write, ``overwrite``
+#: leaves the store holding exactly what the job wrote.
+JOB_MODES = ("upsert", "overwrite")
+
+
+def check_job_mode(mode: str) -> None:
+    """``ValueError`` unless ``mode`` is one of ``JOB_MODES``."""
+    if mode not in JOB_MODES:
+        raise ValueError(f"mode must be one of {JOB_MODES}, got {mode!r}")
+
 
 #: Where the trace says an empty partition's (absent) rows come from.
 NEVER_WRITTEN = "never written: empty"

@@ -281,14 +281,14 @@ def test_progress_counts_windows_not_rocksdb_keys(spark, tmp_path, capsys):
     # the version's rows_written and the commit records said 80 for these 40 windows.
     write_store(
         windowed_counts(spark, 8, 5), tmp_path, "w", key="user", value="n", window="window",
-        partitions=2,
+        partitions=2, _shuffle=False,
     )  # fmt: skip
     assert "rows=40," in capsys.readouterr().err
     rows_written, puts = written_counts(tmp_path, "w")
     assert rows_written == 40
     # On the shuffle path a partition's commit record is the first key of its SST,
     # written before the rows stream in, so it carries no counts (docs/DECISIONS.md);
-    # written in place (this small DataFrame), the commit records count windows too.
+    # written in place, the commit records count windows too.
     assert puts == 40
     write_store(
         windowed_counts(spark, 8, 5), tmp_path, "w2", key="user", value="n", window="window",

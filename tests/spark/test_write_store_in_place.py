@@ -153,3 +153,7 @@ def test_bad_input_in_place_gives_write_stores_errors(spark, tmp_path):
     with pytest.raises(ValueError, match=r"store 's'.*'x'"):
         write_store(nan, tmp_path, "s", key="k", partitions=2, progress=False)
     assert not (tmp_path / "s").exists()  # a refused first write leaves no folder
+    one = ordered(spark, [("a", 1)], 2, "k string, v long")
+    with pytest.raises(ValueError, match="mode must be one of"):  # not an upsert in disguise
+        write_store(one, tmp_path, "s", key="k", value="v", partitions=2, mode="append")
+    assert not (tmp_path / "s").exists()

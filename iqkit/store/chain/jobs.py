@@ -47,6 +47,7 @@ from ...errors import (
 )
 from ...query.position import Position
 from ..cache import FileCache
+from ..format import JOB_MODES, check_job_mode
 from ..manifest import StoreManifest
 from ..names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR, MANIFEST_FILE, twin_key
 from ..objects import ObjectStore, open_objects
@@ -78,8 +79,8 @@ __all__ = [
 ]
 
 
-#: A job's write modes.
-MODES = ("upsert", "overwrite")
+#: A job's write modes (the format interface's).
+MODES = JOB_MODES
 
 
 @dataclass(frozen=True)
@@ -278,8 +279,7 @@ class ChainJobCommit:
         create: StoreManifest | None = None,
         lock_timeout: float = 60.0,
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        check_job_mode(mode)
         self._objects = objects
         self._lock_timeout = lock_timeout
         self._create: StoreManifest | None = None
