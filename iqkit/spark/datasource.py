@@ -138,6 +138,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -283,14 +284,13 @@ class IqkitDataSource(DataSource):
 
 
 # -- input partitions ------------------------------------------------------------------------
-class _StorePartition(InputPartition):
-    """One store partition; ``keys`` are the pushed point keys it owns (``None``: no
-    point lookup)."""
+@dataclass(frozen=True)
+class _StorePartition:
+    """One store partition a task reads; ``keys`` are the pushed point keys it owns
+    (``None``: no point lookup)."""
 
-    def __init__(self, partition: int, keys: tuple[Any, ...] | None = None) -> None:
-        super().__init__(partition)
-        self.partition = partition
-        self.keys = keys
+    partition: int
+    keys: tuple[Any, ...] | None = None
 
 
 class _StorePartitions(InputPartition):

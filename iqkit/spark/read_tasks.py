@@ -42,7 +42,9 @@ T = TypeVar("T")
 
 def max_partition_bytes(options: Mapping[str, Any]) -> int:
     """The read option ``max_partition_bytes`` (``"64m"``, ``"1g"``, ``"1048576"``), else
-    the default; ``ValueError`` naming the option for anything else."""
+    the default; ``ValueError`` naming the option for anything else. Units are binary,
+    as in Spark's own size settings (``128m`` is 128 MiB); not ``store.cache.parse_size``,
+    whose units are decimal (``IQKIT_CACHE_SIZE`` reads ``512MB`` as 512,000,000)."""
     text = options.get("max_partition_bytes")
     if text is None:
         return DEFAULT_MAX_PARTITION_BYTES
