@@ -63,7 +63,7 @@ from iqkit.sqlsession import SQLSession
 from iqkit.tables import collect, store_batches
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 PARTITIONS = 8
 FRAME = 10_000
@@ -421,27 +421,25 @@ def measure_spark_reads(spark: SparkSession, folder: Path, repeat: int) -> list[
 WRITE_RUNS = 3
 
 
-def measure_spark_writes(spark: SparkSession, folder: Path, rows: int) -> list[Row]:
-    """``write_store`` and ``df.write.format("iqkit")`` against ``df.write.parquet`` of
-    the same ``rows`` rows, best of ``WRITE_RUNS`` each."""
+def spark_records(spark: SparkSession, rows: int) -> DataFrame:
+    """``rows`` rows of the records' columns (``key``, ``price``, ``qty``, ``tag``) as a
+    Spark DataFrame: what the Spark writes write."""
     from pyspark.sql import functions as F
 
+    return spark.range(rows).select(
+        F.format_string("k%08d", F.col("id")).alias("key"),
+        ((F.col("id") * 7919 % 10_000) / 100).alias("price"),
+        (F.col("id") % 50).alias("qty"),
+        F.concat(F.lit("tag"), F.lpad((F.col("id") % 16).cast("string"), 2, "0")).alias("tag"),
+    )
+
+
+def iqkit_writes(df: DataFrame, folder: Path) -> dict[str, Callable[[int], object]]:
+    """iqkit's two Spark writers of ``df`` under ``folder``, by label; run ``i`` writes a
+    new store of its own."""
     from iqkit.spark import write_store
 
-    out: list[Row] = []
-    df = (
-        spark.range(rows)
-        .select(
-            F.format_string("k%08d", F.col("id")).alias("key"),
-            ((F.col("id") * 7919 % 10_000) / 100).alias("price"),
-            (F.col("id") % 50).alias("qty"),
-            F.concat(F.lit("tag"), F.lpad((F.col("id") % 16).cast("string"), 2, "0")).alias("tag"),
-        )
-        .cache()
-    )
-    df.count()
-    writes = {
-        "df.write.parquet": lambda i: df.write.mode("overwrite").parquet(f"{folder}/spark-pq"),
+    return {
         "write_store": lambda i: write_store(
             df, f"{folder}/spark-ws", f"w{i}", key="key", partitions=PARTITIONS, progress=False
         ),
@@ -453,6 +451,20 @@ def measure_spark_writes(spark: SparkSession, folder: Path, rows: int) -> list[R
             .option("partitions", PARTITIONS)
             .save(f"{folder}/spark-ds")
         ),
+    }
+
+
+def measure_spark_writes(spark: SparkSession, folder: Path, rows: int) -> list[Row]:
+    """``write_store`` and ``df.write.format("iqkit")`` against ``df.write.parquet`` of
+    the same ``rows`` rows, best of ``WRITE_RUNS`` each."""
+
+
+    out: list[Row] = []
+    df = spark_records(spark, rows).cache()
+    df.count()
+    writes = {
+        "df.write.parquet": lambda i: df.write.mode("overwrite").parquet(f"{folder}/spark-pq"),
+        **iqkit_writes(df, folder),
     }
     # The first write of each in this process pays Spark's JIT and Python worker start:
     # the best of three runs is the steady state a notebook user sees after the first

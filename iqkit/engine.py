@@ -36,7 +36,7 @@ from .query import (
     StateQueryResult,
 )
 from .query.request import validate_store_name
-from .store.encoding.partitioners import get_partitioner
+from .store.encoding.partitioners import Partitioner
 from .store.encoding.serdes import get_serde
 from .store.format import (
     NEVER_WRITTEN,
@@ -66,11 +66,11 @@ class _StoreView:
     """One store as the engine routes to it: the facts requests are checked and routed
     with, and the store's snapshot (served version, open partitions)."""
 
-    def __init__(self, snapshot: StoreSnapshot) -> None:
+    def __init__(self, snapshot: StoreSnapshot, partitioner: Partitioner) -> None:
         self.snapshot = snapshot
         self.manifest = snapshot.manifest
         self.key_serde = get_serde(self.manifest.key_serde)
-        self.partitioner = get_partitioner(self.manifest.partitioner)
+        self.partitioner = partitioner
         self.routes_keys = self.partitioner.routes_keys
         self.query_types = self.manifest.kind.query_types
         #: Routed KeyQueries with default options take ``StateEngine._look_up``: a
@@ -220,7 +220,8 @@ class StateEngine:
             return view
         validate_store_name(store)
         pinned = self._as_of.get(store) if isinstance(self._as_of, Mapping) else self._as_of
-        view = _StoreView(self._format.open_snapshot(store, pinned))
+        snapshot = self._format.open_snapshot(store, pinned)
+        view = _StoreView(snapshot, self._format.partitioner(snapshot.manifest))
         self._stores[store] = view
         return view
 

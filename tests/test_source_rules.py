@@ -70,8 +70,9 @@ def test_every_module_stays_within_the_line_bound():
 
 
 #: The modules of the storage formats (store/format.py, store/formats.py, the chain
-#: format's store/chain/): the only ones that may tell formats apart.
-_FORMAT_MODULES = re.compile(r"^iqkit/store/((format|formats)\.py|chain/\w+\.py)$")
+#: format's store/chain/, the checkpoint format's store/checkpoint/): the only ones that
+#: may tell formats apart.
+_FORMAT_MODULES = re.compile(r"^iqkit/store/((format|formats)\.py|(chain|checkpoint)/\w+\.py)$")
 #: Asking which format a store is in, or reaching past the format interface.
 _FORMAT_TESTS = re.compile(
     r"\bstore_format\("  # the retired "which format is this store in" function

@@ -73,6 +73,10 @@ STORES_COLUMNS = [
     "position",
     "lag",
 ]
+#: ``%iq stores`` adds these for a Spark checkpoint's stores (their manifest's
+#: ``spark_*`` properties, store/checkpoint/shape.py): the stateful operator, the key and
+#: value schemas, and the state store provider that wrote them.
+CHECKPOINT_COLUMNS = ["operator", "key_schema", "value_schema", "provider"]
 #: ``%iq lag`` and ``%iq stores`` add this column when some store cannot be read: why
 #: (null on the healthy stores' rows). A root whose stores are all fine shows no such column.
 ERROR_COLUMN = "error"
@@ -575,6 +579,10 @@ def stores_frame(engine: Any) -> pd.DataFrame:
             errors = True
             records.append((name, *[pd.NA] * (len(STORES_COLUMNS) - 1), problem(exc)))
     frame = pd.DataFrame.from_records(records, columns=[*STORES_COLUMNS, ERROR_COLUMN])
+    spark_stores = _checkpoint_facts(engine, frame["name"])
+    if spark_stores is not None:
+        for i, column in enumerate(CHECKPOINT_COLUMNS):
+            frame.insert(3 + i, column, [facts[i] for facts in spark_stores])
     frame = frame.astype(
         {
             "kind": "object",
@@ -586,6 +594,34 @@ def stores_frame(engine: Any) -> pd.DataFrame:
         }
     )
     return frame if errors else frame.drop(columns=[ERROR_COLUMN])
+
+
+def _checkpoint_facts(engine: Any, names: Any) -> list[tuple[Any, ...]] | None:
+    """Per store, ``CHECKPOINT_COLUMNS``' values; ``None`` when no store is a Spark
+    checkpoint's (the columns are then left out)."""
+    facts: list[tuple[Any, ...]] = []
+    for name in names:
+        try:
+            properties = engine.manifest(name).properties
+        except STORE_PROBLEMS:
+            facts.append((pd.NA,) * len(CHECKPOINT_COLUMNS))
+            continue
+        if "spark_operator" not in properties:
+            facts.append((pd.NA,) * len(CHECKPOINT_COLUMNS))
+            continue
+        columns = zip(properties["key_columns"], properties["key_types"], strict=True)
+        keys = ", ".join(f"{c} {t}" for c, t in columns)
+        facts.append(
+            (
+                f"{properties['spark_operator']} (id {properties['spark_operator_id']})",
+                keys,
+                properties.get("value_schema", ""),
+                properties.get("spark_provider", pd.NA),
+            )
+        )
+    if all(f[0] is pd.NA for f in facts):
+        return None
+    return facts
 
 
 def _store_row(engine: Any, name: str) -> tuple[Any, ...]:

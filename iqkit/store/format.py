@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Protocol
 
 from ..errors import FolderFormatStoreError, IqkitError, ReadOnlyStoreError, UnknownStoreError
 from ..query.position import Position
+from .encoding.partitioners import Partitioner, get_partitioner
 from .manifest import STORE_SETTINGS, StoreManifest
 from .names import (
     FORMAT_VERSION,
@@ -298,6 +299,12 @@ class StoreFormat(ABC):
         except UnknownStoreError:
             return False
         return True
+
+    def partitioner(self, manifest: StoreManifest) -> Partitioner:
+        """The partitioner that routes ``manifest``'s keys: by default the one its name
+        gives; a format whose partitioner needs more than a name (Spark's hash needs the
+        key's column types) returns one built for the store."""
+        return get_partitioner(manifest.partitioner)
 
     @abstractmethod
     def open_snapshot(self, store: str, pinned: int | None) -> StoreSnapshot:

@@ -29,7 +29,7 @@ __all__ = [
 
 def binds(partitioner: Partitioner, input_partition: int, store_partition: int) -> bool:
     """Whether input partition ``input_partition`` feeds store partition ``store_partition``."""
-    return partitioner.routes_keys or input_partition == store_partition
+    return partitioner.inputs_feed_every_partition or input_partition == store_partition
 
 
 def store_partitions_fed_by(

@@ -15,6 +15,7 @@ from helpers import kv_rows, request, tree_digest
 import iqkit
 from iqkit.errors import FolderFormatStoreError, ReadOnlyStoreError
 from iqkit.store.chain.format import ChainFormat
+from iqkit.store.checkpoint.format import CheckpointFormat
 from iqkit.store.format import is_folder_store
 from iqkit.store.formats import FORMATS, format_for
 from iqkit.store.manifest import StoreManifest
@@ -44,11 +45,12 @@ MIGRATE = re.compile(
 
 
 def test_every_root_gets_the_chain_format_from_one_registry(root, s3_root):
-    assert dict(FORMATS) == {"chain": ChainFormat}
+    assert dict(FORMATS) == {"chain": ChainFormat, "spark-checkpoint": CheckpointFormat}
     for where in (root, s3_root):
         fmt = format_for(parse_root(where))
         assert isinstance(fmt, ChainFormat) and not fmt.read_only
-    with pytest.raises(ValueError, match=r"unknown store format 'folder' \(known: chain\)"):
+    known = r"\(known: chain, spark-checkpoint\)"
+    with pytest.raises(ValueError, match=rf"unknown store format 'folder' {known}"):
         format_for(parse_root(root), "folder")
     assert not root.exists()  # choosing a format creates nothing
 

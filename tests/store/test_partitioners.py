@@ -160,7 +160,7 @@ def test_non_positive_partition_count_is_rejected(bad: int) -> None:
 
 # --- partitioners by name -------------------------------------------------------------
 def test_partitioner_registry() -> None:
-    assert PARTITIONER_NAMES == ("murmur2", "explicit")
+    assert PARTITIONER_NAMES == ("murmur2", "explicit", "spark_hash")
     m = get_partitioner("murmur2")
     e = get_partitioner("explicit")
     assert isinstance(m, Partitioner) and isinstance(e, Partitioner)
@@ -168,6 +168,18 @@ def test_partitioner_registry() -> None:
     assert (e.name, e.routes_keys) == ("explicit", False)
     assert get_partitioner(m) is m
     assert m != e and m == get_partitioner("murmur2")
+
+
+def test_spark_hash_by_name_alone_asks_every_partition() -> None:
+    """A spark_hash store's partitioner needs the key's column types to route; the one
+    its name alone gives asks every partition (always right) while the lag rule still
+    counts every input partition (Spark shuffled the input by key)."""
+    s = get_partitioner("spark_hash")
+    assert (s.name, s.routes_keys, s.inputs_feed_every_partition) == ("spark_hash", False, True)
+    assert get_partitioner("murmur2").inputs_feed_every_partition
+    assert not get_partitioner("explicit").inputs_feed_every_partition
+    with pytest.raises(ValueError, match="key schema"):
+        s.partition(b"k", 4)
 
 
 def test_explicit_partitioner_refuses_to_route() -> None:
@@ -197,6 +209,6 @@ def test_unknown_partitioner_without_suggestion() -> None:
     with pytest.raises(
         ValueError,
         match=r"^unknown partitioner 'roundrobin' \(known partitioners: "
-        r"murmur2, explicit\)$",
+        r"murmur2, explicit, spark_hash\)$",
     ):
         get_partitioner("roundrobin")

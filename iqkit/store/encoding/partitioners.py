@@ -37,6 +37,7 @@ __all__ = [
     "ExplicitPartitioner",
     "Murmur2Partitioner",
     "Partitioner",
+    "SparkHashPartitioner",
     "get_partitioner",
     "murmur2",
     "murmur2_many",
@@ -48,16 +49,19 @@ __all__ = [
 # '<nI' unpackers by word count; keys are short, so this stays small. Past 256 words
 # (1 KiB keys) we stop caching and build the Struct per call: its cost is dwarfed by the
 # loop at that size, and the cache cannot grow without bound.
-_WORDS: dict[int, struct.Struct] = {}
+#: Shared with spark_hash.py (Spark's Murmur3 reads its blocks the same way).
+WORD_UNPACKERS: dict[int, struct.Struct] = {}
 _CACHE_LIMIT = 256
 
 
-def _words(count: int) -> struct.Struct:
-    s = _WORDS.get(count)
+def word_unpacker(count: int) -> struct.Struct:
+    """The ``'<{count}I'`` unpacker: ``count`` little-endian unsigned 32-bit words (use
+    ``WORD_UNPACKERS.get(count) or word_unpacker(count)`` on hot paths)."""
+    s = WORD_UNPACKERS.get(count)
     if s is None:
         s = struct.Struct(f"<{count}I")
         if count <= _CACHE_LIMIT:
-            _WORDS[count] = s
+            WORD_UNPACKERS[count] = s
     return s
 
 
@@ -74,7 +78,7 @@ def _murmur2_u32(data: bytes) -> int:
     h = 0x9747B28C ^ length
     count = length >> 2
     if count:
-        s = _WORDS.get(count) or _words(count)
+        s = WORD_UNPACKERS.get(count) or word_unpacker(count)
         for k in s.unpack_from(data):
             k = k * m & mask
             h = (h * m ^ (k ^ k >> 24) * m) & mask
@@ -258,6 +262,14 @@ class Partitioner(ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
+    @property
+    def inputs_feed_every_partition(self) -> bool:
+        """Whether any input partition may feed any store partition (the data was shuffled
+        by key), which is what the lag and bound rules count (``store.inputs.binds``):
+        so when keys are routed; a store whose lookups cannot be routed may still say
+        so (``spark_hash`` over a window key)."""
+        return self.routes_keys
+
     @abstractmethod
     def partition(self, key_bytes: bytes, num_partitions: int) -> int:
         """The partition ``key_bytes`` belongs to, in ``[0, num_partitions)``."""
@@ -302,8 +314,28 @@ class ExplicitPartitioner(Partitioner):
         raise ValueError("store uses the explicit partitioner: pass partition=...")
 
 
+class SparkHashPartitioner(Partitioner):
+    """Spark's ``HashPartitioning``, as a streaming query's state is partitioned:
+    ``pmod(hash(key columns), n)`` (``spark_hash.py``). The hash is of the key's typed
+    columns, not of its bytes, so this generic instance (what the manifest's name alone
+    gives) cannot route a key and asks every partition, always right; the format that
+    knows the key's Spark schema hands out one that routes
+    (``StoreFormat.partitioner``)."""
+
+    __slots__ = ()
+    name: ClassVar[str] = "spark_hash"
+    routes_keys: ClassVar[bool] = False
+
+    @property
+    def inputs_feed_every_partition(self) -> bool:
+        return True  # Spark shuffles a stateful operator's input by the key
+
+    def partition(self, key_bytes: bytes, num_partitions: int) -> int:
+        raise ValueError("a spark_hash store routes keys only with its key schema")
+
+
 _PARTITIONERS: dict[str, Partitioner] = {
-    p.name: p for p in (Murmur2Partitioner(), ExplicitPartitioner())
+    p.name: p for p in (Murmur2Partitioner(), ExplicitPartitioner(), SparkHashPartitioner())
 }
 PARTITIONER_NAMES: tuple[str, ...] = tuple(_PARTITIONERS)
 

@@ -1,0 +1,132 @@
+"""A Structured Streaming checkpoint as a root of read-only stores: ``format.StoreFormat``
+for Spark's own state.
+
+``iqkit.open("<checkpoint folder>")`` (local or object storage) serves each stateful
+operator's state store as a store named by ``layout``'s rule, shaped by ``shape`` and
+read through ``providers``. Nothing is ever written to the checkpoint: every write, new
+store and job commit is refused in one line by ``StoreFormat`` before this class is
+asked, and reading opens no file for writing.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ...errors import StoreNotFoundError, UnknownStoreError
+from ..encoding.partitioners import Partitioner
+from ..format import StoreFormat
+from ..manifest import StoreManifest
+from ..objects import open_objects
+from ..roots import StoreRoot
+from .layout import OperatorStore, is_checkpoint, operator_stores
+from .providers import StateReader
+from .shape import StateShape
+from .snapshot import CheckpointSnapshot, CheckpointVersion, committed_versions, version_record
+
+__all__ = ["CheckpointFormat"]
+
+
+class CheckpointFormat(StoreFormat):
+    """A checkpoint folder's stores (module docstring). Stores, shapes and manifests are
+    read once per format object: an engine's view of a checkpoint is one query's."""
+
+    name = "spark-checkpoint"
+    read_only = True
+
+    def __init__(self, root: StoreRoot) -> None:
+        super().__init__(root)
+        self.objects = open_objects(root)
+        self._stores: dict[str, OperatorStore] | None = None
+        self._reader: StateReader | None = None
+        self._shapes: dict[str, StateShape] = {}
+        self._manifests: dict[str, StoreManifest] = {}
+
+    @staticmethod
+    def recognises(root: StoreRoot) -> bool:
+        """Whether ``root`` is a checkpoint folder (``layout.is_checkpoint``)."""
+        local = root.local
+        if local is not None and not os.path.isdir(local):
+            return False
+        return is_checkpoint(open_objects(root))
+
+    # -- reading ---------------------------------------------------------------------------
+    def check_root(self) -> None:
+        local = self.root.local
+        if local is not None and not os.path.isdir(local):
+            raise StoreNotFoundError(f"no checkpoint folder at {self.root.text!r}")
+        self._operator_stores()
+
+    def _operator_stores(self) -> dict[str, OperatorStore]:
+        if self._stores is None:
+            self._stores = {s.name: s for s in operator_stores(self.objects)}
+        return self._stores
+
+    def _state_reader(self) -> StateReader:
+        if self._reader is None:
+            self._reader = StateReader(self.objects)
+        return self._reader
+
+    def _store(self, name: str) -> OperatorStore:
+        stores = self._operator_stores()
+        store = stores.get(name)
+        if store is None:
+            listing = ", ".join(sorted(stores)) or "none: the query keeps no state"
+            raise UnknownStoreError(
+                f"no store {name!r} in the checkpoint at {self.root.text} (stores: {listing})"
+            )
+        return store
+
+    def store_names(self) -> list[str]:
+        return sorted(self._operator_stores())
+
+    def _shape(self, store: OperatorStore) -> StateShape:
+        shape = self._shapes.get(store.name)
+        if shape is None:
+            key_schema, value_schema = self._state_reader().schemas(store)
+            shape = self._shapes[store.name] = StateShape(key_schema, value_schema)
+        return shape
+
+    def read_manifest(self, store: str) -> StoreManifest:
+        manifest = self._manifests.get(store)
+        if manifest is None:
+            found = self._store(store)
+            shape = self._shape(found)
+            window_size = None
+            if shape.window_index is not None:
+                versions = committed_versions(self.objects)
+                if versions:
+                    rows = self._state_reader().first_key_rows(found, versions[-1])
+                    window_size = shape.window_size_ms(rows)
+            provider = self._state_reader().provider_name
+            manifest = self._manifests[store] = shape.manifest(found, window_size, provider)
+        return manifest
+
+    def partitioner(self, manifest: StoreManifest) -> Partitioner:
+        return self._shape(self._store(manifest.name)).partitioner()
+
+    def open_snapshot(self, store: str, pinned: int | None) -> CheckpointSnapshot:
+        manifest = self.read_manifest(store)
+        found = self._store(store)
+        return CheckpointSnapshot(
+            self.objects, found, manifest, self._shape(found), self._state_reader(), pinned
+        )
+
+    def latest_published(self, store: str) -> CheckpointVersion | None:
+        found = self._operator_stores().get(store)
+        if found is None:
+            return None
+        versions = committed_versions(self.objects)
+        return version_record(versions[-1], found.partitions) if versions else None
+
+    # -- writing: refused before these are reached (``read_only``) ---------------------------
+    def _ensure_store(self, manifest, *, settings, asked, create):  # type: ignore[no-untyped-def]
+        raise AssertionError("unreachable: a read-only format")
+
+    def _publisher(self, store):  # type: ignore[no-untyped-def]
+        raise AssertionError("unreachable: a read-only format")
+
+    def _collect_garbage(self, store, retain):  # type: ignore[no-untyped-def]
+        raise AssertionError("unreachable: a read-only format")
+
+    def _open_job_commit(self, store, *, mode, who, lock_timeout, create):  # type: ignore[no-untyped-def]
+        raise AssertionError("unreachable: a read-only format")

@@ -1,0 +1,421 @@
+"""The files of Spark's default state store provider (``HDFSBackedStateStoreProvider``) for
+one partition of one store, replayed into the live keys and values of a version.
+
+Why here: iqkit reads a checkpoint's state without Spark, so it reads these files itself.
+
+The partition's folder is ``state/<operator id>/<partition>`` for the store named
+"default", and ``state/<operator id>/<partition>/<store name>`` for any other store (a
+stream-stream join's four stores, for instance). In it, for each state version ``v`` (the
+state after batch ``v - 1``):
+
+- ``<v>.delta``: the changes batch ``v - 1`` made;
+- ``<v>.snapshot``: every live key at ``v``, written now and then by the maintenance task.
+
+Both are lz4-java block streams of records ``[key size: int32 BE][key][value size: int32
+BE][value]``; a value size of -1 removes the key (deltas only) and a key size of -1 ends
+the records. Keys and values are UnsafeRow bytes (``unsafe_row.RowDecoder`` decodes them).
+A block stream is blocks of ``["LZ4Block"][token: method << 4 | (log2(block size) - 10),
+1 byte][compressed size][original size][checksum]`` (three int32 LE) and the payload; the
+method is 1 (stored as is) or 2 (lz4); the checksum is xxHash32 (seed 0x9747B28C) of the
+original bytes, masked to its low 28 bits; an empty stored block ends the stream.
+
+Version ``v`` is the newest snapshot at or below ``v`` plus each delta after it, in order
+(a version with both files is read from its snapshot, as Spark does). Every byte read is
+checked: each block's checksum, the stream's end mark, the record framing, and, where
+Hadoop wrote one (local and HDFS checkpoints), the ``.<name>.crc`` file beside a state
+file (CRC-32 of each 512-byte chunk, by default). Anything wrong, a file missing, cut
+short or damaged, raises ``StateFileError`` naming the file: never rows from it.
+
+With ``spark.sql.streaming.stateStore.rowChecksum.enabled`` Spark puts a 4-byte CRC32-C
+before each value, and before a removed key; ``row_checksums=True`` strips it. It is not
+recomputed: the block checksums already cover the same bytes, and CRC32-C has no fast
+implementation in Python's standard library.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ...errors import IqkitError, ObjectMissingError
+from ..objects import ObjectStore
+
+__all__ = [
+    "PartitionFiles",
+    "StateFileError",
+    "apply_delta",
+    "list_files",
+    "list_versions",
+    "load_state",
+    "read_snapshot",
+]
+
+
+class StateFileError(IqkitError):
+    """A state file of a checkpoint is missing, cut short or damaged; the message is one
+    line naming the file and what is wrong with it."""
+
+
+_STATE_FILE = re.compile(r"(\d+)\.(delta|snapshot)")
+_INT32_BE = struct.Struct(">i")
+_LZ4_MAGIC = b"LZ4Block"
+_LZ4_HEADER = struct.Struct("<8sBiii")  # magic, token, compressed size, size, checksum
+_METHOD_RAW = 0x10
+_METHOD_LZ4 = 0x20
+_XXHASH_SEED = 0x9747B28C
+_CHECKSUM_MASK = 0x0FFFFFFF
+_HADOOP_CRC_MAGIC = b"crc\x00"
+#: Other codecs Spark can be told to use for state files, known by their first bytes.
+_OTHER_CODECS = {
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"\x82SNAPPY\x00": "snappy",
+    b"ZV": "lzf",
+}
+#: Below this many blocks of one size, pure Python hashes them faster than numpy.
+_NUMPY_MIN_BLOCKS = 4
+
+
+@dataclass(frozen=True)
+class PartitionFiles:
+    """The state files in one partition's folder: which versions have a delta and which a
+    snapshot, and which of their Hadoop ``.crc`` files exist."""
+
+    folder: str
+    deltas: frozenset[int]
+    snapshots: frozenset[int]
+    crc_files: frozenset[str]
+    #: The folder as a user would write it (``ObjectStore.where``), for messages.
+    location: str = ""
+
+    def versions(self) -> list[int]:
+        """Every version that has a delta or a snapshot, ascending."""
+        return sorted(self.deltas | self.snapshots)
+
+    def replay_plan(self, version: int) -> tuple[int, list[int]]:
+        """(snapshot version or 0 for none, the delta versions to apply after it, in
+        order) that rebuild ``version``; ``StateFileError`` naming the first delta the
+        plan needs that is not there (Spark's retention removes old deltas, but never
+        any a retained version needs)."""
+        base = max((s for s in self.snapshots if s <= version), default=0)
+        needed = list(range(base + 1, version + 1))
+        for delta in needed:
+            if delta not in self.deltas:
+                raise StateFileError(
+                    f"{self.location or self.folder}/{delta}.delta: missing, and version "
+                    f"{version} of the state needs it (newest snapshot at or below it: "
+                    f"{base or 'none'})"
+                )
+        return base, needed
+
+    def key(self, version: int, kind: str) -> str:
+        """The key of ``version``'s ``kind`` ("delta" or "snapshot") file."""
+        return f"{self.folder}/{version}.{kind}"
+
+
+def list_files(objects: ObjectStore, partition_dir: str) -> PartitionFiles:
+    """The state files directly in ``partition_dir`` (a key relative to the checkpoint
+    root, e.g. ``state/0/3``): one listing. Sub-folders (``_metadata``, other stores) and
+    Spark's temporary files (names starting with a dot) are not state files."""
+    folder = partition_dir.strip("/")
+    deltas: set[int] = set()
+    snapshots: set[int] = set()
+    crc_files: set[str] = set()
+    for key in objects.list(folder):
+        parent, _, name = key.rpartition("/")
+        if parent != folder:
+            continue
+        if name.startswith(".") and name.endswith(".crc"):
+            crc_files.add(name)
+            continue
+        match = _STATE_FILE.fullmatch(name)
+        if match:
+            (deltas if match[2] == "delta" else snapshots).add(int(match[1]))
+    return PartitionFiles(
+        folder, frozenset(deltas), frozenset(snapshots), frozenset(crc_files), objects.where(folder)
+    )
+
+
+def list_versions(objects: ObjectStore, partition_dir: str) -> list[int]:
+    """The versions of ``partition_dir`` that have a ``.delta`` or a ``.snapshot`` file,
+    ascending. Each can be rebuilt unless files were lost (``load_state`` then names the
+    missing one); whether its batch was committed is the commit log's to say."""
+    return list_files(objects, partition_dir).versions()
+
+
+def load_state(
+    objects: ObjectStore,
+    partition_dir: str,
+    version: int,
+    *,
+    row_checksums: bool = False,
+    files: PartitionFiles | None = None,
+) -> dict[bytes, bytes]:
+    """The live keys of ``partition_dir`` at state ``version``, key UnsafeRow bytes →
+    value UnsafeRow bytes: the newest snapshot at or below it plus the deltas after it.
+    Version 0 is the empty state before the first batch. ``files`` is a listing already
+    made (``list_files``), to spare a second one. ``StateFileError`` when a file needed is
+    missing, cut short or damaged; ``StoreIOError``, as everywhere in iqkit, when the
+    storage cannot be read at all (no credentials, endpoint down)."""
+    if version < 0:
+        raise ValueError(f"no state version {version}: versions start at 0")
+    if version == 0:
+        return {}
+    files = files if files is not None else list_files(objects, partition_dir)
+    base, deltas = files.replay_plan(version)
+    state = read_snapshot(objects, files, base, row_checksums=row_checksums) if base else {}
+    for delta in deltas:
+        apply_delta(objects, files, delta, state, row_checksums=row_checksums)
+    return state
+
+
+def read_snapshot(
+    objects: ObjectStore, files: PartitionFiles, version: int, *, row_checksums: bool = False
+) -> dict[bytes, bytes]:
+    """The keys and values of ``version``'s snapshot file."""
+    key = files.key(version, "snapshot")
+    state: dict[bytes, bytes] = {}
+    _replay(key, _read_records(objects, files, key), state, row_checksums, removals=False)
+    return state
+
+
+def apply_delta(
+    objects: ObjectStore,
+    files: PartitionFiles,
+    version: int,
+    state: dict[bytes, bytes],
+    *,
+    row_checksums: bool = False,
+) -> None:
+    """Apply ``version``'s delta file to ``state`` (the state at ``version - 1``), in
+    place: its puts replace values, its removals drop keys. On ``StateFileError``
+    ``state`` may hold part of the delta: throw it away."""
+    key = files.key(version, "delta")
+    _replay(key, _read_records(objects, files, key), state, row_checksums, removals=True)
+
+
+def _read_records(objects: ObjectStore, files: PartitionFiles, key: str) -> bytes:
+    """The decompressed record bytes of the state file ``key``, every checksum verified."""
+    try:
+        raw = objects.read_bytes(key)
+    except ObjectMissingError:
+        raise StateFileError(f"{objects.where(key)}: missing") from None
+    folder, _, name = key.rpartition("/")
+    crc_name = f".{name}.crc"
+    if crc_name in files.crc_files:
+        _check_hadoop_crc(objects, f"{folder}/{crc_name}", raw, objects.where(key))
+    return _decompress(raw, objects.where(key))
+
+
+def _check_hadoop_crc(objects: ObjectStore, crc_key: str, raw: bytes, where: str) -> None:
+    """Check ``raw`` against Hadoop's checksum file ``crc_key``: ``"crc\\0"``, the chunk
+    size (int32 BE), then the CRC-32 (uint32 BE) of each chunk."""
+    try:
+        crc = objects.read_bytes(crc_key)
+    except ObjectMissingError:
+        return  # removed between the listing and now, with its file: the file is checked below
+    if len(crc) < 8 or crc[:4] != _HADOOP_CRC_MAGIC:
+        raise StateFileError(f"{where}: its checksum file {crc_key} is not a Hadoop .crc file")
+    (chunk,) = _INT32_BE.unpack_from(crc, 4)
+    count = -(-len(raw) // chunk) if chunk > 0 else -1
+    if count < 0 or len(crc) != 8 + 4 * count:
+        raise StateFileError(
+            f"{where}: {len(raw)} bytes, but its checksum file was written for a file of "
+            "another size (cut short or extended)"
+        )
+    expected = struct.unpack_from(f">{count}I", crc, 8)
+    for index, want in enumerate(expected):
+        if zlib.crc32(raw[index * chunk : (index + 1) * chunk]) != want:
+            raise StateFileError(
+                f"{where}: bytes {index * chunk}-{min(len(raw), (index + 1) * chunk) - 1} "
+                "do not match its Hadoop checksum file (damaged)"
+            )
+
+
+def _decompress(raw: bytes, where: str) -> bytes:
+    """The original bytes of the lz4-java block stream ``raw``, each block's checksum
+    verified; ``StateFileError`` for anything else."""
+    from lz4.block import LZ4BlockError, decompress
+
+    if not raw.startswith(_LZ4_MAGIC):
+        codec = next((name for magic, name in _OTHER_CODECS.items() if raw.startswith(magic)), "")
+        if codec:
+            raise StateFileError(
+                f"{where}: compressed with {codec}; not supported yet (only lz4, Spark's "
+                "default spark.sql.streaming.stateStore.compression.codec)"
+            )
+        what = "empty" if not raw else "not an lz4 block stream"
+        raise StateFileError(f"{where}: {what} (it should start with {_LZ4_MAGIC.decode()})")
+    blocks: list[bytes] = []
+    checksums: list[int] = []
+    position = 0
+    while True:
+        if position + _LZ4_HEADER.size > len(raw):
+            raise StateFileError(f"{where}: cut short at byte {len(raw)} (no end mark)")
+        magic, token, packed, size, checksum = _LZ4_HEADER.unpack_from(raw, position)
+        method, block_size = token & 0xF0, 1 << ((token & 0x0F) + 10)
+        if (
+            magic != _LZ4_MAGIC
+            or method not in (_METHOD_RAW, _METHOD_LZ4)
+            or not 0 <= size <= block_size
+            or packed < 0
+            or (method == _METHOD_RAW and packed != size)
+        ):
+            raise StateFileError(f"{where}: damaged block header at byte {position}")
+        position += _LZ4_HEADER.size
+        if size == 0:  # the end mark
+            if packed or checksum:
+                raise StateFileError(f"{where}: damaged end mark at byte {position}")
+            break
+        payload = raw[position : position + packed]
+        if len(payload) < packed:
+            raise StateFileError(f"{where}: cut short at byte {len(raw)} (inside a block)")
+        position += packed
+        if method == _METHOD_LZ4:
+            try:
+                payload = decompress(payload, uncompressed_size=size)
+            except LZ4BlockError as exc:
+                raise StateFileError(f"{where}: damaged lz4 block ending at {position}") from exc
+            if len(payload) != size:
+                raise StateFileError(f"{where}: damaged lz4 block ending at {position}")
+        blocks.append(payload)
+        checksums.append(checksum)
+    if position != len(raw):
+        raise StateFileError(f"{where}: {len(raw) - position} bytes after the end mark")
+    for index, actual in enumerate(_xxhash32_masked(blocks)):
+        if actual != checksums[index]:
+            raise StateFileError(f"{where}: block {index} fails its checksum (damaged)")
+    return b"".join(blocks)
+
+
+def _replay(
+    where: str, records: bytes, state: dict[bytes, bytes], row_checksums: bool, removals: bool
+) -> None:
+    """Apply the records of one state file to ``state``."""
+    unpack_size = _INT32_BE.unpack_from
+    end = len(records)
+    position = 0
+    prefix = 4 if row_checksums else 0
+    try:
+        while True:
+            (key_size,) = unpack_size(records, position)
+            position += 4
+            if key_size == -1:
+                break
+            if key_size < 0 or position + key_size > end:
+                raise ValueError(f"bad key size {key_size} at byte {position - 4}")
+            key = records[position : position + key_size]
+            position += key_size
+            (value_size,) = unpack_size(records, position)
+            position += 4
+            if value_size == -1 and removals:
+                state.pop(key[prefix:], None)
+                continue
+            if value_size < prefix or position + value_size > end:
+                raise ValueError(f"bad value size {value_size} at byte {position - 4}")
+            # Spark before 2.3 appended 4 stray bytes to some values; Spark itself reads
+            # only whole 8-byte words of a value, so iqkit does too.
+            usable = prefix + (value_size - prefix) // 8 * 8
+            state[key] = records[position + prefix : position + usable]
+            position += value_size
+    except (ValueError, struct.error) as exc:
+        raise StateFileError(f"{where}: damaged records ({exc})") from None
+    if position != end:
+        raise StateFileError(f"{where}: {end - position} bytes after the last record")
+
+
+# -- xxHash32, the checksum of lz4-java's blocks -----------------------------------------
+_P1, _P2, _P3, _P4, _P5 = 2654435761, 2246822519, 3266489917, 668265263, 374761393
+_M32 = 0xFFFFFFFF
+
+
+def _rotl(value: int, bits: int) -> int:
+    return ((value << bits) | (value >> (32 - bits))) & _M32
+
+
+def _xxhash32_masked(blocks: Sequence[bytes]) -> list[int]:
+    """Each block's xxHash32 with lz4-java's seed, masked as lz4-java stores it. The
+    16-byte stripes are hashed in numpy across all blocks of one length at once (a full
+    state has thousands of equal blocks), and in plain Python where there are few."""
+    accumulators: list[tuple[int, int, int, int] | None] = [None] * len(blocks)
+    by_length: dict[int, list[int]] = {}
+    for index, block in enumerate(blocks):
+        if len(block) >= 16:
+            by_length.setdefault(len(block), []).append(index)
+    for length, indexes in by_length.items():
+        stripes = length // 16
+        if len(indexes) >= _NUMPY_MIN_BLOCKS:
+            found = _stripes_numpy([blocks[i] for i in indexes], stripes)
+        else:
+            found = [_stripes_python(blocks[i], stripes) for i in indexes]
+        for index, lanes in zip(indexes, found, strict=True):
+            accumulators[index] = lanes
+    return [
+        _finish(block, lanes) & _CHECKSUM_MASK
+        for block, lanes in zip(blocks, accumulators, strict=True)
+    ]
+
+
+def _initial_lanes() -> tuple[int, int, int, int]:
+    seed = _XXHASH_SEED
+    return (seed + _P1 + _P2) & _M32, (seed + _P2) & _M32, seed, (seed - _P1) & _M32
+
+
+def _stripes_python(block: bytes, stripes: int) -> tuple[int, int, int, int]:
+    words = struct.unpack_from(f"<{4 * stripes}I", block)
+    v1, v2, v3, v4 = _initial_lanes()
+    for i in range(0, 4 * stripes, 4):
+        v1 = _rotl((v1 + words[i] * _P2) & _M32, 13) * _P1 & _M32
+        v2 = _rotl((v2 + words[i + 1] * _P2) & _M32, 13) * _P1 & _M32
+        v3 = _rotl((v3 + words[i + 2] * _P2) & _M32, 13) * _P1 & _M32
+        v4 = _rotl((v4 + words[i + 3] * _P2) & _M32, 13) * _P1 & _M32
+    return v1, v2, v3, v4
+
+
+def _stripes_numpy(blocks: list[bytes], stripes: int) -> list[tuple[int, int, int, int]]:
+    import numpy as np
+
+    whole = b"".join(block[: 16 * stripes] for block in blocks)
+    words = np.frombuffer(whole, dtype="<u4").reshape(len(blocks), stripes, 4)
+    # Stripe-major, each stripe's words already multiplied by P2 (uint32 arithmetic wraps
+    # as xxHash's does).
+    lanes = np.ascontiguousarray(words.transpose(1, 0, 2)) * np.uint32(_P2)
+    acc = np.tile(np.array(_initial_lanes(), dtype=np.uint32), (len(blocks), 1))
+    left = np.empty_like(acc)
+    p1 = np.uint32(_P1)
+    for stripe in lanes:
+        acc += stripe
+        np.left_shift(acc, 13, out=left)
+        np.right_shift(acc, 19, out=acc)
+        acc |= left
+        acc *= p1
+    return [tuple(int(x) for x in row) for row in acc]  # type: ignore[misc]
+
+
+def _finish(block: bytes, lanes: tuple[int, int, int, int] | None) -> int:
+    """xxHash32's last steps: the lanes merged (or the seed for a block under 16 bytes),
+    the length, the bytes after the last whole stripe, and the final mix."""
+    length = len(block)
+    if lanes is None:
+        h = (_XXHASH_SEED + _P5) & _M32
+        position = 0
+    else:
+        v1, v2, v3, v4 = lanes
+        h = (_rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)) & _M32
+        position = length // 16 * 16
+    h = (h + length) & _M32
+    while position + 4 <= length:
+        (word,) = struct.unpack_from("<I", block, position)
+        h = _rotl((h + word * _P3) & _M32, 17) * _P4 & _M32
+        position += 4
+    while position < length:
+        h = _rotl((h + block[position] * _P5) & _M32, 11) * _P1 & _M32
+        position += 1
+    h ^= h >> 15
+    h = h * _P2 & _M32
+    h ^= h >> 13
+    h = h * _P3 & _M32
+    h ^= h >> 16
+    return h

@@ -1,0 +1,171 @@
+"""What a Structured Streaming checkpoint folder holds, as iqkit sees it: whether a root
+is one, its committed batches, and its stateful operators' stores under stable names.
+
+A checkpoint folder holds ``metadata`` (the query's id), ``offsets/<batch>`` (what each
+batch read), ``commits/<batch>`` (present once the batch is done) and, for a stateful
+query, ``state/<operator id>/`` with one folder per state partition. Each operator keeps
+one store (``default``) or several (a stream-stream join's four); its
+``_metadata/metadata`` names the operator and lists its stores with their partition
+counts.
+
+Versions: Spark's state version N is the state after batch N - 1, and only a committed
+batch counts (``commits/<N - 1>`` exists). A batch still running has written no commit,
+so a reader never serves its half-written state.
+
+Store names (written in the README too):
+
+* an operator's store is named after what the operator does: ``aggregate`` (a
+  ``groupBy().agg()``, windowed or not), ``dedup`` (``dropDuplicates``), ``groups``
+  (``applyInPandasWithState`` / ``flatMapGroupsWithState``), ``join`` (a stream-stream
+  join), ``transform`` (``transformWithState``); an operator iqkit does not know keeps
+  Spark's own operator name;
+* a checkpoint with a single store names it just that (``aggregate``);
+* otherwise every name ends with ``-<operator id>`` (``aggregate-0``, ``dedup-1``), and a
+  store other than an operator's ``default`` adds ``.<store name>``
+  (``join-2.left-keyToNumValues``).
+
+The names depend only on the checkpoint's own operator metadata, so they are the same in
+every process and every session that opens it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import StoreCorruptedError
+from ..objects import ObjectStore
+from .state_schema import DEFAULT_STORE, OperatorMetadata, StoreInfo, read_operator_metadata
+
+__all__ = [
+    "OperatorStore",
+    "batch_metadata",
+    "committed_batches",
+    "is_checkpoint",
+    "operator_stores",
+    "state_folder",
+]
+
+#: What a checkpoint has at its top (a root holding these is read as one).
+_MARKS = ("metadata",)
+_FOLDERS = ("offsets", "commits")
+
+#: iqkit's name for each stateful operator Spark records (``operatorName``).
+_FRIENDLY = {
+    "stateStoreSave": "aggregate",
+    "dedupe": "dedup",
+    "dedupeWithinWatermark": "dedup",
+    "flatMapGroupsWithState": "groups",
+    "applyInPandasWithState": "groups",
+    "symmetricHashJoin": "join",
+    "transformWithStateExec": "transform",
+    "transformWithStateInPandasExec": "transform",
+    "sessionWindowStateStoreSaveExec": "sessions",
+}
+
+_BATCH = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class OperatorStore:
+    """One state store of one stateful operator, under the name iqkit serves it by:
+    ``operator`` and ``info`` are what the operator's metadata says of them."""
+
+    name: str
+    operator: OperatorMetadata
+    info: StoreInfo
+
+    @property
+    def operator_id(self) -> int:
+        return self.operator.operator_id
+
+    @property
+    def operator_name(self) -> str:
+        return self.operator.operator_name
+
+    @property
+    def store_name(self) -> str:
+        return self.info.name
+
+    @property
+    def partitions(self) -> int:
+        return self.info.num_partitions
+
+    @property
+    def folder(self) -> str:
+        """The operator's state folder, relative to the checkpoint."""
+        return f"state/{self.operator_id}"
+
+
+def is_checkpoint(objects: ObjectStore) -> bool:
+    """Whether the root is a Structured Streaming checkpoint: ``metadata`` and an
+    ``offsets/`` or ``commits/`` folder at its top (an iqkit root has neither)."""
+    if not all(objects.exists(mark) for mark in _MARKS):
+        return False
+    return any(objects.list(folder) for folder in _FOLDERS)
+
+
+def committed_batches(objects: ObjectStore) -> list[int]:
+    """The batch ids with a commit file, ascending (Hadoop's ``.crc`` files and
+    temporary files beside them are not batches)."""
+    batches = []
+    for key in objects.list("commits"):
+        name = key.rsplit("/", 1)[-1]
+        if _BATCH.fullmatch(name):
+            batches.append(int(name))
+    return sorted(batches)
+
+
+def state_folder(store: OperatorStore, partition: int) -> str:
+    """Partition ``partition``'s folder of ``store``: the operator's folder for the
+    ``default`` store, else a subfolder named after the store."""
+    base = f"{store.folder}/{partition}"
+    return base if store.store_name == DEFAULT_STORE else f"{base}/{store.store_name}"
+
+
+def operator_stores(objects: ObjectStore) -> list[OperatorStore]:
+    """Every store of every stateful operator, named by the rule of the module docstring,
+    in operator order. An operator folder whose metadata is missing or unreadable is
+    ``StateFileError`` naming the file (its stores cannot be named or sized)."""
+    ids = sorted(
+        {int(part) for key in objects.list("state") if _BATCH.fullmatch(part := key.split("/")[1])}
+    )
+    found: list[tuple[OperatorMetadata, StoreInfo]] = []
+    for op in ids:
+        metadata = read_operator_metadata(objects, f"state/{op}")
+        found.extend((metadata, info) for info in metadata.stores)
+    single = len(found) == 1
+    stores = []
+    for metadata, info in found:
+        base = _FRIENDLY.get(metadata.operator_name, metadata.operator_name)
+        name = base if single else f"{base}-{metadata.operator_id}"
+        if not single and info.name != DEFAULT_STORE:
+            name = f"{name}.{info.name}"
+        stores.append(OperatorStore(name, metadata, info))
+    return stores
+
+
+#: The offsets log's header line; the batch's metadata (watermark, trigger time, the
+#: SQL settings the query started with) is the JSON line after it.
+_OFFSETS_HEADER = "v1"
+
+
+def batch_metadata(objects: ObjectStore, batch: int) -> dict[str, Any]:
+    """The metadata line of ``offsets/<batch>`` (``batchWatermarkMs``,
+    ``batchTimestampMs``, ``conf``); ``StoreCorruptedError`` naming the file when it is
+    not the offsets log's format."""
+    key = f"offsets/{batch}"
+    lines = objects.read_bytes(key).decode("utf-8", "replace").split("\n")
+    try:
+        if lines[0].strip() != _OFFSETS_HEADER:
+            raise ValueError(f"header {lines[0][:20]!r}")
+        metadata = json.loads(lines[1])
+        if not isinstance(metadata, dict):
+            raise ValueError("not an object")
+    except (IndexError, ValueError) as exc:
+        raise StoreCorruptedError(
+            f"checkpoint file {key} is not an offsets log entry: {exc}"
+        ) from None
+    return metadata

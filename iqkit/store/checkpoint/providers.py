@@ -1,0 +1,102 @@
+"""Which state store provider wrote a checkpoint's state, and its state read through it.
+
+Spark records the provider a query started with in every batch's offsets log entry
+(``spark.sql.streaming.stateStore.providerClass`` in its ``conf``), and a query keeps it
+for life: it is chosen once per checkpoint here, and everything else asks
+``StateReader`` for decoded rows, never which provider wrote them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..objects import ObjectStore
+from . import hdfs_files
+from .layout import OperatorStore, batch_metadata, state_folder
+from .shape import UnsupportedStateError
+from .state_schema import read_store_schema
+from .unsafe_row import RowDecoder
+
+__all__ = ["HDFS_PROVIDER", "ROCKSDB_PROVIDER", "StateReader", "provider_of"]
+
+#: The providers Spark ships, by the class name the offsets log records.
+HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+_PROVIDER_SETTING = "spark.sql.streaming.stateStore.providerClass"
+_SHORT = {HDFS_PROVIDER: "hdfs", ROCKSDB_PROVIDER: "rocksdb"}
+
+
+def provider_of(objects: ObjectStore) -> str:
+    """The provider class the checkpoint's newest batch recorded (Spark's default, the
+    HDFS-backed one, when none is recorded: a checkpoint with no batch yet)."""
+    batches = [int(k.rsplit("/", 1)[-1]) for k in objects.list("offsets")
+               if k.rsplit("/", 1)[-1].isdigit()]  # fmt: skip
+    if not batches:
+        return HDFS_PROVIDER
+    conf = batch_metadata(objects, max(batches)).get("conf") or {}
+    return str(conf.get(_PROVIDER_SETTING) or HDFS_PROVIDER)
+
+
+class StateReader:
+    """A checkpoint's state, decoded: one per checkpoint (module docstring)."""
+
+    def __init__(self, objects: ObjectStore) -> None:
+        self.objects = objects
+        self.provider = provider_of(objects)
+        self.provider_name = _SHORT.get(self.provider, self.provider.rsplit(".", 1)[-1])
+        if self.provider != HDFS_PROVIDER:
+            raise UnsupportedStateError(
+                f"not supported yet: state written by {self.provider_name} "
+                f"({self.provider.rsplit('.', 1)[-1]})"
+            )
+        self._decoders: dict[str, tuple[RowDecoder, RowDecoder]] = {}
+
+    def schemas(self, store: OperatorStore) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``store``'s key and value schemas (Spark's JSON ``StructType`` dicts)."""
+        schema = read_store_schema(self.objects, store.folder, store.store_name)
+        return dict(schema.key_schema), dict(schema.value_schema)
+
+    def _decoders_of(self, store: OperatorStore) -> tuple[RowDecoder, RowDecoder]:
+        pair = self._decoders.get(store.name)
+        if pair is None:
+            key_schema, value_schema = self.schemas(store)
+            pair = self._decoders[store.name] = (RowDecoder(key_schema), RowDecoder(value_schema))
+        return pair
+
+    def state_rows(
+        self, store: OperatorStore, partition: int, version: int
+    ) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+        """Partition ``partition``'s live ``(key row, value row)`` pairs at ``version``,
+        decoded; ``StateFileError`` naming the file when one is missing or damaged."""
+        keys, values = self._decoders_of(store)
+        state = hdfs_files.load_state(self.objects, state_folder(store, partition), version)
+        decode_key, decode_value = keys.decode, values.decode
+        return ((decode_key(k), decode_value(v)) for k, v in state.items())
+
+    def oldest_version(self, store: OperatorStore) -> int | None:
+        """The oldest version Spark can still rebuild (partition 0's files say: its oldest
+        snapshot, or version 1 while every delta from the first is kept; ``None``: no
+        state files yet)."""
+        files = hdfs_files.list_files(self.objects, state_folder(store, 0))
+        if not files.deltas and not files.snapshots:
+            return None
+        if 1 in files.deltas:
+            return 1
+        return min(files.snapshots, default=min(files.deltas))
+
+    def where(self, store: OperatorStore, partition: int, version: int) -> str:
+        return f"{state_folder(store, partition)} version {version}"
+
+    def trace_line(self, store: OperatorStore, partition: int, version: int) -> str:
+        return (
+            f"Spark state ({self.provider_name} provider): "
+            f"{state_folder(store, partition)} replayed to version {version}"
+        )
+
+    def first_key_rows(self, store: OperatorStore, version: int) -> Iterator[tuple[Any, ...]]:
+        """Decoded key rows of ``version``, partition after partition (a window store's
+        window size is read off its first window)."""
+        for p in range(store.partitions):
+            for key_row, _ in self.state_rows(store, p, version):
+                yield key_row

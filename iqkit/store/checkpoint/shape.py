@@ -1,0 +1,297 @@
+"""A Spark state store's shape as an iqkit store: the manifest made from its key and value
+schemas, its rows turned into iqkit's row layout, and the partitioner that routes its keys.
+
+The one place that knows how Spark's state rows map to iqkit's, so the format, the
+snapshot and the tests all agree:
+
+* **Keys.** A single key column is its value, several are a tuple in key-schema order
+  (the ``ordered`` serde, whose byte order is value order, so range and prefix scans on
+  the leading columns work); a single string column uses the ``string`` serde. Dates and
+  timestamps in keys become ISO-8601 text (``2026-11-27``, ``2026-11-27T09:00:00.000001Z``;
+  without the ``Z`` for ``timestamp_ntz``), which sorts like the instants for years 1 to
+  9999. A decimal key column is refused in one line (its text would not sort).
+* **Windows.** A key column named ``window`` holding ``struct<start: timestamp, end:
+  timestamp>`` (what ``groupBy(window(...))`` keeps) makes a window store: the other key
+  columns are the key, the window's start its start, and the store's window size the
+  first window's length. Spark hashes the window into the partition, so a window key's
+  windows lie in several partitions and window queries ask every partition.
+* **Values.** A JSON object of the value schema's columns (the ``json`` serde), with the
+  value schema recorded as the manifest's ``value_schema`` so SQL, Arrow and pandas get
+  typed columns; dates and timestamps as ISO-8601 text, decimals as their exact digits in
+  text, bytes as ``0x<hex>``.
+* **Partitions.** Spark's ``pmod(hash(key columns), n)`` (``encoding.spark_hash``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any, ClassVar
+
+from ..encoding import keyspace
+from ..encoding.partitioners import SparkHashPartitioner
+from ..encoding.serdes import get_serde
+from ..encoding.spark_hash import SparkKeyHasher
+from ..kinds import StoreKind
+from ..manifest import StoreManifest
+from .layout import OperatorStore
+
+__all__ = ["StateShape", "UnsupportedStateError"]
+
+#: The key column ``groupBy(window(...))`` adds.
+WINDOW_COLUMN = "window"
+
+#: Spark's JSON type names and their DDL spelling where they differ.
+_DDL = {"integer": "int", "long": "bigint", "short": "smallint", "byte": "tinyint"}
+
+
+class UnsupportedStateError(ValueError):
+    """A state store iqkit cannot serve (yet): one line naming what is not supported."""
+
+
+def _ddl(spark_type: Any) -> str:
+    """Spark's JSON form of a type as DDL (``{"type": "array", ...}`` → ``array<...>``)."""
+    if isinstance(spark_type, str):
+        return _DDL.get(spark_type, spark_type)
+    kind = spark_type.get("type")
+    if kind == "struct":
+        fields = ", ".join(f"`{f['name']}`: {_ddl(f['type'])}" for f in spark_type["fields"])
+        return f"struct<{fields}>"
+    if kind == "array":
+        return f"array<{_ddl(spark_type['elementType'])}>"
+    if kind == "map":
+        return f"map<{_ddl(spark_type['keyType'])}, {_ddl(spark_type['valueType'])}>"
+    raise UnsupportedStateError(f"not supported yet: a state column of type {kind!r}")
+
+
+def _is_window(field: Mapping[str, Any]) -> bool:
+    kind = field.get("type")
+    if field.get("name") != WINDOW_COLUMN or not isinstance(kind, dict):
+        return False
+    names = [(f["name"], f["type"]) for f in kind.get("fields", [])]
+    return names == [("start", "timestamp"), ("end", "timestamp")]
+
+
+def _iso_timestamp(value: datetime) -> str:
+    """An instant as fixed-width ISO-8601 UTC text (sorts like the instants)."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _json_ready(value: Any) -> Any:
+    """``value`` (a decoded state column) as the JSON serde can write it."""
+    if isinstance(value, datetime):
+        return _iso_timestamp(value) if value.tzinfo else value.isoformat(timespec="microseconds")
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes | bytearray):
+        return "0x" + bytes(value).hex()
+    if isinstance(value, Mapping):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(v) for v in value]
+    return value
+
+
+def _epoch_ms(value: datetime) -> int:
+    delta = value - datetime(1970, 1, 1, tzinfo=UTC)
+    return delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000
+
+
+@dataclass(frozen=True)
+class StateShape:
+    """One state store's key and value schemas (Spark's JSON ``StructType`` dicts) and
+    what they make in iqkit (module docstring)."""
+
+    key_schema: Mapping[str, Any]
+    value_schema: Mapping[str, Any]
+
+    # -- columns ---------------------------------------------------------------------------
+    @property
+    def key_fields(self) -> list[Mapping[str, Any]]:
+        return list(self.key_schema.get("fields", []))
+
+    @property
+    def value_fields(self) -> list[Mapping[str, Any]]:
+        return list(self.value_schema.get("fields", []))
+
+    @property
+    def window_index(self) -> int | None:
+        """Where the window column is among the key columns (``None``: no window)."""
+        for i, f in enumerate(self.key_fields):
+            if _is_window(f):
+                return i
+        return None
+
+    @property
+    def key_columns(self) -> list[Mapping[str, Any]]:
+        """The key columns iqkit's key is made of (the window column left out)."""
+        w = self.window_index
+        return [f for i, f in enumerate(self.key_fields) if i != w]
+
+    @property
+    def key_serde(self) -> str:
+        columns = self.key_columns
+        if len(columns) == 1 and columns[0]["type"] == "string":
+            return "string"
+        return "ordered"
+
+    def check(self) -> None:
+        """``UnsupportedStateError`` naming the first column iqkit cannot serve."""
+        for f in self.key_columns:
+            kind = f["type"]
+            if isinstance(kind, str) and kind.startswith("decimal"):
+                raise UnsupportedStateError(
+                    f"not supported yet: a decimal key column ({f['name']!r}: {kind})"
+                )
+            if not isinstance(kind, str):
+                raise UnsupportedStateError(
+                    f"not supported yet: a key column of type {_ddl(kind)} ({f['name']!r})"
+                )
+        for f in self.value_fields:
+            _ddl(f["type"])
+
+    # -- the manifest ----------------------------------------------------------------------
+    def manifest(
+        self, store: OperatorStore, window_size_ms: int | None, provider: str
+    ) -> StoreManifest:
+        """The manifest iqkit serves ``store`` under (``window_size_ms``: a window
+        store's window length, from its first window; ``provider``: the state store
+        provider that wrote it, for ``%iq stores``)."""
+        self.check()
+        windowed = self.window_index is not None
+        columns = self.key_columns
+        properties: dict[str, Any] = {
+            "key_columns": [f["name"] for f in columns],
+            "key_types": [_ddl(f["type"]) for f in columns],
+            "value_schema": ", ".join(
+                f"`{f['name']}` {_ddl(f['type'])}" for f in self.value_fields
+            ),
+            "spark_key_schema": dict(self.key_schema),
+            "spark_value_schema": dict(self.value_schema),
+            "spark_operator": store.operator_name,
+            "spark_operator_id": store.operator_id,
+            "spark_store_name": store.store_name,
+            "spark_provider": provider,
+        }
+        return StoreManifest(
+            name=store.name,
+            kind=StoreKind.WINDOW if windowed else StoreKind.KEY_VALUE,
+            partitions=store.partitions,
+            key_serde=self.key_serde,
+            value_serde="json",
+            partitioner=SparkHashPartitioner.name,
+            window_size_ms=(window_size_ms or 1) if windowed else None,
+            properties=properties,
+        )
+
+    # -- rows ------------------------------------------------------------------------------
+    def key_value(self, key_row: tuple[Any, ...]) -> Any:
+        """The iqkit key of a decoded Spark key row: its value, or a tuple."""
+        w = self.window_index
+        parts = [
+            self._key_part(v, f["type"])
+            for i, (v, f) in enumerate(zip(key_row, self.key_fields, strict=True))
+            if i != w
+        ]
+        if self.key_serde == "string" or len(parts) == 1:
+            return parts[0]
+        return tuple(parts)
+
+    @staticmethod
+    def _key_part(value: Any, kind: str) -> Any:
+        if value is None:
+            return None
+        if kind == "date":
+            return value.isoformat()
+        if kind == "timestamp":
+            return _iso_timestamp(value)
+        if kind == "timestamp_ntz":
+            return value.isoformat(timespec="microseconds")
+        return value
+
+    def value_of(self, value_row: tuple[Any, ...]) -> dict[str, Any]:
+        """The iqkit value of a decoded Spark value row: a dict of its columns."""
+        return {
+            f["name"]: _json_ready(v) for f, v in zip(self.value_fields, value_row, strict=True)
+        }
+
+    def window_size_ms(self, key_rows: Iterable[tuple[Any, ...]]) -> int | None:
+        """The length of the first window among ``key_rows`` (``None``: none there)."""
+        w = self.window_index
+        if w is None:
+            return None
+        for row in key_rows:
+            window = row[w]
+            if window and window.get("start") is not None and window.get("end") is not None:
+                return max(1, _epoch_ms(window["end"]) - _epoch_ms(window["start"]))
+        return None
+
+    def store_rows(
+        self, rows: Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]]
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Decoded ``(key row, value row)`` pairs as iqkit's stored ``(key, value)`` bytes
+        (both of a window store's index entries for a window)."""
+        key_serde = get_serde(self.key_serde)
+        value_serde = get_serde("json")
+        w = self.window_index
+        for key_row, value_row in rows:
+            key_bytes = key_serde.serialize(self.key_value(key_row))
+            value_bytes = value_serde.serialize(self.value_of(value_row))
+            if w is None:
+                yield keyspace.kv_key(key_bytes), value_bytes
+                continue
+            start = _epoch_ms(key_row[w]["start"])
+            yield keyspace.window_key(key_bytes, start), value_bytes
+            yield keyspace.window_time_key(key_bytes, start), b""
+
+    # -- routing ---------------------------------------------------------------------------
+    def partitioner(self) -> SparkHashPartitioner:
+        """What routes this store's keys: Spark's hash of the typed key columns; a window
+        store's keys cannot be routed (the window is hashed in too)."""
+        if self.window_index is not None:
+            return SparkHashPartitioner()
+        return _KeyRouting(self)
+
+
+class _KeyRouting(SparkHashPartitioner):
+    """``spark_hash`` for one store's key schema: iqkit's key bytes decoded back to the
+    typed Spark columns, then hashed as Spark hashes them."""
+
+    __slots__ = ("_columns", "_decode", "_hasher", "_schema")
+    routes_keys: ClassVar[bool] = True
+
+    def __init__(self, shape: StateShape) -> None:
+        self._decode = get_serde(shape.key_serde).deserialize
+        self._columns = [f["type"] for f in shape.key_columns]
+        self._schema = json.dumps(shape.key_schema, sort_keys=True)
+        self._hasher = SparkKeyHasher(dict(shape.key_schema))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _KeyRouting) and other._schema == self._schema
+
+    def __hash__(self) -> int:
+        return hash((_KeyRouting, self._schema))
+
+    def partition(self, key_bytes: bytes, num_partitions: int) -> int:
+        key = self._decode(key_bytes)
+        parts = (key,) if len(self._columns) == 1 else tuple(key)
+        typed = tuple(_typed(v, t) for v, t in zip(parts, self._columns, strict=True))
+        return self._hasher.partition(typed[0] if len(typed) == 1 else typed, num_partitions)
+
+
+def _typed(value: Any, kind: str) -> Any:
+    """A key part as iqkit holds it back to the Python value Spark's hash expects."""
+    if value is None or not isinstance(value, str):
+        return value
+    if kind == "date":
+        return date.fromisoformat(value)
+    if kind == "timestamp":
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if kind == "timestamp_ntz":
+        return datetime.fromisoformat(value)
+    return value

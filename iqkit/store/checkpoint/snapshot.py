@@ -1,0 +1,166 @@
+"""One checkpoint store as one reader sees it: ``format.StoreSnapshot`` over Spark's state.
+
+The version served is the pinned one (``as_of``) or the newest committed batch's state
+(``layout``: state version N is the state after batch N - 1); a batch without a commit
+file is never served, so a running query's half-written batch stays invisible. A
+partition of a version is Spark's state files for it replayed (``providers``), decoded
+and turned into iqkit's row layout (``shape``), then served from memory through the same
+query layers as every store; it is kept for the snapshot's life, so each (partition,
+version) is read once per reader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import IqkitError
+from ...query.position import Position
+from ..format import OpenPartition
+from ..manifest import StoreManifest
+from ..names import COMMIT_KEY
+from ..objects import ObjectStore
+from ..partitions.layers import ReadCache, build_layers
+from ..partitions.memory import MemoryPartition
+from ..partitions.partition import encode_commit_record
+from .layout import OperatorStore, committed_batches
+from .providers import StateReader
+from .shape import StateShape
+
+__all__ = ["CheckpointSnapshot", "CheckpointVersion"]
+
+
+@dataclass(frozen=True)
+class CheckpointVersion:
+    """A committed state version (``format.PublishedVersion``): ``batch`` is the
+    micro-batch whose commit made it (``version - 1``)."""
+
+    version: int
+    #: The store's partitions: every one holds state in every version (Spark commits
+    #: each partition's store every batch).
+    partitions: tuple[int, ...] = ()
+    created_at: float = 0.0
+    source_end: dict[str, dict[int, int]] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch(self) -> int:
+        return self.version - 1
+
+
+def committed_versions(objects: ObjectStore) -> list[int]:
+    """Every committed state version, ascending (module docstring)."""
+    return [b + 1 for b in committed_batches(objects)]
+
+
+def version_record(version: int, partitions: int) -> CheckpointVersion:
+    """Version ``version`` of a store of ``partitions`` partitions."""
+    return CheckpointVersion(
+        version, tuple(range(partitions)), metadata={"spark_batch_id": version - 1}
+    )
+
+
+class CheckpointSnapshot:
+    """``store`` of the checkpoint ``objects`` for one reader; ``pinned``: serve that
+    version (``ValueError`` naming the committed ones if it is not one)."""
+
+    def __init__(
+        self,
+        objects: ObjectStore,
+        store: OperatorStore,
+        manifest: StoreManifest,
+        shape: StateShape,
+        reader: StateReader,
+        pinned: int | None,
+    ) -> None:
+        self.objects = objects
+        self.store = store
+        self.manifest = manifest
+        self.shape = shape
+        self.reader = reader
+        self.pinned = pinned
+        self.record: CheckpointVersion | None = None
+        self._open: dict[tuple[int, int], OpenPartition] = {}
+        if pinned is not None:
+            versions = self.versions()
+            if pinned not in versions:
+                listing = _describe(versions)
+                raise ValueError(
+                    f"store {manifest.name!r} has no committed version {pinned} "
+                    f"(committed: {listing})"
+                )
+            self.record = version_record(pinned, manifest.partitions)
+
+    # -- the served version ----------------------------------------------------------------
+    def current(self) -> CheckpointVersion | None:
+        if self.pinned is not None:
+            return self.record
+        versions = committed_versions(self.objects)
+        if versions and (self.record is None or self.record.version != versions[-1]):
+            self.record = version_record(versions[-1], self.manifest.partitions)
+        return self.record
+
+    def served(self) -> CheckpointVersion | IqkitError | None:
+        try:
+            return self.current()
+        except IqkitError as exc:
+            return exc
+
+    def latest_number(self) -> int | None:
+        versions = committed_versions(self.objects)
+        return versions[-1] if versions else None
+
+    def versions(self) -> list[int]:
+        """Committed versions whose state Spark still keeps (``providers``), ascending."""
+        oldest = self.reader.oldest_version(self.store)
+        return [v for v in committed_versions(self.objects) if oldest is None or v >= oldest]
+
+    # -- partitions ------------------------------------------------------------------------
+    def partition(self, record: CheckpointVersion, p: int) -> OpenPartition:
+        entry = self._open.get((record.version, p))
+        if entry is None:
+            rows = self.reader.state_rows(self.store, p, record.version)
+            commit = {"position": Position.empty(), "version": record.version}
+            part = MemoryPartition(
+                itertools.chain(
+                    [(COMMIT_KEY, encode_commit_record(commit))], self.shape.store_rows(rows)
+                ),
+                written_by_version=record.version,
+                location=f"Spark state {self.reader.where(self.store, p, record.version)}",
+            )
+            entry = OpenPartition(part, build_layers(self.manifest, part, ReadCache()))
+            entry.fetched = self.reader.trace_line(self.store, p, record.version)
+            self._open[(record.version, p)] = entry
+        return entry
+
+    def position(self, record: CheckpointVersion, p: int) -> Position:
+        return Position.empty()
+
+    def reading(self) -> contextlib.AbstractContextManager[object]:
+        return contextlib.nullcontext()
+
+    @property
+    def serves_key_lookups(self) -> bool:
+        return False  # every query lists the commits first (``current``)
+
+    def hot_partition(self, p: int) -> OpenPartition | None:
+        return None
+
+    def twin_files(self, record: Any) -> None:
+        return None  # Spark's state has no columnar twins
+
+    def scan_bytes(self, record: Any) -> dict[int, int]:
+        return {}
+
+    def close(self) -> None:
+        self._open.clear()
+
+
+def _describe(versions: list[int]) -> str:
+    if not versions:
+        return "none"
+    if versions == list(range(versions[0], versions[-1] + 1)) and len(versions) > 3:
+        return f"{versions[0]}-{versions[-1]}"
+    return ", ".join(str(v) for v in versions)

@@ -1,0 +1,233 @@
+"""A Structured Streaming checkpoint opened with ``iqkit.open``: its stores, every committed
+version's rows against Spark's own state reader (``format("statestore")``), key routing,
+window queries, and the refusals (read-only, unsupported, uncommitted batches)."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from jobs import run_stream
+
+import iqkit
+from iqkit import (
+    KeyQuery,
+    MultiKeyQuery,
+    PrefixScanQuery,
+    RangeQuery,
+    StateQueryRequest,
+    WindowKeyQuery,
+    WindowRangeQuery,
+)
+from iqkit.errors import ReadOnlyStoreError
+
+PARTITIONS = 3
+
+
+def _ts(second: int) -> str:
+    return f"2026-01-01T00:00:{second:02d}"
+
+
+#: Three micro-batches: new keys, updates of old ones, and (for the window) a watermark
+#: that moves past the first windows, so Spark evicts them.
+AGG_BATCHES = [
+    [{"user": "alice", "amount": 5, "ts": _ts(1)}, {"user": "bob", "amount": 2, "ts": _ts(2)}],
+    [{"user": "alice", "amount": 7, "ts": _ts(12)}, {"user": "carol", "amount": 1, "ts": _ts(13)},
+     {"user": "émile", "amount": 9, "ts": _ts(14)}],
+    [{"user": "dave", "amount": 3, "ts": _ts(45)}, {"user": "bob", "amount": 4, "ts": _ts(46)}],
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def agg_checkpoint(spark, tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("agg") / "ckpt"
+    return os.fspath(
+        run_stream(spark, "agg", os.fspath(folder), AGG_BATCHES, partitions=PARTITIONS)
+    )
+
+
+@pytest.fixture(scope="module")
+def window_checkpoint(spark, tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("window") / "ckpt"
+    return os.fspath(
+        run_stream(spark, "window", os.fspath(folder), AGG_BATCHES, partitions=PARTITIONS)
+    )
+
+
+def _oracle(spark, checkpoint: str, version: int) -> dict[int, dict[Any, dict[str, Any]]]:
+    """Spark's own state reader at ``version``: partition -> key -> value columns."""
+    rows = spark.read.format("statestore").option("batchId", version - 1).load(checkpoint).collect()
+    out: dict[int, dict[Any, dict[str, Any]]] = {p: {} for p in range(PARTITIONS)}
+    for row in rows:
+        key = row["key"].asDict(recursive=True)
+        parts = tuple(tuple(v.values()) if isinstance(v, dict) else v for v in key.values())
+        out[row["partition_id"]][parts] = row["value"].asDict(recursive=True)
+    return out
+
+
+def _scan(engine: iqkit.StateEngine, store: str) -> dict[int, dict[Any, Any]]:
+    request = StateQueryRequest.in_store(store).with_query(RangeQuery.with_no_bounds())
+    result = engine.query(request)
+    out = {}
+    for p, partition in result.partition_results.items():
+        assert partition.is_success, partition.failure_message
+        out[p] = {kv.key: kv.value for kv in partition.result}
+    return out
+
+
+def test_a_checkpoint_with_one_aggregation_has_one_store(agg_checkpoint):
+    with iqkit.open(agg_checkpoint) as engine:
+        assert engine.store_names() == ["aggregate"]
+        manifest = engine.manifest("aggregate")
+    assert manifest.partitions == PARTITIONS
+    assert manifest.properties["key_columns"] == ["user"]
+    assert manifest.key_serde == "string"
+
+
+def test_every_committed_version_reads_as_spark_reads_it(spark, agg_checkpoint):
+    with iqkit.open(agg_checkpoint) as engine:
+        versions = engine.versions("aggregate")
+    assert versions == [1, 2, 3]
+    for version in versions:
+        expected = _oracle(spark, agg_checkpoint, version)
+        with iqkit.open(agg_checkpoint, as_of=version) as engine:
+            got = _scan(engine, "aggregate")
+        assert {p: {(k,): v for k, v in rows.items()} for p, rows in got.items()} == expected
+
+
+def test_a_key_lookup_runs_on_the_partition_spark_put_the_key_in(spark, agg_checkpoint):
+    owners = {
+        row["key"]["user"]: row["partition_id"]
+        for row in spark.read.format("statestore").load(agg_checkpoint).collect()
+    }
+    with iqkit.open(agg_checkpoint) as engine:
+        for user, owner in owners.items():
+            request = StateQueryRequest.in_store("aggregate").with_query(KeyQuery.with_key(user))
+            result = engine.query(request)
+            assert set(result.partition_results) == {owner}
+            assert result.partition_results[owner].result is not None
+        keys = MultiKeyQuery.with_keys(sorted(owners))
+        result = engine.query(StateQueryRequest.in_store("aggregate").with_query(keys))
+        assert set(result.partition_results) == set(owners.values())
+
+
+def test_range_prefix_and_descending_scans(agg_checkpoint):
+    with iqkit.open(agg_checkpoint) as engine:
+        everything = sorted(k for rows in _scan(engine, "aggregate").values() for k in rows)
+
+        def keys(query) -> list[str]:
+            result = engine.query(StateQueryRequest.in_store("aggregate").with_query(query))
+            return [kv.key for p in result.partition_results.values() for kv in p.result]
+
+        assert sorted(keys(RangeQuery.with_range("b", "d"))) == [
+            k for k in everything if "b" <= k <= "d"
+        ]
+        assert keys(PrefixScanQuery.with_prefix("al")) == ["alice"]
+        descending = StateQueryRequest.in_store("aggregate").with_query(
+            RangeQuery.with_no_bounds().with_descending_keys()
+        )
+        for partition in engine.query(descending).partition_results.values():
+            got = [kv.key for kv in partition.result]
+            assert got == sorted(got, reverse=True)
+
+
+def test_a_batch_without_a_commit_is_not_served(agg_checkpoint, tmp_path):
+    import shutil
+
+    copy = tmp_path / "ckpt"
+    shutil.copytree(agg_checkpoint, copy)
+    os.remove(copy / "commits" / "2")  # batch 2 "still running": its state is on disk
+    with iqkit.open(os.fspath(copy)) as engine:
+        assert engine.versions("aggregate") == [1, 2]
+        assert engine.version("aggregate") == 2
+
+
+def test_writes_to_a_checkpoint_are_refused_and_change_nothing(agg_checkpoint):
+    before = sorted(os.walk(agg_checkpoint))
+    with (
+        pytest.raises(ReadOnlyStoreError, match="only reads"),
+        iqkit.StoreWriter(agg_checkpoint, "aggregate") as writer,
+    ):
+        writer.put("mallory", {"sum": 1, "count": 1})
+    assert sorted(os.walk(agg_checkpoint)) == before
+
+
+def test_a_windowed_aggregation_is_a_window_store(spark, window_checkpoint):
+    with iqkit.open(window_checkpoint) as engine:
+        manifest = engine.manifest(engine.store_names()[0])
+        assert manifest.kind == "window"
+        assert manifest.window_size_ms == 10_000
+        versions = engine.versions(manifest.name)
+    for version in versions:
+        expected = _oracle(spark, window_checkpoint, version)
+        want = {
+            (window[0], user): value
+            for rows in expected.values()
+            for (window, user), value in rows.items()
+        }
+        with iqkit.open(window_checkpoint, as_of=version) as engine:
+            query = WindowRangeQuery.with_window_start_range(0, 2**62)
+            result = engine.query(StateQueryRequest.in_store(manifest.name).with_query(query))
+            got = {}
+            for partition in result.partition_results.values():
+                assert partition.is_success, partition.failure_message
+                for kv in partition.result:
+                    start = datetime.fromtimestamp(kv.key.start / 1000, UTC).replace(tzinfo=None)
+                    got[(start, kv.key.key)] = kv.value
+            assert got == want
+            for start, user in want:
+                ms = int(start.replace(tzinfo=UTC).timestamp() * 1000)
+                query = WindowKeyQuery.with_key_and_window_start_range(user, ms, ms)
+                result = engine.query(StateQueryRequest.in_store(manifest.name).with_query(query))
+                found = [kv for p in result.partition_results.values() for kv in p.result]
+                assert len(found) == 1
+
+
+DEDUP_BATCHES = [
+    [{"id": 1, "user": "a", "ts": _ts(1)}, {"id": 2, "user": "b", "ts": _ts(2)}],
+    [{"id": 2, "user": "b", "ts": _ts(3)}, {"id": 3, "user": "c", "ts": _ts(4)}],
+    [{"id": 4, "user": "d", "ts": _ts(5)}],
+]
+
+
+@pytest.mark.parametrize("kind", ["dedup", "flatmap"])
+def test_other_operators_read_as_spark_reads_them(spark, tmp_path, kind):
+    batches = DEDUP_BATCHES if kind == "dedup" else AGG_BATCHES
+    checkpoint = os.fspath(
+        run_stream(spark, kind, os.fspath(tmp_path / "ckpt"), batches, partitions=PARTITIONS)
+    )
+    with iqkit.open(checkpoint) as engine:
+        (store,) = engine.store_names()
+        versions = engine.versions(store)
+    assert versions == [1, 2, 3]
+    for version in versions:
+        expected = _oracle(spark, checkpoint, version)
+        with iqkit.open(checkpoint, as_of=version) as engine:
+            got = _scan(engine, store)
+        keyed = {p: {(k if isinstance(k, tuple) else (k,)): v for k, v in rows.items()}
+                 for p, rows in got.items()}  # fmt: skip
+        assert keyed == expected
+
+
+def test_a_damaged_state_file_fails_its_partition_only(spark, agg_checkpoint, tmp_path):
+    import shutil
+
+    copy = tmp_path / "ckpt"
+    shutil.copytree(agg_checkpoint, copy)
+    owner = next(
+        row["partition_id"]
+        for row in spark.read.format("statestore").load(agg_checkpoint).collect()
+    )
+    delta = copy / "state" / "0" / str(owner) / "3.delta"
+    delta.write_bytes(delta.read_bytes()[:-7])  # cut short
+    with iqkit.open(os.fspath(copy)) as engine:
+        request = StateQueryRequest.in_store("aggregate").with_query(RangeQuery.with_no_bounds())
+        result = engine.query(request)
+    for p, partition in result.partition_results.items():
+        if p == owner:
+            assert partition.is_failure
+            assert f"state/0/{owner}/3.delta" in partition.failure_message
+        else:
+            assert partition.is_success
