@@ -13,7 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from s3server import aws_env, new_bucket, spark_worker_env
+
+# No test asserts on time, Hypothesis' per-example deadline included: on a loaded 2-core
+# machine a 200 ms deadline failed a correct bulk-decode example (DeadlineExceeded).
+settings.register_profile("iqkit", deadline=None)
+settings.load_profile("iqkit")
 
 
 @pytest.fixture

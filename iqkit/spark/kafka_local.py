@@ -42,6 +42,7 @@ from ..query.position import Position
 from ..query.window import to_epoch_millis
 from ..store.encoding.partitioners import murmur2_partition
 from ..store.locking import lock_file, unlock_file
+from ..store.topic_files import DATA_GLOB, data_file_name, parse_data_file_name
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa
@@ -68,8 +69,6 @@ LOG_APPEND_TIME = 1
 FORMAT_VERSION = 1
 META_FILE = "_topic.json"
 LOCK_FILE = "_produce.lock"
-DATA_GLOB = "p*.parquet"
-_DATA_NAME = re.compile(r"^p(\d+)-(\d+)-(\d+)\.parquet$")
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")  # Kafka's legal topic characters
 _MAX_TOPIC_LENGTH = 249  # Kafka's limit
 # Spark's file source forgets files older than ``maxFileAge`` (default 7 days) relative
@@ -370,10 +369,10 @@ class LocalKafkaTopic:
         newest: dict[int, str] = {}
         with os.scandir(self._path) as entries:
             for entry in entries:
-                m = _DATA_NAME.match(entry.name)
-                if m is None:
+                parsed = parse_data_file_name(entry.name)
+                if parsed is None:
                     continue
-                p, last = int(m.group(1)), int(m.group(3))
+                p, _, last = parsed
                 if p in ends and last + 1 > ends[p]:
                     ends[p] = last + 1
                     newest[p] = entry.name
@@ -449,7 +448,7 @@ class LocalKafkaTopic:
                         offsets[i] = first + n
                     rows = [normalized[i] for i in indexes]
                     last = first + len(rows) - 1
-                    final = self._path / f"p{p:05d}-{first:020d}-{last:020d}.parquet"
+                    final = self._path / data_file_name(p, first, last)
                     tmp = self._path / f".tmp-{p:05d}-{uuid.uuid4().hex}.parquet"
                     staged.append((tmp, final))
                     self._write_file(tmp, p, first, rows, mtime_ns)

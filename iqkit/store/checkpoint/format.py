@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from ...errors import StoreNotFoundError, UnknownStoreError
+from ...errors import IqkitError, StoreNotFoundError, UnknownStoreError
 from ..encoding.partitioners import Partitioner
 from ..format import StoreFormat
 from ..manifest import StoreManifest
@@ -43,11 +43,16 @@ class CheckpointFormat(StoreFormat):
 
     @staticmethod
     def recognises(root: StoreRoot) -> bool:
-        """Whether ``root`` is a checkpoint folder (``layout.is_checkpoint``)."""
+        """Whether ``root`` is a checkpoint folder (``layout.is_checkpoint``). A root that
+        cannot be looked at (no credentials, unreachable) is not one: the chain format's
+        own check then says why, in its one line."""
         local = root.local
         if local is not None and not os.path.isdir(local):
             return False
-        return is_checkpoint(open_objects(root))
+        try:
+            return is_checkpoint(open_objects(root))
+        except IqkitError:
+            return False
 
     # -- reading ---------------------------------------------------------------------------
     def check_root(self) -> None:
@@ -116,7 +121,7 @@ class CheckpointFormat(StoreFormat):
         if found is None:
             return None
         versions = committed_versions(self.objects)
-        return version_record(versions[-1], found.partitions) if versions else None
+        return version_record(self.objects, versions[-1], found.partitions) if versions else None
 
     # -- writing: refused before these are reached (``read_only``) ---------------------------
     def _ensure_store(self, manifest, *, settings, asked, create):  # type: ignore[no-untyped-def]

@@ -25,10 +25,11 @@ snapshot and the tests all agree:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from functools import cached_property
 from typing import Any, ClassVar
 
 from ..encoding import keyspace
@@ -97,6 +98,16 @@ def _json_ready(value: Any) -> Any:
     return value
 
 
+#: Key column types whose values iqkit holds as text (module docstring), and how.
+_KEY_PARTS: dict[str, Callable[[Any], Any]] = {
+    "date": date.isoformat,
+    "timestamp": _iso_timestamp,
+    "timestamp_ntz": lambda v: v.isoformat(timespec="microseconds"),
+}
+#: Value column types JSON writes as they are.
+_PLAIN = frozenset({"string", "integer", "long", "short", "byte", "boolean", "double", "float"})
+
+
 def _epoch_ms(value: datetime) -> int:
     delta = value - datetime(1970, 1, 1, tzinfo=UTC)
     return delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000
@@ -111,15 +122,15 @@ class StateShape:
     value_schema: Mapping[str, Any]
 
     # -- columns ---------------------------------------------------------------------------
-    @property
+    @cached_property
     def key_fields(self) -> list[Mapping[str, Any]]:
         return list(self.key_schema.get("fields", []))
 
-    @property
+    @cached_property
     def value_fields(self) -> list[Mapping[str, Any]]:
         return list(self.value_schema.get("fields", []))
 
-    @property
+    @cached_property
     def window_index(self) -> int | None:
         """Where the window column is among the key columns (``None``: no window)."""
         for i, f in enumerate(self.key_fields):
@@ -127,13 +138,13 @@ class StateShape:
                 return i
         return None
 
-    @property
+    @cached_property
     def key_columns(self) -> list[Mapping[str, Any]]:
         """The key columns iqkit's key is made of (the window column left out)."""
         w = self.window_index
         return [f for i, f in enumerate(self.key_fields) if i != w]
 
-    @property
+    @cached_property
     def key_serde(self) -> str:
         columns = self.key_columns
         if len(columns) == 1 and columns[0]["type"] == "string":
@@ -190,35 +201,37 @@ class StateShape:
         )
 
     # -- rows ------------------------------------------------------------------------------
+    @cached_property
+    def _key_parts(self) -> list[tuple[int, Callable[[Any], Any] | None]]:
+        """Per iqkit key column: its index in Spark's key row and what turns its value
+        into iqkit's (``None``: the value as it is)."""
+        w = self.window_index
+        return [(i, _KEY_PARTS.get(f["type"])) for i, f in enumerate(self.key_fields) if i != w]
+
     def key_value(self, key_row: tuple[Any, ...]) -> Any:
         """The iqkit key of a decoded Spark key row: its value, or a tuple."""
-        w = self.window_index
         parts = [
-            self._key_part(v, f["type"])
-            for i, (v, f) in enumerate(zip(key_row, self.key_fields, strict=True))
-            if i != w
+            row if (row := key_row[i]) is None or convert is None else convert(row)
+            for i, convert in self._key_parts
         ]
-        if self.key_serde == "string" or len(parts) == 1:
-            return parts[0]
-        return tuple(parts)
+        return parts[0] if len(parts) == 1 else tuple(parts)
 
-    @staticmethod
-    def _key_part(value: Any, kind: str) -> Any:
-        if value is None:
-            return None
-        if kind == "date":
-            return value.isoformat()
-        if kind == "timestamp":
-            return _iso_timestamp(value)
-        if kind == "timestamp_ntz":
-            return value.isoformat(timespec="microseconds")
-        return value
+    @cached_property
+    def _plain_values(self) -> bool:
+        """Whether every value column holds what JSON writes as it is (numbers, text,
+        booleans): then a row needs no conversion."""
+        return all(f["type"] in _PLAIN for f in self.value_fields)
 
     def value_of(self, value_row: tuple[Any, ...]) -> dict[str, Any]:
         """The iqkit value of a decoded Spark value row: a dict of its columns."""
-        return {
-            f["name"]: _json_ready(v) for f, v in zip(self.value_fields, value_row, strict=True)
-        }
+        names = self._value_names
+        if self._plain_values:
+            return dict(zip(names, value_row, strict=True))
+        return {n: _json_ready(v) for n, v in zip(names, value_row, strict=True)}
+
+    @cached_property
+    def _value_names(self) -> list[str]:
+        return [f["name"] for f in self.value_fields]
 
     def window_size_ms(self, key_rows: Iterable[tuple[Any, ...]]) -> int | None:
         """The length of the first window among ``key_rows`` (``None``: none there)."""
@@ -236,15 +249,18 @@ class StateShape:
     ) -> Iterator[tuple[bytes, bytes]]:
         """Decoded ``(key row, value row)`` pairs as iqkit's stored ``(key, value)`` bytes
         (both of a window store's index entries for a window)."""
-        key_serde = get_serde(self.key_serde)
-        value_serde = get_serde("json")
+        key_of, value_of = self.key_value, self.value_of
+        serialize_key = get_serde(self.key_serde).serialize
+        serialize_value = get_serde("json").serialize
         w = self.window_index
+        if w is None:
+            kv_key = keyspace.kv_key
+            for key_row, value_row in rows:
+                yield kv_key(serialize_key(key_of(key_row))), serialize_value(value_of(value_row))
+            return
         for key_row, value_row in rows:
-            key_bytes = key_serde.serialize(self.key_value(key_row))
-            value_bytes = value_serde.serialize(self.value_of(value_row))
-            if w is None:
-                yield keyspace.kv_key(key_bytes), value_bytes
-                continue
+            key_bytes = serialize_key(key_of(key_row))
+            value_bytes = serialize_value(value_of(value_row))
             start = _epoch_ms(key_row[w]["start"])
             yield keyspace.window_key(key_bytes, start), value_bytes
             yield keyspace.window_time_key(key_bytes, start), b""

@@ -26,6 +26,7 @@ from ..partitions.layers import ReadCache, build_layers
 from ..partitions.memory import MemoryPartition
 from ..partitions.partition import encode_commit_record
 from .layout import OperatorStore, committed_batches
+from .positions import BatchSources, batch_sources
 from .providers import StateReader
 from .shape import StateShape
 
@@ -35,19 +36,31 @@ __all__ = ["CheckpointSnapshot", "CheckpointVersion"]
 @dataclass(frozen=True)
 class CheckpointVersion:
     """A committed state version (``format.PublishedVersion``): ``batch`` is the
-    micro-batch whose commit made it (``version - 1``)."""
+    micro-batch whose commit made it (``version - 1``); ``sources`` what it had read."""
 
     version: int
     #: The store's partitions: every one holds state in every version (Spark commits
     #: each partition's store every batch).
     partitions: tuple[int, ...] = ()
+    sources: BatchSources | None = None
     created_at: float = 0.0
-    source_end: dict[str, dict[int, int]] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
     def batch(self) -> int:
         return self.version - 1
+
+    @property
+    def position(self) -> Position:
+        """Every partition's position: where the batch had read its sources to."""
+        return self.sources.position if self.sources is not None else Position.empty()
+
+    @property
+    def source_end(self) -> dict[str, dict[int, int]] | None:
+        """The sources' end offsets *now* (local stand-in topics; ``None`` for a Kafka
+        broker's, which the checkpoint does not record): lag is measured against them."""
+        end = self.sources.end_position() if self.sources is not None else None
+        return end.to_map() if end is not None else None
 
 
 def committed_versions(objects: ObjectStore) -> list[int]:
@@ -55,10 +68,14 @@ def committed_versions(objects: ObjectStore) -> list[int]:
     return [b + 1 for b in committed_batches(objects)]
 
 
-def version_record(version: int, partitions: int) -> CheckpointVersion:
-    """Version ``version`` of a store of ``partitions`` partitions."""
+def version_record(objects: ObjectStore, version: int, partitions: int) -> CheckpointVersion:
+    """Version ``version`` of a store of ``partitions`` partitions (its batch's sources
+    read from the offsets log)."""
     return CheckpointVersion(
-        version, tuple(range(partitions)), metadata={"spark_batch_id": version - 1}
+        version,
+        tuple(range(partitions)),
+        batch_sources(objects, version - 1),
+        metadata={"spark_batch_id": version - 1},
     )
 
 
@@ -91,7 +108,7 @@ class CheckpointSnapshot:
                     f"store {manifest.name!r} has no committed version {pinned} "
                     f"(committed: {listing})"
                 )
-            self.record = version_record(pinned, manifest.partitions)
+            self.record = version_record(objects, pinned, manifest.partitions)
 
     # -- the served version ----------------------------------------------------------------
     def current(self) -> CheckpointVersion | None:
@@ -99,7 +116,7 @@ class CheckpointSnapshot:
             return self.record
         versions = committed_versions(self.objects)
         if versions and (self.record is None or self.record.version != versions[-1]):
-            self.record = version_record(versions[-1], self.manifest.partitions)
+            self.record = version_record(self.objects, versions[-1], self.manifest.partitions)
         return self.record
 
     def served(self) -> CheckpointVersion | IqkitError | None:
@@ -122,7 +139,7 @@ class CheckpointSnapshot:
         entry = self._open.get((record.version, p))
         if entry is None:
             rows = self.reader.state_rows(self.store, p, record.version)
-            commit = {"position": Position.empty(), "version": record.version}
+            commit = {"position": record.position, "version": record.version}
             part = MemoryPartition(
                 itertools.chain(
                     [(COMMIT_KEY, encode_commit_record(commit))], self.shape.store_rows(rows)
@@ -136,7 +153,7 @@ class CheckpointSnapshot:
         return entry
 
     def position(self, record: CheckpointVersion, p: int) -> Position:
-        return Position.empty()
+        return record.position
 
     def reading(self) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext()

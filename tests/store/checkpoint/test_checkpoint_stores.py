@@ -231,3 +231,39 @@ def test_a_damaged_state_file_fails_its_partition_only(spark, agg_checkpoint, tm
             assert f"state/0/{owner}/3.delta" in partition.failure_message
         else:
             assert partition.is_success
+
+
+def test_positions_and_lag_come_from_the_sources_a_batch_read(spark, tmp_path):
+    """A streaming count over a local stand-in topic: every version's position is, per
+    topic partition, the last offset its batch had read; lag counts what was produced
+    since and not read yet."""
+    from iqkit.spark import LocalKafkaTopic
+
+    topic = LocalKafkaTopic(tmp_path / "topics", "clicks", partitions=2)
+    checkpoint = os.fspath(tmp_path / "ckpt")
+    read: dict[int, int] = {}
+    expected: dict[int, dict[int, int]] = {}
+    for batch in range(3):
+        produced = topic.produce([(f"user{i % 5}", f"v{batch}") for i in range(batch + 4)])
+        for record in produced:
+            read[record.partition] = max(read.get(record.partition, -1), record.offset)
+        expected[batch + 1] = dict(read)
+        counts = topic.read_stream(spark).groupBy("key").count()
+        query = (
+            counts.writeStream.format("noop")
+            .outputMode("update")
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+    unread = topic.produce([("late", "x"), ("later", "y")])
+    for version, offsets in expected.items():
+        with iqkit.open(checkpoint, as_of=version) as engine:
+            store = engine.store_names()[0]
+            request = StateQueryRequest.in_store(store).with_query(RangeQuery.with_no_bounds())
+            for partition in engine.query(request).partition_results.values():
+                assert partition.position.to_map() == {"clicks": offsets}
+    with iqkit.open(checkpoint) as engine:
+        lags = engine.lags()[store]
+    assert lags and all(info.offset_lag == len(unread) for info in lags.values())
