@@ -94,7 +94,7 @@ def link_plain_file(src: str | os.PathLike[str], dst: str | os.PathLike[str], na
     copy), else, across file systems, a copy. ``NotPlainFileError`` (naming ``name``)
     when ``src`` is a symbolic link or not a plain file, even one swapped in after it was
     checked: a link's target is never read. The one way a version's files are taken into
-    a database (chain_read.build_database)."""
+    a database (partitions.builds.build_database)."""
     try:
         # Without AT_SYMLINK_FOLLOW a link is linked as itself: checked just below.
         os.link(src, dst, follow_symlinks=False)

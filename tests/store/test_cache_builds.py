@@ -1,4 +1,4 @@
-"""How a partition's database is built (store/chain/read.py build_database): RocksDB
+"""How a partition's database is built (store/partitions/builds.py build_database): RocksDB
 writes it in a memory folder, unsynced, and it is moved into the cache and published with
 one rename. The database serves exactly the chain's rows either way (in memory or in
 place), holds hard links of the chain's files (never changed), a build cut short at any
@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 
 import iqkit
-from iqkit.store.chain import read as chain_read
 from iqkit.store.names import CACHE_BUILDING_PREFIX, ROCKSDB_SIDE_FILES
-from iqkit.store.partitions import rocks
+from iqkit.store.partitions import builds, rocks
 
 MEMORY = Path("/dev/shm")
 needs_memory = pytest.mark.skipif(
@@ -69,17 +68,17 @@ def memory(monkeypatch) -> Path | None:
     """A memory folder of this test's own (in /dev/shm) where builds put their scratch
     folders (other processes' builds are elsewhere); ``None`` where there is none."""
     if not (sys.platform == "linux" and os.access(MEMORY, os.W_OK | os.X_OK)):
-        monkeypatch.setattr(chain_read, "MEMORY_FOLDER", None)
+        monkeypatch.setattr(builds, "MEMORY_FOLDER", None)
         yield None
         return
     folder = Path(tempfile.mkdtemp(dir=MEMORY, prefix="iqkit-test-"))
-    monkeypatch.setattr(chain_read, "MEMORY_FOLDER", folder)
+    monkeypatch.setattr(builds, "MEMORY_FOLDER", folder)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
 
 
 def scratch_folders() -> set[str]:
-    folder = chain_read.MEMORY_FOLDER
+    folder = builds.MEMORY_FOLDER
     if folder is None or not folder.is_dir():
         return set()
     return {n for n in os.listdir(folder) if n.startswith("iqkit-build-")}
@@ -92,12 +91,12 @@ def test_a_built_database_serves_the_chains_rows_and_shares_its_files(
     if where == "memory" and memory is None:
         pytest.skip("no writable /dev/shm")
     if where == "in place":
-        monkeypatch.setattr(chain_read, "MEMORY_FOLDER", None)
+        monkeypatch.setattr(builds, "MEMORY_FOLDER", None)
     files, expected = chain_files(tmp_path / "chain")
     before = {f: (f.read_bytes(), os.stat(f).st_mtime_ns) for f in files}
     scratch = scratch_folders()
     database = tmp_path / "db"
-    chain_read.build_database(database, files)
+    builds.build_database(database, files)
     assert rows_of(database) == expected
     # Each source's bytes are in the database as a hard link (same inode, no copy),
     # unchanged; nothing of the build is left beside the database or in memory.
@@ -120,15 +119,15 @@ def test_a_build_in_memory_refuses_a_link_and_a_folder_and_names_them(memory, tm
     files[1].symlink_to(elsewhere)
     scratch = scratch_folders()
     with pytest.raises(iqkit.StoreIOError, match="the-delta is a symbolic link") as info:
-        chain_read.build_database(tmp_path / "db1", files, ["base", "the-delta", "last"])
+        builds.build_database(tmp_path / "db1", files, ["base", "the-delta", "last"])
     assert "\n" not in str(info.value)
     files[1].unlink()
     files[1].mkdir()
     with pytest.raises(iqkit.StoreIOError, match="the-delta is a folder"):
-        chain_read.build_database(tmp_path / "db2", files, ["base", "the-delta", "last"])
+        builds.build_database(tmp_path / "db2", files, ["base", "the-delta", "last"])
     os.rmdir(files[1])
     with pytest.raises(iqkit.StoreNotFoundError, match="the-delta: a file of this version"):
-        chain_read.build_database(tmp_path / "db3", files, ["base", "the-delta", "last"])
+        builds.build_database(tmp_path / "db3", files, ["base", "the-delta", "last"])
     assert scratch_folders() == scratch
 
 
@@ -136,7 +135,7 @@ CHILD = textwrap.dedent(
     """
     import os, signal, sys
     import iqkit
-    from iqkit.store.chain import read
+    from iqkit.store.partitions import builds as read
     from iqkit.store import cache
 
     step = sys.argv[2]
@@ -186,7 +185,7 @@ def test_a_build_killed_at_any_step_is_never_served(step, memory, tmp_path, monk
     left_in_memory = scratch_folders() - scratch
     if memory is not None and step != "publish":
         assert left_in_memory  # killed while RocksDB's files were in memory
-    monkeypatch.setattr(chain_read, "_swept", set())  # as in a new process
+    monkeypatch.setattr(builds, "_swept", set())  # as in a new process
     monkeypatch.setenv("IQKIT_CACHE", os.fspath(cache))
     with iqkit.open(root) as engine:
         trace = engine_trace(engine)  # the first query: it opens the partition
@@ -255,9 +254,9 @@ def test_scratch_folders_a_killed_build_left_in_memory_are_swept(memory, tmp_pat
     try:
         stale = time.time() - 2 * 3600
         os.utime(alive, (stale, stale))
-        monkeypatch.setattr(chain_read, "_swept", set())  # as in a new process
+        monkeypatch.setattr(builds, "_swept", set())  # as in a new process
         files, expected = chain_files(tmp_path / "chain")
-        chain_read.build_database(tmp_path / "db", files)
+        builds.build_database(tmp_path / "db", files)
         assert rows_of(tmp_path / "db") == expected
         assert not dead.exists() and alive.exists()
     finally:

@@ -54,9 +54,10 @@ from ..manifest import StoreManifest
 from ..names import CHAIN_SST_DIR, CHAIN_WORK_PREFIX, COMMIT_KEY, META_PREFIX, twin_key
 from ..objects import ObjectStore
 from ..partitions import rocks
+from ..partitions.builds import build_database
 from ..partitions.partition import encode_commit_record
 from ..sorted_rows import ArrowRows
-from .read import build_database, place_on_root
+from .read import place_on_root
 from .records import (
     ROWS_AT_MOST,
     ChainFile,

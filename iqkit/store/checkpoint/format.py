@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from ...errors import IqkitError, StoreNotFoundError, UnknownStoreError
+from ..cache import FileCache, reader_cache
 from ..encoding.partitioners import Partitioner
 from ..format import StoreFormat
 from ..manifest import StoreManifest
@@ -40,6 +41,9 @@ class CheckpointFormat(StoreFormat):
         self._reader: StateReader | None = None
         self._shapes: dict[str, StateShape] = {}
         self._manifests: dict[str, StoreManifest] = {}
+        #: The reader's file cache (``IQKIT_CACHE``), made at its first snapshot: where
+        #: replayed state versions are kept as databases (``materialize``).
+        self._cache: FileCache | None = None
 
     @staticmethod
     def recognises(root: StoreRoot) -> bool:
@@ -112,8 +116,16 @@ class CheckpointFormat(StoreFormat):
     def open_snapshot(self, store: str, pinned: int | None) -> CheckpointSnapshot:
         manifest = self.read_manifest(store)
         found = self._store(store)
+        if self._cache is None:
+            self._cache = reader_cache()
         return CheckpointSnapshot(
-            self.objects, found, manifest, self._shape(found), self._state_reader(), pinned
+            self.objects,
+            found,
+            manifest,
+            self._shape(found),
+            self._state_reader(),
+            self._cache,
+            pinned,
         )
 
     def latest_published(self, store: str) -> CheckpointVersion | None:

@@ -8,7 +8,9 @@ for life: it is chosen once per checkpoint here, and everything else asks
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ..objects import ObjectStore
@@ -18,7 +20,7 @@ from .shape import UnsupportedStateError
 from .state_schema import read_store_schema
 from .unsafe_row import RowDecoder
 
-__all__ = ["HDFS_PROVIDER", "ROCKSDB_PROVIDER", "StateReader", "provider_of"]
+__all__ = ["HDFS_PROVIDER", "ROCKSDB_PROVIDER", "StateReader", "VersionFiles", "provider_of"]
 
 #: The providers Spark ships, by the class name the offsets log records.
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
@@ -38,6 +40,17 @@ def provider_of(objects: ObjectStore) -> str:
     return str(conf.get(_PROVIDER_SETTING) or HDFS_PROVIDER)
 
 
+@dataclass(frozen=True)
+class VersionFiles:
+    """The files one partition version is rebuilt from: its ``folder``, the provider's
+    ``listing`` of it, and ``names``, which say exactly which files (and whose query):
+    what the version's database in the cache is named after."""
+
+    folder: str
+    listing: Any
+    names: str
+
+
 class StateReader:
     """A checkpoint's state, decoded: one per checkpoint (module docstring)."""
 
@@ -51,6 +64,7 @@ class StateReader:
                 f"({self.provider.rsplit('.', 1)[-1]})"
             )
         self._decoders: dict[str, tuple[RowDecoder, RowDecoder]] = {}
+        self._query_id: str | None = None
 
     def schemas(self, store: OperatorStore) -> tuple[dict[str, Any], dict[str, Any]]:
         """``store``'s key and value schemas (Spark's JSON ``StructType`` dicts)."""
@@ -64,13 +78,36 @@ class StateReader:
             pair = self._decoders[store.name] = (RowDecoder(key_schema), RowDecoder(value_schema))
         return pair
 
+    def version_files(self, store: OperatorStore, partition: int, version: int) -> VersionFiles:
+        """The state files partition ``partition`` of ``store`` is rebuilt from at
+        ``version`` (one listing; ``StateFileError`` naming a file the version needs
+        that is missing)."""
+        folder = state_folder(store, partition)
+        listing = hdfs_files.list_files(self.objects, folder)
+        base, deltas = listing.replay_plan(version)
+        names = [listing.key(base, "snapshot")] if base else []
+        names += [listing.key(d, "delta") for d in deltas]
+        return VersionFiles(folder, listing, f"{self.query_id}\n" + "\n".join(names))
+
+    @property
+    def query_id(self) -> str:
+        """The streaming query's id (``metadata``): a checkpoint started again under the
+        same path is another query, whose files must never be taken for the old one's."""
+        if self._query_id is None:
+            try:
+                text = json.loads(self.objects.read_bytes("metadata")).get("id", "")
+            except (ValueError, AttributeError):
+                text = ""
+            self._query_id = str(text)
+        return self._query_id
+
     def state_rows(
-        self, store: OperatorStore, partition: int, version: int
+        self, store: OperatorStore, version: int, files: VersionFiles
     ) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
-        """Partition ``partition``'s live ``(key row, value row)`` pairs at ``version``,
+        """The live ``(key row, value row)`` pairs ``files`` rebuild at ``version``,
         decoded; ``StateFileError`` naming the file when one is missing or damaged."""
         keys, values = self._decoders_of(store)
-        state = hdfs_files.load_state(self.objects, state_folder(store, partition), version)
+        state = hdfs_files.load_state(self.objects, files.folder, version, files=files.listing)
         decode_key, decode_value = keys.decode, values.decode
         return ((decode_key(k), decode_value(v)) for k, v in state.items())
 
@@ -88,15 +125,17 @@ class StateReader:
     def where(self, store: OperatorStore, partition: int, version: int) -> str:
         return f"{state_folder(store, partition)} version {version}"
 
-    def trace_line(self, store: OperatorStore, partition: int, version: int) -> str:
-        return (
-            f"Spark state ({self.provider_name} provider): "
-            f"{state_folder(store, partition)} replayed to version {version}"
-        )
+    def trace_line(self, store: OperatorStore, partition: int, version: int, built: bool) -> str:
+        """What opening the partition version cost, for the execution trace."""
+        what = f"Spark state ({self.provider_name} provider) {state_folder(store, partition)}"
+        if built:
+            return f"{what} replayed to version {version} and decoded; database built in the cache"
+        return f"{what} version {version}: database reused from the cache (nothing read)"
 
     def first_key_rows(self, store: OperatorStore, version: int) -> Iterator[tuple[Any, ...]]:
         """Decoded key rows of ``version``, partition after partition (a window store's
         window size is read off its first window)."""
         for p in range(store.partitions):
-            for key_row, _ in self.state_rows(store, p, version):
+            files = self.version_files(store, p, version)
+            for key_row, _ in self.state_rows(store, version, files):
                 yield key_row

@@ -220,7 +220,7 @@ class StateShape:
     def _plain_values(self) -> bool:
         """Whether every value column holds what JSON writes as it is (numbers, text,
         booleans): then a row needs no conversion."""
-        return all(f["type"] in _PLAIN for f in self.value_fields)
+        return all(isinstance(f["type"], str) and f["type"] in _PLAIN for f in self.value_fields)
 
     def value_of(self, value_row: tuple[Any, ...]) -> dict[str, Any]:
         """The iqkit value of a decoded Spark value row: a dict of its columns."""

@@ -13,19 +13,21 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import IqkitError
 from ...query.position import Position
+from ..cache import FileCache
 from ..format import OpenPartition
 from ..manifest import StoreManifest
 from ..names import COMMIT_KEY
 from ..objects import ObjectStore
 from ..partitions.layers import ReadCache, build_layers
-from ..partitions.memory import MemoryPartition
 from ..partitions.partition import encode_commit_record
 from .layout import OperatorStore, committed_batches
+from .materialize import open_state_partition, state_folder_in_cache
 from .positions import BatchSources, batch_sources
 from .providers import StateReader
 from .shape import StateShape
@@ -90,6 +92,7 @@ class CheckpointSnapshot:
         manifest: StoreManifest,
         shape: StateShape,
         reader: StateReader,
+        cache: FileCache,
         pinned: int | None,
     ) -> None:
         self.objects = objects
@@ -97,6 +100,7 @@ class CheckpointSnapshot:
         self.manifest = manifest
         self.shape = shape
         self.reader = reader
+        self.cache = cache
         self.pinned = pinned
         self.record: CheckpointVersion | None = None
         self._open: dict[tuple[int, int], OpenPartition] = {}
@@ -138,17 +142,22 @@ class CheckpointSnapshot:
     def partition(self, record: CheckpointVersion, p: int) -> OpenPartition:
         entry = self._open.get((record.version, p))
         if entry is None:
-            rows = self.reader.state_rows(self.store, p, record.version)
-            commit = {"position": record.position, "version": record.version}
-            part = MemoryPartition(
-                itertools.chain(
-                    [(COMMIT_KEY, encode_commit_record(commit))], self.shape.store_rows(rows)
-                ),
-                written_by_version=record.version,
-                location=f"Spark state {self.reader.where(self.store, p, record.version)}",
+            files = self.reader.version_files(self.store, p, record.version)
+            where = f"Spark state {self.reader.where(self.store, p, record.version)}"
+
+            def rows() -> Iterator[tuple[bytes, bytes]]:
+                decoded = self.reader.state_rows(self.store, record.version, files)
+                commit = {"position": record.position, "version": record.version}
+                return itertools.chain(
+                    [(COMMIT_KEY, encode_commit_record(commit))], self.shape.store_rows(decoded)
+                )
+
+            folder = state_folder_in_cache(
+                self.cache, self.objects, self.store.name, p, record.version, files.names
             )
+            part = open_state_partition(self.cache, folder, record.version, rows, where)
             entry = OpenPartition(part, build_layers(self.manifest, part, ReadCache()))
-            entry.fetched = self.reader.trace_line(self.store, p, record.version)
+            entry.fetched = self.reader.trace_line(self.store, p, record.version, part.built)
             self._open[(record.version, p)] = entry
         return entry
 
@@ -172,7 +181,9 @@ class CheckpointSnapshot:
         return {}
 
     def close(self) -> None:
-        self._open.clear()
+        entries, self._open = list(self._open.values()), {}
+        for entry in entries:
+            entry.partition.close()
 
 
 def _describe(versions: list[int]) -> str:

@@ -267,3 +267,30 @@ def test_positions_and_lag_come_from_the_sources_a_batch_read(spark, tmp_path):
     with iqkit.open(checkpoint) as engine:
         lags = engine.lags()[store]
     assert lags and all(info.offset_lag == len(unread) for info in lags.values())
+
+
+def test_a_version_is_replayed_once_then_read_from_the_cache(agg_checkpoint, tmp_path, monkeypatch):
+    """Another process's first open builds the version's databases in the shared cache;
+    this one reads them without reading the checkpoint's state again, and reading
+    changes nothing in the checkpoint."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("IQKIT_CACHE", os.fspath(tmp_path / "cache"))
+    before = sorted(os.walk(agg_checkpoint))
+    code = "import iqkit, sys; print(iqkit.open(sys.argv[1]).approximate_rows('aggregate'))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, agg_checkpoint], capture_output=True, text=True, check=True
+    )
+    with iqkit.open(agg_checkpoint) as engine:
+        assert int(done.stdout) == engine.approximate_rows("aggregate")
+        request = (
+            StateQueryRequest.in_store("aggregate")
+            .with_query(KeyQuery.with_key("alice"))
+            .enable_execution_info()
+        )
+        (partition,) = engine.query(request).partition_results.values()
+    alice = [r["amount"] for batch in AGG_BATCHES for r in batch if r["user"] == "alice"]
+    assert partition.result == {"sum": sum(alice), "count": len(alice)}
+    assert any("database reused from the cache" in line for line in partition.execution_info)
+    assert sorted(os.walk(agg_checkpoint)) == before
