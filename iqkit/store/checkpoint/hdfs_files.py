@@ -22,9 +22,10 @@ original bytes, masked to its low 28 bits; an empty stored block ends the stream
 Version ``v`` is the newest snapshot at or below ``v`` plus each delta after it, in order
 (a version with both files is read from its snapshot, as Spark does). Every byte read is
 checked: each block's checksum, the stream's end mark, the record framing, and, where
-Hadoop wrote one (local and HDFS checkpoints), the ``.<name>.crc`` file beside a state
-file (CRC-32 of each 512-byte chunk, by default). Anything wrong, a file missing, cut
-short or damaged, raises ``StateFileError`` naming the file: never rows from it.
+Hadoop wrote one (its local file system does; object stores get none), the
+``.<name>.crc`` file beside a state file (CRC-32 of each 512-byte chunk, by default).
+Anything wrong, a file missing, cut short or damaged, raises ``StateFileError`` naming the
+file: never rows from it.
 
 With ``spark.sql.streaming.stateStore.rowChecksum.enabled`` Spark puts a 4-byte CRC32-C
 before each value, and before a removed key; ``row_checksums=True`` strips it. It is not

@@ -20,24 +20,38 @@ from .shape import UnsupportedStateError
 from .state_schema import read_store_schema
 from .unsafe_row import RowDecoder
 
-__all__ = ["HDFS_PROVIDER", "ROCKSDB_PROVIDER", "StateReader", "VersionFiles", "provider_of"]
+__all__ = [
+    "HDFS_PROVIDER",
+    "ROCKSDB_PROVIDER",
+    "StateReader",
+    "VersionFiles",
+    "provider_of",
+    "recorded_conf",
+]
 
 #: The providers Spark ships, by the class name the offsets log records.
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _PROVIDER_SETTING = "spark.sql.streaming.stateStore.providerClass"
+_ROW_CHECKSUMS = "spark.sql.streaming.stateStore.rowChecksum.enabled"
 _SHORT = {HDFS_PROVIDER: "hdfs", ROCKSDB_PROVIDER: "rocksdb"}
 
 
-def provider_of(objects: ObjectStore) -> str:
-    """The provider class the checkpoint's newest batch recorded (Spark's default, the
-    HDFS-backed one, when none is recorded: a checkpoint with no batch yet)."""
+def recorded_conf(objects: ObjectStore) -> dict[str, str]:
+    """The SQL settings the checkpoint's newest batch recorded (the ones a query keeps
+    for life: provider, codec, row checksums); empty before the first batch."""
     batches = [int(k.rsplit("/", 1)[-1]) for k in objects.list("offsets")
                if k.rsplit("/", 1)[-1].isdigit()]  # fmt: skip
     if not batches:
-        return HDFS_PROVIDER
+        return {}
     conf = batch_metadata(objects, max(batches)).get("conf") or {}
-    return str(conf.get(_PROVIDER_SETTING) or HDFS_PROVIDER)
+    return {str(k): str(v) for k, v in conf.items()} if isinstance(conf, dict) else {}
+
+
+def provider_of(conf: dict[str, str]) -> str:
+    """The provider class ``conf`` names (Spark's default, the HDFS-backed one, when none
+    is recorded: a checkpoint with no batch yet)."""
+    return conf.get(_PROVIDER_SETTING) or HDFS_PROVIDER
 
 
 @dataclass(frozen=True)
@@ -56,7 +70,10 @@ class StateReader:
 
     def __init__(self, objects: ObjectStore) -> None:
         self.objects = objects
-        self.provider = provider_of(objects)
+        conf = recorded_conf(objects)
+        self.provider = provider_of(conf)
+        #: Whether Spark put a CRC32-C before each value (and each removed key).
+        self.row_checksums = conf.get(_ROW_CHECKSUMS, "false").strip().lower() == "true"
         self.provider_name = _SHORT.get(self.provider, self.provider.rsplit(".", 1)[-1])
         if self.provider != HDFS_PROVIDER:
             raise UnsupportedStateError(
@@ -107,7 +124,13 @@ class StateReader:
         """The live ``(key row, value row)`` pairs ``files`` rebuild at ``version``,
         decoded; ``StateFileError`` naming the file when one is missing or damaged."""
         keys, values = self._decoders_of(store)
-        state = hdfs_files.load_state(self.objects, files.folder, version, files=files.listing)
+        state = hdfs_files.load_state(
+            self.objects,
+            files.folder,
+            version,
+            files=files.listing,
+            row_checksums=self.row_checksums,
+        )
         decode_key, decode_value = keys.decode, values.decode
         return ((decode_key(k), decode_value(v)) for k, v in state.items())
 

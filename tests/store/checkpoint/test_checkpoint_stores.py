@@ -294,3 +294,35 @@ def test_a_version_is_replayed_once_then_read_from_the_cache(agg_checkpoint, tmp
     assert partition.result == {"sum": sum(alice), "count": len(alice)}
     assert any("database reused from the cache" in line for line in partition.execution_info)
     assert sorted(os.walk(agg_checkpoint)) == before
+
+
+def test_iq_stores_shows_the_operator_schemas_and_provider(spark, agg_checkpoint):
+    from iqkit.jupyter.result import stores_frame
+
+    value = spark.read.format("statestore").load(agg_checkpoint).schema["value"].dataType
+    value_columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in value.fields)
+    with iqkit.open(agg_checkpoint) as engine:
+        frame = stores_frame(engine)
+        versions = engine.versions("aggregate")
+    row = frame.set_index("name").loc["aggregate"]
+    assert row["operator"] == "stateStoreSave (id 0)"
+    assert row["key_schema"] == "user string"
+    assert row["value_schema"] == value_columns
+    assert row["provider"] == "hdfs"
+    assert row["version"] == versions[-1]
+
+
+def test_state_written_with_row_checksums_reads_as_spark_reads_it(spark, tmp_path):
+    """With row checksums on, Spark puts a CRC before each value; the setting is read
+    from the checkpoint's own offsets log."""
+    conf = {"spark.sql.streaming.stateStore.rowChecksum.enabled": "true"}
+    checkpoint = os.fspath(
+        run_stream(spark, "agg", tmp_path / "ckpt", AGG_BATCHES, partitions=PARTITIONS, conf=conf)
+    )
+    with iqkit.open(checkpoint) as engine:
+        versions = engine.versions("aggregate")
+    for version in versions:
+        with iqkit.open(checkpoint, as_of=version) as engine:
+            got = _scan(engine, "aggregate")
+        expected = _oracle(spark, checkpoint, version)
+        assert {p: {(k,): v for k, v in rows.items()} for p, rows in got.items()} == expected
