@@ -128,11 +128,12 @@ def parquet(root: Path, name: str) -> str:
 
 
 class cold_engine:
-    """A fresh engine over an empty ``IQKIT_CACHE`` folder (removed on exit)."""
+    """A fresh engine over an empty ``IQKIT_CACHE`` folder (removed on exit), on ``root``
+    (default: ``folder / "root"``)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, root: str | Path | None = None) -> None:
         self.cache = Path(tempfile.mkdtemp(dir=folder))
-        self.root = folder / "root"
+        self.root = folder / "root" if root is None else root
 
     def __enter__(self) -> iqkit.StateEngine:
         os.environ["IQKIT_CACHE"] = os.fspath(self.cache)
@@ -457,7 +458,6 @@ def iqkit_writes(df: DataFrame, folder: Path) -> dict[str, Callable[[int], objec
 def measure_spark_writes(spark: SparkSession, folder: Path, rows: int) -> list[Row]:
     """``write_store`` and ``df.write.format("iqkit")`` against ``df.write.parquet`` of
     the same ``rows`` rows, best of ``WRITE_RUNS`` each."""
-
 
     out: list[Row] = []
     df = spark_records(spark, rows).cache()

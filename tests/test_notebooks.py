@@ -24,6 +24,7 @@ EXPECTED = [
     "05_panel",
     "06_spark_reads",
     "07_python_api",
+    "08_spark_checkpoints",
 ]
 #: What must never be in a stored output: temporary or absolute paths of this machine,
 #: Spark/log4j log lines (they carry timestamps), a kernel's ANSI-coloured traceback.
