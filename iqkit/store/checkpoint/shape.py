@@ -104,6 +104,16 @@ _KEY_PARTS: dict[str, Callable[[Any], Any]] = {
     "timestamp": _iso_timestamp,
     "timestamp_ntz": lambda v: v.isoformat(timespec="microseconds"),
 }
+#: Value column types holding whole numbers or booleans (``StateShape._value_bytes``).
+_WHOLE = frozenset({"integer", "long", "short", "byte", "boolean"})
+#: JSON's words for a boolean column's values.
+_BOOLEAN_WORDS: dict[bool | None, str] = {None: "null", True: "true", False: "false"}
+
+
+def _number_text(value: int | None) -> int | str:
+    return "null" if value is None else value
+
+
 #: Value column types JSON writes as they are.
 _PLAIN = frozenset({"string", "integer", "long", "short", "byte", "boolean", "double", "float"})
 
@@ -233,6 +243,32 @@ class StateShape:
     def _value_names(self) -> list[str]:
         return [f["name"] for f in self.value_fields]
 
+    @cached_property
+    def _value_bytes(self) -> Callable[[tuple[Any, ...]], bytes]:
+        """What turns a decoded value row into the json serde's bytes. A row of only
+        whole numbers and booleans (counts, sums of integers: most aggregation states)
+        is written through one format string, byte for byte what the serde writes for
+        it, at a fraction of the cost; any other row goes through the serde."""
+        serialize, value_of = get_serde("json").serialize, self.value_of
+        kinds = [f["type"] for f in self.value_fields]
+        if not kinds or not all(isinstance(k, str) and k in _WHOLE for k in kinds):
+            return lambda row: serialize(value_of(row))
+        names = [json.dumps(n, ensure_ascii=False) for n in self._value_names]
+        template = "{" + ",".join(f"{n.replace('%', '%%')}:%s" for n in names) + "}"
+        if "boolean" not in kinds:
+
+            def encode_numbers(row: tuple[Any, ...]) -> bytes:
+                return (template % tuple("null" if v is None else v for v in row)).encode()
+
+            return encode_numbers
+        # True == 1 in Python: booleans are looked up by field, never mixed with numbers.
+        words = [_BOOLEAN_WORDS.__getitem__ if k == "boolean" else _number_text for k in kinds]
+
+        def encode(row: tuple[Any, ...]) -> bytes:
+            return (template % tuple(w(v) for w, v in zip(words, row, strict=True))).encode()
+
+        return encode
+
     def window_size_ms(self, key_rows: Iterable[tuple[Any, ...]]) -> int | None:
         """The length of the first window among ``key_rows`` (``None``: none there)."""
         w = self.window_index
@@ -249,18 +285,17 @@ class StateShape:
     ) -> Iterator[tuple[bytes, bytes]]:
         """Decoded ``(key row, value row)`` pairs as iqkit's stored ``(key, value)`` bytes
         (both of a window store's index entries for a window)."""
-        key_of, value_of = self.key_value, self.value_of
+        key_of, value_bytes_of = self.key_value, self._value_bytes
         serialize_key = get_serde(self.key_serde).serialize
-        serialize_value = get_serde("json").serialize
         w = self.window_index
         if w is None:
             kv_key = keyspace.kv_key
             for key_row, value_row in rows:
-                yield kv_key(serialize_key(key_of(key_row))), serialize_value(value_of(value_row))
+                yield kv_key(serialize_key(key_of(key_row))), value_bytes_of(value_row)
             return
         for key_row, value_row in rows:
             key_bytes = serialize_key(key_of(key_row))
-            value_bytes = serialize_value(value_of(value_row))
+            value_bytes = value_bytes_of(value_row)
             start = _epoch_ms(key_row[w]["start"])
             yield keyspace.window_key(key_bytes, start), value_bytes
             yield keyspace.window_time_key(key_bytes, start), b""
