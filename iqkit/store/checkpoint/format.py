@@ -21,7 +21,7 @@ from ..objects import open_objects
 from ..roots import StoreRoot
 from .layout import OperatorStore, is_checkpoint, operator_stores
 from .providers import StateReader
-from .shape import StateShape
+from .shape import StateShape, UnsupportedStateError
 from .snapshot import CheckpointSnapshot, CheckpointVersion, committed_versions, version_record
 
 __all__ = ["CheckpointFormat"]
@@ -99,6 +99,8 @@ class CheckpointFormat(StoreFormat):
         manifest = self._manifests.get(store)
         if manifest is None:
             found = self._store(store)
+            if found.not_supported is not None:
+                raise UnsupportedStateError(found.not_supported)
             shape = self._shape(found)
             window_size = None
             if shape.window_index is not None:

@@ -326,3 +326,31 @@ def test_state_written_with_row_checksums_reads_as_spark_reads_it(spark, tmp_pat
             got = _scan(engine, "aggregate")
         expected = _oracle(spark, checkpoint, version)
         assert {p: {(k,): v for k, v in rows.items()} for p, rows in got.items()} == expected
+
+
+def test_a_stream_stream_join_is_listed_and_refused_in_one_line(spark, tmp_path):
+    """A join keeps four bookkeeping stores whose rows mean nothing on their own: they
+    are listed, and reading one is one line naming the operator, never rows."""
+    import json as json_module
+
+    from iqkit.store.checkpoint.shape import UnsupportedStateError
+
+    inputs = tmp_path / "input"
+    inputs.mkdir()
+    (inputs / "a.json").write_text(
+        "\n".join(json_module.dumps(r) for r in AGG_BATCHES[0]), encoding="utf-8"
+    )
+    left = spark.readStream.schema("user string, amount long, ts string").json(str(inputs))
+    right = left.select("user", (left.amount * 2).alias("double"))
+    checkpoint = os.fspath(tmp_path / "ckpt")
+    (left.join(right, "user").writeStream.format("noop")
+     .option("checkpointLocation", checkpoint).trigger(availableNow=True)
+     .start().awaitTermination())  # fmt: skip
+    with iqkit.open(checkpoint) as engine:
+        names = engine.store_names()
+        assert names and all(n.startswith("join-") for n in names)
+        with pytest.raises(UnsupportedStateError) as info:
+            engine.manifest(names[0])
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("not supported yet: symmetricHashJoin (a stream-stream join)")
