@@ -36,21 +36,22 @@ are written only for stores in several column families.
 Keys and values in the database and in changelogs are Spark's encoding of an UnsafeRow:
 one version byte (0), then the row. With
 ``spark.sql.streaming.stateStore.rowChecksum.enabled`` a value is ``[CRC32-C: int32
-LE][length of the rest: int32 LE]`` and then the encoded row; ``row_checksums=True``
-strips it (not recomputed: the lz4 and RocksDB block checksums cover the same bytes, and
-CRC32-C has no fast implementation in Python's standard library). Keys encoded for
-prefix or range scans (a session window's store) and transformWithState's column families
-(a 2-byte family id before each key, listed in the snapshot's ``columnFamilyMapping``)
-are refused in one line.
+LE][length of the rest: int32 LE]`` and then the encoded row, and a changelog's delete
+record has the key's CRC32-C (4 bytes) before the key; ``row_checksums=True`` strips both
+(not recomputed: the lz4 and RocksDB block checksums cover the same bytes, and CRC32-C has
+no fast implementation in Python's standard library). Keys encoded for prefix or range
+scans (a session window's store) and transformWithState's column families (a 2-byte
+family id before each key, listed in the snapshot's ``columnFamilyMapping``) are refused
+in one line.
 
-Checkpoint format v2 (``spark.sql.streaming.stateStore.checkpointFormatVersion=2``; off
-by default in Spark 4.1 to 4.3) names each file ``<v>_<unique id>.zip`` /
-``.changelog``: a retried batch leaves files of several attempts for one version, and
-the commit log (``commits/<v - 1>``, ``stateUniqueIds``: operator id → one list per
-partition of one id per store) names the one that counts; a changelog's lineage names
-the files of the versions before it. Spark then writes its own checksum file
-``<name>.crc`` beside each (JSON: ``algorithm``, ``value``, ``mainFileSize``): the size
-is checked.
+Checkpoint format v2 (``spark.sql.streaming.stateStore.checkpointFormatVersion=2``: 1 by
+default in PySpark 4.3; Real-Time Mode queries need 2) names each file
+``<v>_<unique id>.zip`` / ``.changelog``: a retried batch leaves files of several attempts
+for one version, and the commit log (``commits/<v - 1>``, ``stateUniqueIds``: operator id
+→ one list per partition of one id per store) names the one that counts; a changelog's
+lineage names the files of the versions before it. Spark then also writes a checksum file
+of its own, ``<name>.crc``, beside each (JSON: ``algorithm`` CRC32C, ``value``,
+``mainFileSize``): its size is checked.
 
 Every byte read is checked: Hadoop's ``.<name>.crc`` beside a zip or changelog where it
 exists (local and HDFS checkpoints), the zip's own CRC-32 of each entry, the lz4 blocks'
@@ -70,7 +71,7 @@ import struct
 import tempfile
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,8 +125,8 @@ class PartitionFiles:
     @property
     def unique_ids(self) -> bool:
         """Whether the files carry checkpoint unique ids (checkpoint format v2)."""
-        return any(uid for ids in (*self.snapshots.values(), *self.changelogs.values())
-                   for uid in ids)  # fmt: skip
+        ids = (*self.snapshots.values(), *self.changelogs.values())
+        return any(uid for found in ids for uid in found)
 
     def name(self, version: int, kind: str, uid: str = "") -> str:
         return f"{version}_{uid}.{kind}" if uid else f"{version}.{kind}"
@@ -170,20 +171,15 @@ def list_versions(objects: ObjectStore, partition_dir: str) -> list[int]:
 def oldest_version(
     objects: ObjectStore, partition_dir: str, *, files: PartitionFiles | None = None
 ) -> int | None:
-    """The oldest version of ``partition_dir`` that can still be rebuilt: one with a
-    snapshot, or one whose changelog follows a version that can (version 0, the empty
-    state, always can). ``None``: no state files. Spark's retention deletes old snapshots
-    and changelogs, never any that a version it keeps needs. In checkpoint format v2 this
-    goes by version numbers only (which attempt's files count is the commit log's to say,
-    version by version)."""
+    """The oldest version of ``partition_dir`` that can still be rebuilt: version 1 while
+    its changelog is kept (it applies to the empty state), else the oldest snapshot.
+    ``None``: no version can be (no state files yet). Spark's retention deletes old
+    snapshots and changelogs, never any that a version it keeps needs; a version between
+    two retained snapshots may still lack a changelog (``load_state`` names it)."""
     files = files if files is not None else list_files(objects, partition_dir)
-    rebuilt = {0}
-    for version in files.versions():
-        if version in files.snapshots or (version in files.changelogs and version - 1 in rebuilt):
-            rebuilt.add(version)
-            if len(rebuilt) == 2:
-                return version
-    return None
+    if 1 in files.changelogs:
+        return 1
+    return min(files.snapshots, default=None)
 
 
 def load_state(
@@ -281,7 +277,8 @@ class _UniqueIdPlan(_Plan):
             raise StateFileError(f"{where}: no snapshot of the versions its lineage names is there")
         base = lineage[bases[-1]] if bases else None
         after = lineage[bases[-1] + 1 :] if bases else lineage
-        if [v for v, _ in after] != list(range(after[0][0], version + 1)):
+        first = base[0] + 1 if base else 1
+        if [v for v, _ in after] != list(range(first, version + 1)):
             raise StateFileError(f"{where}: its lineage skips versions ({lineage})")
         for v, u in after[:-1]:
             if not files.has(v, _CHANGELOG, u):
@@ -391,30 +388,41 @@ def _apply(
 ) -> None:
     """Apply a changelog's records to ``state`` (the state of the version before it), in
     place. On ``StateFileError`` ``state`` may hold part of it: throw it away."""
-    data, position = records
-    if position:  # format 3: the lineage text follows the version text
-        position += 2 + _UTF_LENGTH.unpack_from(data, position)[0]
+    for key, value in _records(*records, where):
+        if value is None:
+            # With row checksums a delete's key carries the key's CRC32-C first.
+            state.pop(_row(key[4:] if checksums else key, where, "key"), None)
+        else:
+            state[_row(key, where, "key")] = _value(value, where, checksums)
+
+
+def _records(
+    data: memoryview, start: int, where: str
+) -> Iterator[tuple[memoryview, memoryview | None]]:
+    """The (key, value or None for a delete) records of a changelog of format 1 or 3
+    (``start``: after the version text of format 3, whose lineage text comes next), the
+    framing checked to the last byte."""
     end = len(data)
-    unpack = _INT32_BE.unpack_from
+    take = _INT32_BE.unpack_from
     try:
-        while True:
-            (key_size,) = unpack(data, position)
-            position += 4
-            if key_size == -1:
-                break
-            if key_size < 0 or position + key_size + 4 > end:
-                raise ValueError(f"bad key size {key_size} at byte {position - 4}")
-            key = _row(data[position : position + key_size], where, "key")
-            position += key_size
-            (value_size,) = unpack(data, position)
+        position = start + 2 + _UTF_LENGTH.unpack_from(data, start)[0] if start else 0
+        (key_size,) = take(data, position)
+        while key_size != -1:
+            if key_size < 0 or position + 8 + key_size > end:
+                raise ValueError(f"bad key size {key_size} at byte {position}")
+            key = data[position + 4 : position + 4 + key_size]
+            position += 4 + key_size
+            (value_size,) = take(data, position)
             position += 4
             if value_size == -1:
-                state.pop(key, None)
-            elif value_size < 0 or position + value_size > end:
-                raise ValueError(f"bad value size {value_size} at byte {position - 4}")
-            else:
-                state[key] = _value(data[position : position + value_size], where, checksums)
+                yield key, None
+            elif 0 <= value_size <= end - position:
+                yield key, data[position : position + value_size]
                 position += value_size
+            else:
+                raise ValueError(f"bad value size {value_size} at byte {position - 4}")
+            (key_size,) = take(data, position)
+        position += 4
     except (ValueError, struct.error) as exc:
         raise StateFileError(f"{where}: damaged records ({exc})") from None
     if position != end:
@@ -425,9 +433,14 @@ def _row(encoded: memoryview | bytes, where: str, what: str) -> bytes:
     """The UnsafeRow in ``encoded`` (a key or value as Spark's RocksDB encoder wrote it)."""
     if not encoded or encoded[0] != _ENCODING_VERSION:
         first = f"byte {encoded[0]:#04x}" if encoded else "nothing"
+        why = (
+            "keys encoded for prefix or range scans are not supported yet"
+            if what == "key"
+            else "row checksums not expected (spark.sql.streaming.stateStore.rowChecksum.enabled)?"
+        )
         raise StateFileError(
             f"{where}: a {what} starting with {first}, not Spark's UnsafeRow encoding "
-            "(version byte 0); keys encoded for prefix or range scans are not supported yet"
+            f"(version byte 0); {why}"
         )
     return bytes(encoded[1:])
 
@@ -483,7 +496,8 @@ def _unzip(raw: bytes, where: str) -> tuple[dict[str, bytes], dict[str, tuple[st
         with zipfile.ZipFile(io.BytesIO(raw)) as archive:
             # Reading each entry checks its CRC-32 (BadZipFile when it does not match).
             entries = {info.filename: archive.read(info) for info in archive.infolist()}
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError) as exc:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError,
+            NotImplementedError, ValueError) as exc:  # fmt: skip
         raise StateFileError(f"{where}: not a whole zip file ({exc})") from None
     if _METADATA_ENTRY not in entries:
         raise StateFileError(f"{where}: no {_METADATA_ENTRY} entry (not a RocksDB snapshot)")
@@ -538,20 +552,48 @@ def _scan(folder: str, where: str, sst_keys: Mapping[str, str]) -> list[tuple[by
     ``partitions.rocks``. RocksDB verifies each block it reads against its checksum; an
     error naming one of the SSTs (``sst_keys``: name in the database → where it came
     from) is reported against that file, any other against the snapshot ``where``."""
-    db = chunks = None
-    rows: list[tuple[bytes, bytes]] = []
+    db = None
     try:
         db = rocks.open_for_read(folder)
-        chunks = rocks.scan_chunks(db, b"", None)
-        for chunk in chunks:
-            rows.extend(chunk)
+        return _all_rows(db)
     except Exception as exc:  # rocksdict raises plain Exception; open_for_read iqkit's own
         text = " ".join(str(exc).split()) or type(exc).__name__
+        text = re.sub(r"/\S*/(\d+\.sst)", r"\1", text)  # the private folder's path: noise
         culprit = next((sst for local, sst in sst_keys.items() if local in text), where)
         kind = "damaged" if isinstance(exc, IqkitError) or "orrupt" in text else "unreadable"
         raise StateFileError(f"{culprit}: {kind}, RocksDB says: {text}") from None
     finally:
-        if chunks is not None:
-            chunks.close()  # the iterator keeps the database open (rocks.py's quirk)
         rocks.close_quietly(db)
+
+
+def _all_rows(db: rocks.Rdict) -> list[tuple[bytes, bytes]]:
+    """Every (key, value) of ``db`` in key order, or the error that cut the scan short.
+
+    Quirk: rocksdict's ``items()``, which ``rocks.scan_chunks`` reads, ends quietly where
+    its iterator meets an error (a block failing its checksum, say), so a damaged SST
+    would read as fewer rows. So after the fast scan a raw iterator is placed just past
+    the last row read: it must be at the end, with no error status.
+    """
+    # TODO(rocks.py): scan_chunks should check its iterator's status itself.
+    rows: list[tuple[bytes, bytes]] = []
+    chunks = rocks.scan_chunks(db, b"", None)
+    try:
+        for chunk in chunks:
+            rows.extend(chunk)
+    finally:
+        chunks.close()  # an iterator keeps the database open (rocks.py's quirk)
+    probe = db.iter()
+    try:
+        if rows:
+            probe.seek(rows[-1][0])
+            if probe.valid() and probe.key() == rows[-1][0]:
+                probe.next()
+        else:
+            probe.seek_to_first()
+        more = probe.valid()
+        probe.status()  # raises the error that ended the scan, if one did
+    finally:
+        del probe
+    if more:
+        raise RuntimeError("the scan of the database ended before its last key")
     return rows
