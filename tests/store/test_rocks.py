@@ -74,3 +74,33 @@ def test_a_views_folder_swept_by_another_process_before_it_was_locked_is_made_ag
             os.close(home[2])
             shutil.rmtree(home[1], ignore_errors=True)
         monkeypatch.setattr(rocks, "_views_home", saved)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("upper", [None, b"\xff"])
+def test_a_scan_cut_short_by_a_damaged_block_fails_instead_of_ending(tmp_path, upper, reverse):
+    """rocksdict's iterator ends quietly at a block that fails its checksum; a scan must
+    say so (the store is damaged), never return the rows before it as if they were all."""
+    from iqkit.errors import IqkitError
+    from iqkit.store.partitions.builds import build_database
+
+    rows = [(f"k{i:07d}".encode(), bytes(200)) for i in range(20_000)]
+    sst = tmp_path / "rows.sst"
+    rocks.write_sst(sst, iter(rows))
+    folder = tmp_path / "db"
+    build_database(folder, [sst])
+    (table,) = [p for p in folder.iterdir() if p.suffix == ".sst"]
+    data = bytearray(table.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    table.unlink()  # a new file: the database's hard link must not change `sst` too
+    table.write_bytes(bytes(data))
+    db = rocks.open_for_read(folder)
+    try:
+        read: list[tuple[bytes, bytes]] = []
+        with pytest.raises(IqkitError):
+            for chunk in rocks.scan_chunks(db, b"", upper, reverse=reverse):
+                read.extend(chunk)
+        assert len(read) < len(rows)  # the damage was met part way, and said
+    finally:
+        rocks.close_quietly(db)

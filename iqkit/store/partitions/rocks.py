@@ -423,14 +423,19 @@ def scan_chunks(
     size = FIRST_CHUNK_ROWS
     if not reverse:
         items = db.items(from_key=lower, read_opt=read_opts)
+        last = None
         while chunk := list(islice(items, size)):
+            last = chunk[-1][0]
             yield chunk
             size = min(size * 2, MAX_CHUNK_ROWS)
+        del items
+        _check_scan_ended(db, lower, upper, last)
         return
     # Reverse: seek_for_prev(upper) lands on ``upper`` itself when it exists: skip it.
     # rocksdict's backward iteration ignores the lower bound (quirk): stop by hand.
     items = db.items(backwards=True, from_key=upper, read_opt=read_opts)
     first = True
+    last = None
     while chunk := list(islice(items, size)):
         if first:
             first = False
@@ -440,8 +445,49 @@ def scan_chunks(
             yield [kv for kv in chunk if kv[0] >= lower]
             return
         if chunk:
+            last = chunk[-1][0]
             yield chunk
         size = min(size * 2, MAX_CHUNK_ROWS)
+    del items
+    _check_scan_ended(db, lower, upper, last, reverse=True)
+
+
+def _check_scan_ended(
+    db: Rdict, lower: bytes, upper: bytes | None, last: bytes | None, *, reverse: bool = False
+) -> None:
+    """Raise the error that ended a scan early, if one did (``last``: the last key it
+    read, ``None`` for none).
+
+    Quirk: rocksdict's ``items()`` ends quietly where its iterator meets an error (a data
+    block failing its checksum, an SST that cannot be read), so a damaged file would read
+    as fewer rows. A raw iterator placed just past the last row read must therefore be at
+    the end of the range, with an OK status (``status()`` raises the stored error)."""
+    probe = db.iter()
+    try:
+        if not reverse:
+            probe.seek(lower if last is None else last)
+            if last is not None and probe.valid() and probe.key() == last:
+                probe.next()
+            more = probe.valid() and (upper is None or probe.key() < upper)
+        else:
+            if last is not None:
+                probe.seek(last)
+            elif upper is not None:
+                probe.seek(upper)
+            else:
+                probe.seek_to_last()
+            if probe.valid() and (last is not None or upper is not None):
+                probe.prev()  # past the last key read, or below the exclusive upper bound
+            elif not probe.valid() and last is None and upper is not None:
+                probe.seek_to_last()  # every key is below ``upper``
+            more = probe.valid() and probe.key() >= lower and (upper is None or probe.key() < upper)
+        probe.status()
+    except Exception as exc:  # rocksdict raises plain Exception
+        raise classify(exc, db.path()) from exc
+    finally:
+        del probe
+    if more:
+        raise StoreCorruptedError(f"a scan of {db.path()} ended before the end of its range")
 
 
 def scan(
