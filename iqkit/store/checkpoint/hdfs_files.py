@@ -48,6 +48,8 @@ __all__ = [
     "PartitionFiles",
     "StateFileError",
     "apply_delta",
+    "check_hadoop_crc",
+    "decompress_lz4_stream",
     "list_files",
     "list_versions",
     "load_state",
@@ -204,11 +206,11 @@ def _read_records(objects: ObjectStore, files: PartitionFiles, key: str) -> byte
     folder, _, name = key.rpartition("/")
     crc_name = f".{name}.crc"
     if crc_name in files.crc_files:
-        _check_hadoop_crc(objects, f"{folder}/{crc_name}", raw, objects.where(key))
-    return _decompress(raw, objects.where(key))
+        check_hadoop_crc(objects, f"{folder}/{crc_name}", raw, objects.where(key))
+    return decompress_lz4_stream(raw, objects.where(key))
 
 
-def _check_hadoop_crc(objects: ObjectStore, crc_key: str, raw: bytes, where: str) -> None:
+def check_hadoop_crc(objects: ObjectStore, crc_key: str, raw: bytes, where: str) -> None:
     """Check ``raw`` against Hadoop's checksum file ``crc_key``: ``"crc\\0"``, the chunk
     size (int32 BE), then the CRC-32 (uint32 BE) of each chunk."""
     try:
@@ -233,7 +235,7 @@ def _check_hadoop_crc(objects: ObjectStore, crc_key: str, raw: bytes, where: str
             )
 
 
-def _decompress(raw: bytes, where: str) -> bytes:
+def decompress_lz4_stream(raw: bytes, where: str) -> bytes:
     """The original bytes of the lz4-java block stream ``raw``, each block's checksum
     verified; ``StateFileError`` for anything else."""
     from lz4.block import LZ4BlockError, decompress

@@ -78,7 +78,7 @@ from typing import Any
 from ...errors import IqkitError, ObjectMissingError
 from ..objects import NotPlainFileError, ObjectStore, link_plain_file
 from ..partitions import rocks
-from .hdfs_files import StateFileError, _check_hadoop_crc, _decompress
+from .hdfs_files import StateFileError, check_hadoop_crc, decompress_lz4_stream
 from .shape import UnsupportedStateError
 
 __all__ = [
@@ -330,7 +330,7 @@ def _read_checked(objects: ObjectStore, files: PartitionFiles, key: str) -> byte
         raise StateFileError(f"{where}: missing") from None
     name = key.rpartition("/")[2]
     if f".{name}.crc" in files.names:
-        _check_hadoop_crc(objects, f"{files.folder}/.{name}.crc", raw, where)
+        check_hadoop_crc(objects, f"{files.folder}/.{name}.crc", raw, where)
     if f"{name}.crc" in files.names:
         try:
             size = json.loads(objects.read_bytes(f"{key}.crc"))["mainFileSize"]
@@ -348,7 +348,7 @@ def _read_checked(objects: ObjectStore, files: PartitionFiles, key: str) -> byte
 
 def _changelog_records(raw: bytes, where: str) -> tuple[memoryview, int]:
     """(the decompressed changelog, where its records start), the header checked."""
-    data = memoryview(_decompress(raw, where))
+    data = memoryview(decompress_lz4_stream(raw, where))
     version, start = _changelog_format(data)
     if version in (2, 4):
         raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
