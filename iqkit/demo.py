@@ -9,6 +9,10 @@ A local Spark session (``local[2]``) reads Kafka-shaped order events from a loca
   per micro-batch, with positions and the topic's end offsets (so lag is real: a few
   orders arrive while the last micro-batch is written and stay unread).
 
+A fourth job is a plain streaming aggregation with no iqkit in it at all (orders and
+spend per item, written to Spark's ``noop`` sink): its state lives only in its checkpoint
+(``_demo/checkpoints/items``), and the tour opens that checkpoint as a store.
+
 Then it prints a tour: each step is the ``%iq`` line a notebook would run, executed by the
 same :class:`~iqkit.jupyter.session.IQSession` and printed as the magic's text tables, so
 ``make lab`` continues exactly where the terminal stops.
@@ -188,6 +192,7 @@ def _pipeline(root: Path, work: Path, say: _Say, *, progress: bool) -> Any:
         say(f"         log-end offsets: {topic.end_offsets()}")
         _batch_jobs(spark, topic, root, say, progress=progress)
         late = _stream(spark, topic, root, work, rng, say)
+        _checkpoint_only_job(spark, topic, items_checkpoint(root), say)
     finally:
         if owned:
             spark.stop()
@@ -363,6 +368,34 @@ def _stream(spark: Any, topic: Any, root: Path, work: Path, rng: random.Random, 
     return late[-1] if late else None
 
 
+def items_checkpoint(root: Path) -> Path:
+    """The checkpoint of the job that keeps its state only in Spark's state store."""
+    return root / WORK_DIR / "checkpoints" / "items"
+
+
+def _checkpoint_only_job(spark: Any, topic: Any, checkpoint: Path, say: _Say) -> None:
+    """A streaming aggregation as people write them, with no sink: orders and spend per
+    item, one micro-batch per produce call, its state only in ``checkpoint``."""
+    from pyspark.sql import functions as F
+
+    say.step(
+        "Structured Streaming with no sink: orders and spend per item, state kept only in "
+        "Spark's checkpoint"
+    )
+    orders = _orders_frame(topic.read_stream(spark, max_files_per_trigger=TOPIC_PARTITIONS))
+    per_item = orders.groupBy("item").agg(
+        F.count("*").alias("orders"), F.sum("amount").alias("spend")
+    )
+    query = (
+        per_item.writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+
+
 def _store_position(engine: Any, store: str) -> Any:
     from .query.position import Position
 
@@ -426,6 +459,18 @@ def _tour(root: Path, late: Any, out: TextIO) -> None:
             f"reads all {TOPIC_PARTITIONS} topic partitions)",
             "lag latest",
             frame,
+        )
+        show(
+            "A Spark checkpoint opened as stores: the per-item job has no sink, its state "
+            "is read from Spark's own state files",
+            f"open {items_checkpoint(root)}",
+        )
+        show("Its store: the operator, schemas and state store provider", "stores", frame)
+        show(
+            "Key lookup in Spark's state: only the partition Spark's hash put the key in",
+            "get aggregate coffee tea --trace",
+            str,
+            trace,
         )
     finally:
         session.close()

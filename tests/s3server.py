@@ -29,6 +29,20 @@ def aws_variables(endpoint: str) -> dict[str, str]:
     }
 
 
+def reader_only_env(endpoint: str, home: str) -> dict[str, str]:
+    """The whole environment of a process that only reads: a PATH, a home of its own, the
+    AWS variables of ``endpoint`` and a cache under ``home`` (no Spark, no shared
+    folder)."""
+    import os
+
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": home,
+        **aws_variables(endpoint),
+        "IQKIT_CACHE": os.path.join(home, "iqkit-cache"),
+    }
+
+
 def aws_env(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
     """``aws_variables`` set for one test (through the standard variables only)."""
     for name in _UNSET:

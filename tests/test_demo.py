@@ -120,6 +120,19 @@ def test_demo_writes_three_stores_prints_the_tour_and_a_second_run_replaces_them
                 starts += [kv.key.start for kv in it]
         assert starts == sorted(starts, reverse=True) and len(starts) > 5
 
+    # The job with no sink: its state read from its checkpoint, every order in it.
+    with iqkit.open(demo.items_checkpoint(root)) as engine:
+        assert engine.store_names() == ["aggregate"]
+        assert engine.version("aggregate") == demo.PRODUCE_CALLS + 1  # late orders: a batch
+        items = {k: v for _, k, v in kv_rows(engine, "aggregate")}
+    assert items == {  # an aggregation's state keeps Spark's buffer names, not the aliases
+        item: {
+            "count": sum(1 for o in orders if o["item"] == item),
+            "sum": sum(o["amount"] for o in orders if o["item"] == item),
+        }
+        for item in {o["item"] for o in orders}
+    }
+
     # The tour: each step's %iq line, then what the magic shows.
     for line in (
         ">>> %iq stores",
@@ -128,6 +141,8 @@ def test_demo_writes_three_stores_prints_the_tour_and_a_second_run_replaces_them
         f">>> %iq window per_minute {demo.CUSTOMER} --from 2024-05-01T12:00",
         f">>> %iq get latest {demo.CUSTOMER} --bound orders:",
         ">>> %iq lag latest",
+        f">>> %iq open {demo.items_checkpoint(root)}",
+        ">>> %iq get aggregate coffee tea --trace",
     ):
         assert line in out
     assert f"micro-batch {demo.PRODUCE_CALLS - 1}: version {demo.PRODUCE_CALLS}" in out

@@ -137,7 +137,7 @@ import contextlib
 import json
 import os
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,7 +165,7 @@ from iqkit.store.rows import RowSchema
 from .datasource_write import plan_write
 from .read_arrow import ArrowRows
 from .read_rows import SparkRows
-from .read_spec import parse_read_options
+from .read_spec import ReadSpec, parse_read_options
 from .read_tasks import max_partition_bytes, spread
 from .roots import driver_root, driver_store_root
 from .worker_python import require_workers_can_import_iqkit
@@ -238,18 +238,36 @@ def _read_manifest(root: str, store: str, as_of: int | None) -> tuple[StoreManif
     """The store's manifest and the version to read (checked: an unknown store raises
     ``UnknownStoreError`` with a did-you-mean hint, an unretained ``as_of`` a
     ``ValueError`` naming the retained versions)."""
-    manifest, version, _ = _read_version(root, store, as_of)
-    return manifest, version
-
-
-def _read_version(
-    root: str, store: str, as_of: int | None
-) -> tuple[StoreManifest, int | None, dict[int, int]]:
-    """``_read_manifest``, and the bytes a scan of each partition of that version reads
-    (``StateEngine.scan_bytes``)."""
     pin = {store: as_of} if as_of is not None else None
     with iqkit.open(root, as_of=pin) as engine:
-        return engine.manifest(store), engine.version(store), engine.scan_bytes(store)
+        return engine.manifest(store), engine.version(store)
+
+
+@dataclass(frozen=True)
+class _ReadFacts:
+    """What the driver learns of the store before planning a read: the manifest, the
+    version read, the bytes a scan of each partition reads (``StateEngine.scan_bytes``),
+    the checked read options and, for key lookups, each key's owning partition (the
+    engine's routing, which knows every format's: Spark's hash for a checkpoint)."""
+
+    manifest: StoreManifest
+    version: int | None
+    scan_bytes: dict[int, int]
+    spec: ReadSpec
+    owners: tuple[tuple[Any, int | None], ...]
+
+    def owner_of(self, key: Any) -> int | None:
+        return next((owner for k, owner in self.owners if k == key), None)
+
+
+def _read_facts(root: str, store: str, options: Mapping[str, str]) -> _ReadFacts:
+    as_of = _as_of_from_options(options)
+    pin = {store: as_of} if as_of is not None else None
+    with iqkit.open(root, as_of=pin) as engine:
+        manifest = engine.manifest(store)
+        spec = parse_read_options(options, manifest)
+        owners = tuple((k, engine.partition_for_key(store, k)) for k in spec.keys or ())
+        return _ReadFacts(manifest, engine.version(store), engine.scan_bytes(store), spec, owners)
 
 
 class IqkitDataSource(DataSource):
@@ -319,16 +337,18 @@ class IqkitReader(DataSourceReader):
     def __init__(self, options: Any, schema: StructType) -> None:
         self.root = driver_root(_store_root_from_options(options))
         self.store = _store_from_options(options, self.root)
-        as_of = _as_of_from_options(options)
-        manifest, version, scan_bytes = _read_version(self.root, self.store, as_of)
+        facts = _read_facts(self.root, self.store, options)
+        manifest = facts.manifest
         #: What the options narrow the read to (checked here, on the driver).
-        self.spec = parse_read_options(options, manifest)
+        self.spec = facts.spec
+        #: Which partition owns each key looked up (``None``: any may hold it).
+        self.owner_of = facts.owner_of
         #: How the partitions are spread over tasks (``read_tasks``).
-        self.scan_bytes = scan_bytes
+        self.scan_bytes = facts.scan_bytes
         self.max_partition_bytes = max_partition_bytes(options)
         self.manifest = manifest
         #: The version every partition reads (``None``: nothing committed yet).
-        self.version = version
+        self.version = facts.version
         self.trace_dir = options.get("_trace_dir") or None
         #: How records become rows of ``schema`` (checked here too).
         rows = RowSchema(manifest)
@@ -344,7 +364,7 @@ class IqkitReader(DataSourceReader):
         """The store partitions to read, spread over Spark tasks by the bytes a scan of
         each reads (``read_tasks``; key lookups weigh nothing)."""
         keep_spark_archive_indexes()
-        planned = self.spec.plan(self.manifest)
+        planned = self.spec.plan(self.manifest, self.owner_of)
         weights = {} if self.spec.keys is not None else self.scan_bytes
         groups = spread(planned, weights, cap=self.max_partition_bytes)
         return [_StorePartitions([_StorePartition(p, keys) for p, keys in g]) for g in groups]

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import ast
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -88,20 +88,33 @@ class ReadSpec:
     time_from: int | None = None
     time_to: int | None = None
 
-    def plan(self, manifest: StoreManifest) -> list[tuple[int, tuple[Any, ...] | None]]:
+    def plan(
+        self,
+        manifest: StoreManifest,
+        owner_of: Callable[[Any], int | None] | None = None,
+    ) -> list[tuple[int, tuple[Any, ...] | None]]:
         """``(store partition, keys it owns or None)`` for every partition to read, in
-        partition order; a murmur2 store's key lookups read only the owning partitions."""
+        partition order; key lookups read only the owning partitions where a key's owner
+        is known. ``owner_of`` says a key's partition (``StateEngine.partition_for_key``,
+        which knows every format's routing; ``None``: any partition may hold it); by
+        default the partitioner the manifest names routes."""
         allowed = self.partitions if self.partitions is not None else range(manifest.partitions)
         if self.keys is None:
             return [(p, None) for p in allowed]
-        partitioner = get_partitioner(manifest.partitioner)
-        if not partitioner.routes_keys:
-            return [(p, self.keys) for p in allowed]
-        serde = get_serde(manifest.key_serde)
+        if owner_of is None:
+            partitioner = get_partitioner(manifest.partitioner)
+            serde = get_serde(manifest.key_serde)
+
+            def owner_of(key: Any) -> int | None:
+                if not partitioner.routes_keys:
+                    return None
+                return partitioner.partition(serde.serialize(key), manifest.partitions)
+
         owned: dict[int, list[Any]] = {}
         for key in self.keys:
-            p = partitioner.partition(serde.serialize(key), manifest.partitions)
-            owned.setdefault(p, []).append(key)
+            owner = owner_of(key)
+            for p in allowed if owner is None else (owner,):
+                owned.setdefault(p, []).append(key)
         return [(p, tuple(owned[p])) for p in allowed if p in owned]
 
     def queries(self, kind: StoreKind | str, keys: tuple[Any, ...] | None) -> list[Query]:

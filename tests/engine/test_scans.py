@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import iqkit
 from iqkit import PrefixScanQuery, RangeQuery, ResultOrder, Windowed
+from iqkit.errors import EngineClosedError
 
 
 def one_partition_store(root, name, items, **kwargs):
@@ -304,8 +305,21 @@ def test_closing_the_engine_ends_live_iterators(root):
     it = engine.query(request("big", RangeQuery.with_no_bounds())).partition_results[0].result
     assert next(it).key == "k00000"
     engine.close()  # closes the RocksDB iterator before the database
-    rest = list(it)  # only rows already decoded in memory remain; no crash, no hang
-    assert len(rest) < 2_000
+    with pytest.raises(EngineClosedError, match="engine was closed"):
+        list(it)  # never a quietly short result
+
+
+@pytest.mark.parametrize("started", [False, True], ids=["unread", "half-read"])
+def test_a_result_read_after_its_engine_closed_raises(letters, open_engine, started):
+    """The mistake ``with iqkit.open(root) as e: result = e.query(...)`` and reading
+    ``result`` after the block: one clear error, not an empty or short result."""
+    with open_engine(letters) as engine:
+        result = engine.query(request("letters", RangeQuery.with_no_bounds()))
+        it = result.partition_results[0].result
+        if started:
+            assert next(it).key == "a"
+    with pytest.raises(EngineClosedError, match="closed"):
+        list(it)
 
 
 def test_result_order_reports_the_requested_order():

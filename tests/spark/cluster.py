@@ -26,6 +26,10 @@ Quirks worked around:
   local (spill) folders in ``spark.local.dir``, which the in-driver workers read.
 - The executors register a moment after the session starts: ``_start_session`` waits
   until both have, so the first job can use both.
+
+Spark itself reaches the test S3 server through Hadoop's S3A connector where
+``IQKIT_TEST_S3A_JARS`` names the folder ``make test`` fetched it into (``s3a_jars``):
+so a streaming query's checkpoint can live on ``s3a://``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ EXECUTORS = 2
 MASTER = f"local-cluster[{EXECUTORS},1,1024]"
 #: How long the executors may take to register (seconds); a failure, not a wait, past it.
 REGISTER_TIMEOUT = 120
+#: The folder of Hadoop's S3A jars (``s3a_jars``), set by ``make test``.
+S3A_JARS_VARIABLE = "IQKIT_TEST_S3A_JARS"
 #: The cluster's ``IQKIT_CACHE``: relative, so each process resolves it in its own working
 #: folder — the driver's, and each executor's (Python workers run in their executor's
 #: folder) — and no two share a cache, as on a real cluster's separate hosts.
@@ -214,8 +220,17 @@ def _start_session(scratch: Path):
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.task.maxFailures", "1")  # a failing task fails the test at once
-        .getOrCreate()
     )
+    jars = os.environ.get(S3A_JARS_VARIABLE)
+    if jars:
+        from s3a_jars import jar_paths, spark_s3a_conf
+
+        env = os.environ
+        conf = spark_s3a_conf(jar_paths(jars), env["AWS_ENDPOINT_URL"],
+                              env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])  # fmt: skip
+        for name, value in conf.items():
+            spark = spark.config(name, value)
+    spark = spark.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     tracker = spark.sparkContext._jsc.sc().statusTracker()
     deadline = time.monotonic() + REGISTER_TIMEOUT

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from cluster import CLUSTER_CACHE
 from helpers import run_python_script
-from s3server import aws_env, aws_variables, new_bucket
+from s3server import aws_env, new_bucket, reader_only_env
 
 pytestmark = pytest.mark.cluster
 
@@ -136,12 +136,7 @@ def test_a_store_the_cluster_wrote_is_explored_with_iq_from_another_process(
 ):
     root, _ = written
     # Only the endpoint, the keys and a cache of its own: no Spark, no shared folder.
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path / "home"),
-        **aws_variables(s3_endpoint),
-        "IQKIT_CACHE": str(tmp_path / "notebook-cache"),
-    }
+    env = reader_only_env(s3_endpoint, str(tmp_path / "home"))
     cwd = tmp_path / "notebook"
     cwd.mkdir()
     out = run_python_script(_explore_script(), root, cwd=cwd, env=env)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
-from ...errors import IqkitError, StoreCorruptedError
+from ...errors import IqkitError
 from ...query.position import Position
 from ..cache import FileCache
 from ..format import MAX_OPEN_PARTITIONS, OpenPartition, TwinFile, TwinFiles, empty_partition
@@ -39,6 +39,7 @@ from ..names import CHAIN_SST_DIR
 from ..objects import ObjectStore
 from ..partitions.layers import ReadCache, build_layers
 from ..partitions.memory import MemoryPartition
+from ..partitions.partition import ScanTracker, closed_partition_error
 from ..partitions.rocks import FIRST_CHUNK_ROWS, MAX_CHUNK_ROWS, database_exists
 from .read import (
     ChainPartition,
@@ -185,7 +186,7 @@ class ReopenablePartition:
         self._opened_once = False
         self._small = chain.size <= SMALL_CHAIN_BYTES
         self._scans = 0  # started scans not yet ended
-        self._generators: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._tracked = ScanTracker()
         self._closed = False
         self._commit = chain.commit_record()
         self._trace: str | None = None
@@ -200,7 +201,7 @@ class ReopenablePartition:
         """The open partition (opened now if it was not); raises ``IqkitError`` when it
         cannot be."""
         if self._closed:
-            raise StoreCorruptedError(f"partition {self.location} is closed")
+            raise closed_partition_error(self.location)
         part = self._part
         if part is None:
             opened = self._opener()
@@ -241,7 +242,7 @@ class ReopenablePartition:
         if self._twins is None:
             return None
         if self._closed:
-            raise StoreCorruptedError(f"partition {self.location} is closed")
+            raise closed_partition_error(self.location)
         scan = self._twins(lower, upper, reverse)
         if scan is not None:
             self._twin_scans.add(scan)  # closing the partition ends them (``close``)
@@ -270,9 +271,7 @@ class ReopenablePartition:
             # first read: a failure to fetch or build is this query's result, not an
             # error out of its iterator, and the cost is in this query's trace.
             self.open()
-        gen = self._scan(lower, upper, reverse)
-        self._generators.add(gen)
-        return gen
+        return self._tracked.track(self._scan(lower, upper, reverse))
 
     def _scan(
         self, lower: bytes, upper: bytes | None, reverse: bool
@@ -290,7 +289,7 @@ class ReopenablePartition:
 
     @property
     def open_iterators(self) -> int:
-        return sum(1 for gen in self._generators if gen.gi_frame is not None)
+        return self._tracked.live
 
     def commit_record(self) -> dict[str, Any]:
         return self._commit
@@ -301,8 +300,7 @@ class ReopenablePartition:
     def close(self) -> None:
         for scan in list(self._twin_scans):
             scan.close()
-        for gen in list(self._generators):
-            gen.close()  # ends scans before their database closes
+        self._tracked.end_all(self.location)  # scans end before their database closes
         self._closed = True
         self.suspend()
 
@@ -441,9 +439,7 @@ class ChainSnapshot:
             assert folder is not None  # a local root
             self._records_folder = os.fspath(folder.parent)
         records = self._records_folder
-        following = (
-            None if served == MAX_CHAIN_VERSION else f"{records}/{record_name(served + 1)}"
-        )
+        following = None if served == MAX_CHAIN_VERSION else f"{records}/{record_name(served + 1)}"
         return f"{records}/{record_name(served)}", following
 
     def served(self) -> ChainVersion | IqkitError | None:
@@ -616,9 +612,7 @@ class ChainSnapshot:
         has nothing to read); nothing is opened or built."""
         from ..columnar.twins import layout_of  # pyarrow: imported once twins are read
 
-        if record is None or any(
-            not chain.twinned for chain in record.partitions.values()
-        ):
+        if record is None or any(not chain.twinned for chain in record.partitions.values()):
             return None
         pins: list[Any] = []
         partitions: dict[int, list[TwinFile]] = {}

@@ -20,6 +20,7 @@ from ..manifest import StoreManifest
 from ..objects import open_objects
 from ..roots import StoreRoot
 from .layout import OperatorStore, is_checkpoint, operator_stores
+from .materialize import scratch_folder
 from .providers import StateReader
 from .shape import StateShape, UnsupportedStateError
 from .snapshot import CheckpointSnapshot, CheckpointVersion, committed_versions, version_record
@@ -75,6 +76,11 @@ class CheckpointFormat(StoreFormat):
             self._reader = StateReader(self.objects)
         return self._reader
 
+    def _reader_cache(self) -> FileCache:
+        if self._cache is None:
+            self._cache = reader_cache()
+        return self._cache
+
     def _store(self, name: str) -> OperatorStore:
         stores = self._operator_stores()
         store = stores.get(name)
@@ -106,8 +112,9 @@ class CheckpointFormat(StoreFormat):
             if shape.window_index is not None:
                 versions = committed_versions(self.objects)
                 if versions:
-                    rows = self._state_reader().first_key_rows(found, versions[-1])
-                    window_size = shape.window_size_ms(rows)
+                    with scratch_folder(self._reader_cache(), self.objects) as work_dir:
+                        rows = self._state_reader().first_key_rows(found, versions[-1], work_dir)
+                        window_size = shape.window_size_ms(rows)
             provider = self._state_reader().provider_name
             manifest = self._manifests[store] = shape.manifest(found, window_size, provider)
         return manifest
@@ -118,15 +125,13 @@ class CheckpointFormat(StoreFormat):
     def open_snapshot(self, store: str, pinned: int | None) -> CheckpointSnapshot:
         manifest = self.read_manifest(store)
         found = self._store(store)
-        if self._cache is None:
-            self._cache = reader_cache()
         return CheckpointSnapshot(
             self.objects,
             found,
             manifest,
             self._shape(found),
             self._state_reader(),
-            self._cache,
+            self._reader_cache(),
             pinned,
         )
 

@@ -20,7 +20,9 @@ method is 1 (stored as is) or 2 (lz4); the checksum is xxHash32 (seed 0x9747B28C
 original bytes, masked to its low 28 bits; an empty stored block ends the stream.
 
 Version ``v`` is the newest snapshot at or below ``v`` plus each delta after it, in order
-(a version with both files is read from its snapshot, as Spark does). Every byte read is
+(a version with both files is read from its snapshot, as Spark does). ``load_state`` gives
+it as a dict; ``load_records`` gives the files' records column-wise, in replay order
+(``state_records``), for decoding in bulk. Every byte read is
 checked: each block's checksum, the stream's end mark, the record framing, and, where
 Hadoop wrote one (its local file system does; object stores get none), the
 ``.<name>.crc`` file beside a state file (CRC-32 of each 512-byte chunk, by default).
@@ -41,8 +43,11 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...errors import IqkitError, ObjectMissingError
 from ..objects import ObjectStore
+from .state_records import StateRecords
 
 __all__ = [
     "PartitionFiles",
@@ -52,6 +57,7 @@ __all__ = [
     "decompress_lz4_stream",
     "list_files",
     "list_versions",
+    "load_records",
     "load_state",
     "read_snapshot",
 ]
@@ -160,16 +166,36 @@ def load_state(
     made (``list_files``), to spare a second one. ``StateFileError`` when a file needed is
     missing, cut short or damaged; ``StoreIOError``, as everywhere in iqkit, when the
     storage cannot be read at all (no credentials, endpoint down)."""
+    records = load_records(
+        objects, partition_dir, version, row_checksums=row_checksums, files=files
+    )
+    return records.to_dict()
+
+
+def load_records(
+    objects: ObjectStore,
+    partition_dir: str,
+    version: int,
+    *,
+    row_checksums: bool = False,
+    files: PartitionFiles | None = None,
+) -> StateRecords:
+    """``load_state`` held column-wise (``state_records``), with no Python object per
+    record: every record of the files, in replay order (``StateRecords.live`` keeps the
+    ones ``load_state`` keeps)."""
     if version < 0:
         raise ValueError(f"no state version {version}: versions start at 0")
     if version == 0:
-        return {}
+        return StateRecords.of_mapping({})
     files = files if files is not None else list_files(objects, partition_dir)
     base, deltas = files.replay_plan(version)
-    state = read_snapshot(objects, files, base, row_checksums=row_checksums) if base else {}
-    for delta in deltas:
-        apply_delta(objects, files, delta, state, row_checksums=row_checksums)
-    return state
+    keys = [(files.key(base, "snapshot"), False)] if base else []
+    keys += [(files.key(delta, "delta"), True) for delta in deltas]
+    framed = [
+        _frame(key, _read_records(objects, files, key), row_checksums, removals=removals)
+        for key, removals in keys
+    ]
+    return _replay(framed)
 
 
 def read_snapshot(
@@ -177,9 +203,8 @@ def read_snapshot(
 ) -> dict[bytes, bytes]:
     """The keys and values of ``version``'s snapshot file."""
     key = files.key(version, "snapshot")
-    state: dict[bytes, bytes] = {}
-    _replay(key, _read_records(objects, files, key), state, row_checksums, removals=False)
-    return state
+    framed = _frame(key, _read_records(objects, files, key), row_checksums, removals=False)
+    return _replay([framed]).to_dict()
 
 
 def apply_delta(
@@ -192,9 +217,17 @@ def apply_delta(
 ) -> None:
     """Apply ``version``'s delta file to ``state`` (the state at ``version - 1``), in
     place: its puts replace values, its removals drop keys. On ``StateFileError``
-    ``state`` may hold part of the delta: throw it away."""
+    ``state`` is unchanged (every record is framed before any is applied)."""
     key = files.key(version, "delta")
-    _replay(key, _read_records(objects, files, key), state, row_checksums, removals=True)
+    records = _replay(
+        [_frame(key, _read_records(objects, files, key), row_checksums, removals=True)]
+    )
+    removed = records.removed if records.removed is not None else np.zeros(len(records), bool)
+    for (record_key, value), removal in zip(records.items(), removed.tolist(), strict=True):
+        if removal:
+            state.pop(record_key, None)
+        else:
+            state[record_key] = value
 
 
 def _read_records(objects: ObjectStore, files: PartitionFiles, key: str) -> bytes:
@@ -291,40 +324,123 @@ def decompress_lz4_stream(raw: bytes, where: str) -> bytes:
     return b"".join(blocks)
 
 
-def _replay(
-    where: str, records: bytes, state: dict[bytes, bytes], row_checksums: bool, removals: bool
-) -> None:
-    """Apply the records of one state file to ``state``."""
+@dataclass(frozen=True, eq=False)  # numpy arrays: identity, not ==
+class _Framed:
+    """The records of one state file, in file order: where each key and value lies in
+    ``records`` (``int64`` arrays), and which records remove their key."""
+
+    records: bytes
+    key_starts: np.ndarray
+    key_lengths: np.ndarray
+    value_starts: np.ndarray
+    value_lengths: np.ndarray
+    removed: np.ndarray
+
+
+#: Records a first look ahead checks for the same sizes (``_frame``), and the most.
+_FIRST_LOOK = 16
+_LONGEST_LOOK = 1 << 20
+#: Records framed one by one after a look ahead that found fewer than this many alike.
+_SHORT_RUN = 8
+_MOST_SKIPPED = 256
+
+
+def _frame(where: str, records: bytes, row_checksums: bool, *, removals: bool) -> _Framed:
+    """Find the records of one state file (the framing in the module docstring), every
+    size checked; ``StateFileError`` naming ``where`` for anything out of place.
+
+    Records are framed one after another (each one's sizes say where the next starts),
+    but most files are long runs of records of the same key and value sizes (state keys
+    and values of fixed-width columns; UnsafeRows come in 8-byte words): after each
+    record framed in Python, numpy reads the size fields where the next records of the
+    same sizes would start, and takes the leading ones that match. Each record taken
+    so is framed exactly as it would be alone (its key size and value size fields read
+    and equal to the checked ones, and it lies inside the file), so the records found
+    are the same; where runs are short, look-aheads back off and records are framed
+    one by one."""
     unpack_size = _INT32_BE.unpack_from
     end = len(records)
-    position = 0
     prefix = 4 if row_checksums else 0
+    runs: list[tuple[int, int, int, int]] = []  # start, records, key size, value size
+    position = 0
+    look, skip, skipped = _FIRST_LOOK, 0, 0
     try:
         while True:
             (key_size,) = unpack_size(records, position)
-            position += 4
             if key_size == -1:
+                position += 4
                 break
-            if key_size < 0 or position + key_size > end:
-                raise ValueError(f"bad key size {key_size} at byte {position - 4}")
-            key = records[position : position + key_size]
-            position += key_size
-            (value_size,) = unpack_size(records, position)
-            position += 4
+            if key_size < 0 or position + 4 + key_size > end:
+                raise ValueError(f"bad key size {key_size} at byte {position}")
+            value_at = position + 4 + key_size
+            (value_size,) = unpack_size(records, value_at)
             if value_size == -1 and removals:
-                state.pop(key[prefix:], None)
-                continue
-            if value_size < prefix or position + value_size > end:
-                raise ValueError(f"bad value size {value_size} at byte {position - 4}")
-            # Spark before 2.3 appended 4 stray bytes to some values; Spark itself reads
-            # only whole 8-byte words of a value, so iqkit does too.
-            usable = prefix + (value_size - prefix) // 8 * 8
-            state[key] = records[position + prefix : position + usable]
-            position += value_size
+                length = 8 + key_size
+            elif value_size < prefix or value_at + 4 + value_size > end:
+                raise ValueError(f"bad value size {value_size} at byte {value_at}")
+            else:
+                length = 8 + key_size + value_size
+            count = 1
+            if skip:
+                skip -= 1
+            elif (more := min(look, (end - position) // length - 1)) > 0:
+                first = position + length
+                keys = np.ndarray((more,), ">i4", records, first, (length,))
+                values = np.ndarray((more,), ">i4", records, first + 4 + key_size, (length,))
+                differ = (keys != key_size) | (values != value_size)
+                same = int(differ.argmax()) if differ.any() else more
+                count += same
+                if same == more:
+                    look, skipped = min(look * 4, _LONGEST_LOOK), 0
+                elif same < _SHORT_RUN:
+                    look, skipped = _FIRST_LOOK, min(max(skipped * 2, _SHORT_RUN), _MOST_SKIPPED)
+                    skip = skipped
+            runs.append((position, count, key_size, value_size))
+            position += count * length
     except (ValueError, struct.error) as exc:
         raise StateFileError(f"{where}: damaged records ({exc})") from None
     if position != end:
         raise StateFileError(f"{where}: {end - position} bytes after the last record")
+    return _records_of_runs(records, np.array(runs, dtype=np.int64).reshape(-1, 4), prefix)
+
+
+def _records_of_runs(records: bytes, runs: np.ndarray, prefix: int) -> _Framed:
+    """Every record of ``runs`` (rows of: first record's start, records, key size, value
+    size), where its key and value lie. A removal's key, and a value, start after the
+    row checksum (``prefix`` bytes) when there is one; a value is its whole 8-byte words
+    (Spark before 2.3 appended 4 stray bytes to some values, and Spark itself reads only
+    whole words of a value)."""
+    starts, counts, key_sizes, value_sizes = runs.T
+    total = int(counts.sum())
+    first_of_run = np.cumsum(counts) - counts
+    in_run = np.arange(total, dtype=np.int64) - np.repeat(first_of_run, counts)
+    lengths = 8 + key_sizes + np.maximum(value_sizes, 0)
+    position = np.repeat(starts, counts) + np.repeat(lengths, counts) * in_run
+    key_size = np.repeat(key_sizes, counts)
+    value_size = np.repeat(value_sizes, counts)
+    removed = value_size == -1
+    skip = np.where(removed, np.minimum(prefix, key_size), 0)
+    value_starts = position + 8 + key_size + prefix
+    value_lengths = np.where(removed, 0, (value_size - prefix) // 8 * 8)
+    return _Framed(
+        records, position + 4 + skip, key_size - skip, value_starts, value_lengths, removed
+    )
+
+
+def _replay(files: list[_Framed]) -> StateRecords:
+    """Every record of ``files``, in order, in one buffer."""
+    data = b"".join(f.records for f in files)
+    bases = np.cumsum([0] + [len(f.records) for f in files[:-1]])
+    key_starts, value_starts = (
+        np.concatenate([getattr(f, name) + base for f, base in zip(files, bases, strict=True)])
+        for name in ("key_starts", "value_starts")
+    )
+    removed = np.concatenate([f.removed for f in files])
+    return StateRecords(
+        data, key_starts, np.concatenate([f.key_lengths for f in files]),
+        value_starts, np.concatenate([f.value_lengths for f in files]),
+        removed if removed.any() else None,
+    )  # fmt: skip
 
 
 # -- xxHash32, the checksum of lz4-java's blocks -----------------------------------------

@@ -9,15 +9,17 @@ for life: it is chosen once per checkpoint here, and everything else asks
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ..objects import ObjectStore
-from . import hdfs_files
+from . import hdfs_files, rocksdb_files
 from .layout import OperatorStore, batch_metadata, state_folder
 from .shape import UnsupportedStateError
-from .state_schema import read_store_schema
+from .state_records import StateRecords, StateRows
+from .state_schema import StoreSchema, read_store_schema
 from .unsafe_row import RowDecoder
 
 __all__ = [
@@ -57,12 +59,90 @@ def provider_of(conf: dict[str, str]) -> str:
 @dataclass(frozen=True)
 class VersionFiles:
     """The files one partition version is rebuilt from: its ``folder``, the provider's
-    ``listing`` of it, and ``names``, which say exactly which files (and whose query):
+    ``plan`` for them, and ``names``, which say exactly which files (and whose query):
     what the version's database in the cache is named after."""
 
     folder: str
-    listing: Any
+    plan: Any
     names: str
+
+
+class _HdfsBackedFiles:
+    """The default provider's files (``hdfs_files``): ``<v>.snapshot`` and ``<v>.delta``."""
+
+    name = "hdfs"
+    #: Keys with prefix columns are stored as one UnsafeRow, as any other.
+    splits_prefix_keys = False
+
+    def plan(self, objects: ObjectStore, folder: str, version: int) -> tuple[Any, list[str]]:
+        listing = hdfs_files.list_files(objects, folder)
+        base, deltas = listing.replay_plan(version)
+        keys = [listing.key(base, "snapshot")] if base else []
+        return listing, keys + [listing.key(d, "delta") for d in deltas]
+
+    def load(
+        self, objects: ObjectStore, files: VersionFiles, version: int, *,
+        row_checksums: bool, work_dir: str | os.PathLike[str],
+    ) -> dict[bytes, bytes]:  # fmt: skip
+        return hdfs_files.load_state(
+            objects, files.folder, version, files=files.plan, row_checksums=row_checksums
+        )
+
+    def load_records(
+        self, objects: ObjectStore, files: VersionFiles, version: int, *,
+        row_checksums: bool, work_dir: str | os.PathLike[str],
+    ) -> StateRecords:  # fmt: skip
+        # Replayed straight into columns: a dict of a million keys and values costs more
+        # than decoding them does.
+        return hdfs_files.load_records(
+            objects, files.folder, version, files=files.plan, row_checksums=row_checksums
+        )
+
+    def oldest(self, objects: ObjectStore, folder: str) -> int | None:
+        files = hdfs_files.list_files(objects, folder)
+        if not files.deltas and not files.snapshots:
+            return None
+        if 1 in files.deltas:
+            return 1
+        return min(files.snapshots, default=min(files.deltas))
+
+
+class _RocksDBFiles:
+    """``RocksDBStateStoreProvider``'s files (``rocksdb_files``): ``<v>.zip`` snapshots
+    over shared SSTs, and ``<v>.changelog`` with changelog checkpointing."""
+
+    name = "rocksdb"
+    #: Keys with prefix columns are stored as two rows (the prefix, then the rest).
+    splits_prefix_keys = True
+
+    def plan(self, objects: ObjectStore, folder: str, version: int) -> tuple[Any, list[str]]:
+        plan = rocksdb_files.plan_replay(objects, folder, version)
+        return plan, plan.keys()
+
+    def load(
+        self, objects: ObjectStore, files: VersionFiles, version: int, *,
+        row_checksums: bool, work_dir: str | os.PathLike[str],
+    ) -> dict[bytes, bytes]:  # fmt: skip
+        return rocksdb_files.load_state(
+            objects, files.folder, version, plan=files.plan, work_dir=work_dir,
+            row_checksums=row_checksums,
+        )  # fmt: skip
+
+    def load_records(
+        self, objects: ObjectStore, files: VersionFiles, version: int, *,
+        row_checksums: bool, work_dir: str | os.PathLike[str],
+    ) -> StateRecords:  # fmt: skip
+        state = self.load(objects, files, version, row_checksums=row_checksums, work_dir=work_dir)
+        return StateRecords.of_mapping(state)
+
+    def oldest(self, objects: ObjectStore, folder: str) -> int | None:
+        return rocksdb_files.oldest_version(objects, folder)
+
+
+_PROVIDERS: dict[str, _HdfsBackedFiles | _RocksDBFiles] = {
+    HDFS_PROVIDER: _HdfsBackedFiles(),
+    ROCKSDB_PROVIDER: _RocksDBFiles(),
+}
 
 
 class StateReader:
@@ -74,18 +154,32 @@ class StateReader:
         self.provider = provider_of(conf)
         #: Whether Spark put a CRC32-C before each value (and each removed key).
         self.row_checksums = conf.get(_ROW_CHECKSUMS, "false").strip().lower() == "true"
-        self.provider_name = _SHORT.get(self.provider, self.provider.rsplit(".", 1)[-1])
-        if self.provider != HDFS_PROVIDER:
+        files = _PROVIDERS.get(self.provider)
+        if files is None:
             raise UnsupportedStateError(
-                f"not supported yet: state written by {self.provider_name} "
-                f"({self.provider.rsplit('.', 1)[-1]})"
+                f"not supported yet: state written by {self.provider.rsplit('.', 1)[-1]}"
             )
+        self._files = files
+        self.provider_name = files.name
         self._decoders: dict[str, tuple[RowDecoder, RowDecoder]] = {}
+        self._schemas: dict[str, StoreSchema] = {}
         self._query_id: str | None = None
+
+    def _schema(self, store: OperatorStore) -> StoreSchema:
+        schema = self._schemas.get(store.name)
+        if schema is None:
+            schema = read_store_schema(self.objects, store.folder, store.store_name)
+            if schema.num_cols_prefix_key and self._files.splits_prefix_keys:
+                raise UnsupportedStateError(
+                    f"not supported yet: RocksDB state keyed for prefix scans ({store.name}: "
+                    f"{schema.num_cols_prefix_key} prefix key columns)"
+                )
+            self._schemas[store.name] = schema
+        return schema
 
     def schemas(self, store: OperatorStore) -> tuple[dict[str, Any], dict[str, Any]]:
         """``store``'s key and value schemas (Spark's JSON ``StructType`` dicts)."""
-        schema = read_store_schema(self.objects, store.folder, store.store_name)
+        schema = self._schema(store)
         return dict(schema.key_schema), dict(schema.value_schema)
 
     def _decoders_of(self, store: OperatorStore) -> tuple[RowDecoder, RowDecoder]:
@@ -97,14 +191,11 @@ class StateReader:
 
     def version_files(self, store: OperatorStore, partition: int, version: int) -> VersionFiles:
         """The state files partition ``partition`` of ``store`` is rebuilt from at
-        ``version`` (one listing; ``StateFileError`` naming a file the version needs
-        that is missing)."""
+        ``version`` (``StateFileError`` naming a file the version needs that is
+        missing)."""
         folder = state_folder(store, partition)
-        listing = hdfs_files.list_files(self.objects, folder)
-        base, deltas = listing.replay_plan(version)
-        names = [listing.key(base, "snapshot")] if base else []
-        names += [listing.key(d, "delta") for d in deltas]
-        return VersionFiles(folder, listing, f"{self.query_id}\n" + "\n".join(names))
+        plan, keys = self._files.plan(self.objects, folder, version)
+        return VersionFiles(folder, plan, f"{self.query_id}\n" + "\n".join(keys))
 
     @property
     def query_id(self) -> str:
@@ -118,32 +209,36 @@ class StateReader:
             self._query_id = str(text)
         return self._query_id
 
-    def state_rows(
-        self, store: OperatorStore, version: int, files: VersionFiles
-    ) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
-        """The live ``(key row, value row)`` pairs ``files`` rebuild at ``version``,
-        decoded; ``StateFileError`` naming the file when one is missing or damaged."""
-        keys, values = self._decoders_of(store)
-        state = hdfs_files.load_state(
-            self.objects,
-            files.folder,
-            version,
-            files=files.listing,
-            row_checksums=self.row_checksums,
+    def raw_state(
+        self, version: int, files: VersionFiles, work_dir: str | os.PathLike[str]
+    ) -> dict[bytes, bytes]:
+        """The live keys of ``files`` at ``version``: key UnsafeRow bytes → value UnsafeRow
+        bytes. ``work_dir`` is a private scratch folder the provider may use (a RocksDB
+        snapshot is restored there while it is read). ``StateFileError`` naming the file
+        when one is missing or damaged."""
+        return self._files.load(
+            self.objects, files, version, row_checksums=self.row_checksums, work_dir=work_dir
         )
-        decode_key, decode_value = keys.decode, values.decode
-        return ((decode_key(k), decode_value(v)) for k, v in state.items())
+
+    def state_rows(
+        self,
+        store: OperatorStore,
+        version: int,
+        files: VersionFiles,
+        work_dir: str | os.PathLike[str],
+    ) -> StateRows:
+        """The live ``(key row, value row)`` pairs ``files`` rebuild at ``version``
+        (``raw_state``), decoded as they are iterated, or in bulk (``StateRows``)."""
+        keys, values = self._decoders_of(store)
+        records = self._files.load_records(
+            self.objects, files, version, row_checksums=self.row_checksums, work_dir=work_dir
+        )
+        return StateRows(records, keys, values)
 
     def oldest_version(self, store: OperatorStore) -> int | None:
-        """The oldest version Spark can still rebuild (partition 0's files say: its oldest
-        snapshot, or version 1 while every delta from the first is kept; ``None``: no
-        state files yet)."""
-        files = hdfs_files.list_files(self.objects, state_folder(store, 0))
-        if not files.deltas and not files.snapshots:
-            return None
-        if 1 in files.deltas:
-            return 1
-        return min(files.snapshots, default=min(files.deltas))
+        """The oldest version Spark can still rebuild (partition 0's files say; ``None``:
+        no state files yet)."""
+        return self._files.oldest(self.objects, state_folder(store, 0))
 
     def where(self, store: OperatorStore, partition: int, version: int) -> str:
         return f"{state_folder(store, partition)} version {version}"
@@ -155,10 +250,12 @@ class StateReader:
             return f"{what} replayed to version {version} and decoded; database built in the cache"
         return f"{what} version {version}: database reused from the cache (nothing read)"
 
-    def first_key_rows(self, store: OperatorStore, version: int) -> Iterator[tuple[Any, ...]]:
+    def first_key_rows(
+        self, store: OperatorStore, version: int, work_dir: str | os.PathLike[str]
+    ) -> Iterator[tuple[Any, ...]]:
         """Decoded key rows of ``version``, partition after partition (a window store's
         window size is read off its first window)."""
         for p in range(store.partitions):
             files = self.version_files(store, p, version)
-            for key_row, _ in self.state_rows(store, version, files):
+            for key_row, _ in self.state_rows(store, version, files, work_dir):
                 yield key_row

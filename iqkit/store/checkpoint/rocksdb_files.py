@@ -83,11 +83,13 @@ from .shape import UnsupportedStateError
 
 __all__ = [
     "PartitionFiles",
+    "ReplayPlan",
     "StateFileError",
     "list_files",
     "list_versions",
     "load_state",
     "oldest_version",
+    "plan_replay",
 ]
 
 #: ``<version>.zip`` / ``<version>.changelog``, with ``_<unique id>`` in format v2.
@@ -182,6 +184,41 @@ def oldest_version(
     return min(files.snapshots, default=None)
 
 
+@dataclass(frozen=True)
+class ReplayPlan:
+    """Which files rebuild one version: ``base``, the snapshot's (version, unique id), or
+    ``None`` for the empty state, then ``changelogs`` in order. ``records`` holds the
+    changelogs planning already read (checkpoint format v2 reads a changelog's lineage),
+    so replaying never reads a file twice."""
+
+    files: PartitionFiles
+    version: int
+    base: tuple[int, str] | None
+    changelogs: tuple[tuple[int, str], ...]
+    records: Mapping[str, tuple[memoryview, int]]
+
+    def keys(self) -> list[str]:
+        """The keys of the files replayed, snapshot first."""
+        files = self.files
+        keys = [files.key(self.base[0], _SNAPSHOT, self.base[1])] if self.base else []
+        return keys + [files.key(v, _CHANGELOG, uid) for v, uid in self.changelogs]
+
+
+def plan_replay(
+    objects: ObjectStore, partition_dir: str, version: int, *, files: PartitionFiles | None = None
+) -> ReplayPlan:
+    """The files that rebuild ``version`` of ``partition_dir`` (``StateFileError`` naming
+    one it needs that is missing); ``files`` is a listing already made."""
+    if version < 0:
+        raise ValueError(f"no state version {version}: versions start at 0")
+    files = files if files is not None else list_files(objects, partition_dir)
+    if version == 0:
+        return ReplayPlan(files, 0, None, (), {})
+    planner = (_UniqueIdPlan if files.unique_ids else _Plan)(objects, files)
+    base, changelogs = planner.rebuild(version)
+    return ReplayPlan(files, version, base, tuple(changelogs), planner.records)
+
+
 def load_state(
     objects: ObjectStore,
     partition_dir: str,
@@ -190,26 +227,26 @@ def load_state(
     work_dir: str | os.PathLike[str],
     row_checksums: bool = False,
     files: PartitionFiles | None = None,
+    plan: ReplayPlan | None = None,
 ) -> dict[bytes, bytes]:
     """The live keys of ``partition_dir`` at state ``version``, key UnsafeRow bytes →
     value UnsafeRow bytes (Spark's encoding prefix removed): the newest snapshot at or
     below it plus the changelogs after it. Version 0 is the empty state before the first
     batch. ``work_dir`` is a private scratch folder (created if missing) where a snapshot's
     database is restored while it is read, then removed; nothing is ever written into the
-    checkpoint. ``files`` is a listing already made (``list_files``). ``StateFileError``
-    when a file needed is missing, cut short or damaged; ``UnsupportedStateError`` for a
-    store this module cannot read yet (one line naming what)."""
-    if version < 0:
-        raise ValueError(f"no state version {version}: versions start at 0")
-    if version == 0:
-        return {}
-    files = files if files is not None else list_files(objects, partition_dir)
-    plan = (_UniqueIdPlan if files.unique_ids else _Plan)(objects, files)
-    base, changelogs = plan.rebuild(version)
+    checkpoint. ``files`` is a listing already made (``list_files``), ``plan`` a plan
+    already made (``plan_replay``). ``StateFileError`` when a file needed is missing, cut
+    short or damaged; ``UnsupportedStateError`` for a store this module cannot read yet
+    (one line naming what)."""
+    if plan is None or plan.version != version:
+        plan = plan_replay(objects, partition_dir, version, files=files)
+    files = plan.files
     state: dict[bytes, bytes] = {}
-    if base is not None:
-        state = _read_snapshot(objects, files, *base, work_dir=work_dir, checksums=row_checksums)
-    for changelog, uid in changelogs:
+    if plan.base is not None:
+        state = _read_snapshot(
+            objects, files, *plan.base, work_dir=work_dir, checksums=row_checksums
+        )
+    for changelog, uid in plan.changelogs:
         key = files.key(changelog, _CHANGELOG, uid)
         records = plan.records.get(key)
         if records is None:
@@ -555,7 +592,14 @@ def _scan(folder: str, where: str, sst_keys: Mapping[str, str]) -> list[tuple[by
     db = None
     try:
         db = rocks.open_for_read(folder)
-        return _all_rows(db)
+        rows: list[tuple[bytes, bytes]] = []
+        chunks = rocks.scan_chunks(db, b"", None)  # checks how the scan ended
+        try:
+            for chunk in chunks:
+                rows.extend(chunk)
+        finally:
+            chunks.close()  # an iterator keeps the database open (rocks.py's quirk)
+        return rows
     except Exception as exc:  # rocksdict raises plain Exception; open_for_read iqkit's own
         text = " ".join(str(exc).split()) or type(exc).__name__
         text = re.sub(r"/\S*/(\d+\.sst)", r"\1", text)  # the private folder's path: noise
@@ -564,36 +608,3 @@ def _scan(folder: str, where: str, sst_keys: Mapping[str, str]) -> list[tuple[by
         raise StateFileError(f"{culprit}: {kind}, RocksDB says: {text}") from None
     finally:
         rocks.close_quietly(db)
-
-
-def _all_rows(db: rocks.Rdict) -> list[tuple[bytes, bytes]]:
-    """Every (key, value) of ``db`` in key order, or the error that cut the scan short.
-
-    Quirk: rocksdict's ``items()``, which ``rocks.scan_chunks`` reads, ends quietly where
-    its iterator meets an error (a block failing its checksum, say), so a damaged SST
-    would read as fewer rows. So after the fast scan a raw iterator is placed just past
-    the last row read: it must be at the end, with no error status.
-    """
-    # TODO(rocks.py): scan_chunks should check its iterator's status itself.
-    rows: list[tuple[bytes, bytes]] = []
-    chunks = rocks.scan_chunks(db, b"", None)
-    try:
-        for chunk in chunks:
-            rows.extend(chunk)
-    finally:
-        chunks.close()  # an iterator keeps the database open (rocks.py's quirk)
-    probe = db.iter()
-    try:
-        if rows:
-            probe.seek(rows[-1][0])
-            if probe.valid() and probe.key() == rows[-1][0]:
-                probe.next()
-        else:
-            probe.seek_to_first()
-        more = probe.valid()
-        probe.status()  # raises the error that ended the scan, if one did
-    finally:
-        del probe
-    if more:
-        raise RuntimeError("the scan of the database ended before its last key")
-    return rows

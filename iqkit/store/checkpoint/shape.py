@@ -20,6 +20,11 @@ snapshot and the tests all agree:
   typed columns; dates and timestamps as ISO-8601 text, decimals as their exact digits in
   text, bytes as ``0x<hex>``.
 * **Partitions.** Spark's ``pmod(hash(key columns), n)`` (``encoding.spark_hash``).
+
+The commonest shape, one string key column and values of numbers and booleans (most
+aggregations), is also made a whole version at a time (``stored_columns``): the same
+bytes, from numpy and Arrow columns instead of a Python object per row. Its property
+test (tests/store/checkpoint/test_shape.py) holds it to ``store_rows``, byte for byte.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
 
 from ..encoding import keyspace
 from ..encoding.partitioners import SparkHashPartitioner
@@ -39,6 +46,11 @@ from ..encoding.spark_hash import SparkKeyHasher
 from ..kinds import StoreKind
 from ..manifest import StoreManifest
 from .layout import OperatorStore
+from .state_records import StateRows, binary_slices
+from .unsafe_row import Column
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["StateShape", "UnsupportedStateError"]
 
@@ -116,6 +128,10 @@ def _number_text(value: int | None) -> int | str:
 
 #: Value column types JSON writes as they are.
 _PLAIN = frozenset({"string", "integer", "long", "short", "byte", "boolean", "double", "float"})
+#: Value column types ``stored_columns`` writes (JSON numbers and booleans).
+_BULK_VALUES = frozenset({"integer", "long", "short", "byte", "boolean", "double", "float"})
+#: Arrow holds offsets into a ``binary`` column's bytes (and views' offsets) in 32 bits.
+_ARROW_OFFSETS = 2**31 - 1
 
 
 def _epoch_ms(value: datetime) -> int:
@@ -251,10 +267,9 @@ class StateShape:
         it, at a fraction of the cost; any other row goes through the serde."""
         serialize, value_of = get_serde("json").serialize, self.value_of
         kinds = [f["type"] for f in self.value_fields]
-        if not kinds or not all(isinstance(k, str) and k in _WHOLE for k in kinds):
+        if not self._distinct_names or not all(isinstance(k, str) and k in _WHOLE for k in kinds):
             return lambda row: serialize(value_of(row))
-        names = [json.dumps(n, ensure_ascii=False) for n in self._value_names]
-        template = "{" + ",".join(f"{n.replace('%', '%%')}:%s" for n in names) + "}"
+        template = "{" + ",".join(f"{n.replace('%', '%%')}:%s" for n in self._json_names) + "}"
         if "boolean" not in kinds:
 
             def encode_numbers(row: tuple[Any, ...]) -> bytes:
@@ -268,6 +283,18 @@ class StateShape:
             return (template % tuple(w(v) for w, v in zip(words, row, strict=True))).encode()
 
         return encode
+
+    @cached_property
+    def _distinct_names(self) -> bool:
+        """Whether the value columns have names, none twice (the JSON object's members
+        are then the columns, in order; a name twice is one member of ``value_of``)."""
+        names = self._value_names
+        return bool(names) and len(set(names)) == len(names)
+
+    @cached_property
+    def _json_names(self) -> list[str]:
+        """The value columns' names as JSON writes them (quoted, escaped)."""
+        return [json.dumps(n, ensure_ascii=False) for n in self._value_names]
 
     def window_size_ms(self, key_rows: Iterable[tuple[Any, ...]]) -> int | None:
         """The length of the first window among ``key_rows`` (``None``: none there)."""
@@ -300,6 +327,74 @@ class StateShape:
             yield keyspace.window_key(key_bytes, start), value_bytes
             yield keyspace.window_time_key(key_bytes, start), b""
 
+    def stored_columns(self, rows: StateRows) -> tuple[pa.Array, pa.Array] | None:
+        """``store_rows`` of all of ``rows`` at once, sorted: iqkit's stored keys (each
+        once, in byte order) and values, as two Arrow ``binary`` columns, byte for byte
+        what ``store_rows`` gives for the live records. For a store of one string key
+        column (no window) and values of numbers and booleans; ``None`` for any other
+        shape, and for records ``store_rows`` treats apart (a null key, a key that is not
+        UTF-8, a value that is not a JSON number, two keys it would store alike) or that
+        the decoders would refuse: then ``store_rows`` takes them.
+
+        Which record of a key is live is settled by the sort the keys need anyway: a
+        stable sort keeps a key's records in replay order, so each run of equal stored
+        keys ends with the key's last record (its value, or a removal: no row)."""
+        if not self._bulk_shape:
+            return None
+        records = rows.records
+        if len(records.data) > _ARROW_OFFSETS:
+            return None
+        keys = rows.keys.decode_columns(records.data, records.key_starts, records.key_lengths)
+        if keys is None or keys[0].nulls is not None:
+            return None
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        text = binary_slices(records.data, keys[0].values, keys[0].sizes)
+        try:
+            text.cast(pa.string())  # UTF-8 checked; the row decoder replaces what is not
+        except pa.ArrowInvalid:
+            return None
+        stored = keyspace.kv_keys_arrow(text)
+        order = pc.sort_indices(stored)  # stable; binary sorts by its bytes, unsigned
+        stored = stored.take(order)
+        order = np.frombuffer(order.buffers()[1], dtype=np.uint64).astype(np.int64)
+        n = len(order)
+        last = np.ones(n, dtype=bool)  # the last record of each run of equal keys
+        if n > 1:
+            tied = pc.equal(stored.slice(0, n - 1), stored.slice(1)).fill_null(False)
+            last[:-1] = ~np.asarray(tied, dtype=bool)
+            if not last.all():
+                # Records of different Spark keys stored alike would be two rows of one
+                # key in store_rows (which fails on them): left to it.
+                ties = np.flatnonzero(~last)
+                raw = pc.equal(records.keys(order[ties]), records.keys(order[ties + 1]))
+                if not pc.all(raw).as_py():
+                    return None
+        kept = np.flatnonzero(last)
+        if records.removed is not None:
+            kept = kept[~records.removed[order[kept]]]
+        live = order[kept]
+        values = rows.values.decode_columns(
+            records.data, records.value_starts[live], records.value_lengths[live]
+        )
+        stored_values = None if values is None else _json_objects(self._json_names, values)
+        if stored_values is None:
+            return None
+        return stored.take(pa.array(kept)), stored_values
+
+    @cached_property
+    def _bulk_shape(self) -> bool:
+        """Whether ``stored_columns`` serves this shape (its docstring)."""
+        return (
+            self.window_index is None
+            and len(self.key_fields) == 1
+            and self.key_serde == "string"
+            and self._distinct_names
+            and all(isinstance(f["type"], str) and f["type"] in _BULK_VALUES
+                    for f in self.value_fields)
+        )  # fmt: skip
+
     # -- routing ---------------------------------------------------------------------------
     def partitioner(self) -> SparkHashPartitioner:
         """What routes this store's keys: Spark's hash of the typed key columns; a window
@@ -307,6 +402,43 @@ class StateShape:
         if self.window_index is not None:
             return SparkHashPartitioner()
         return _KeyRouting(self)
+
+
+def _json_objects(names: list[str], columns: list[Column]) -> pa.Array | None:
+    """One JSON object per row, ``names`` (as JSON writes them) its members and
+    ``columns`` their values, as the json serde writes it (compact separators); ``None``
+    when a value is one JSON has no number for (NaN, an infinity: the serde refuses
+    it)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    pieces: list[Any] = []
+    for index, (name, column) in enumerate(zip(names, columns, strict=True)):
+        values = column.values
+        if column.kind in ("float", "double"):
+            finite = np.isfinite(values)
+            if column.nulls is not None:
+                finite |= column.nulls
+            if not finite.all():
+                return None
+            # Python's repr is what the serde writes for a float; Arrow's own float
+            # text differs from it (``1`` for 1.0, other exponent rules).
+            text = pa.array(
+                list(map(float.__repr__, values.astype(np.float64).tolist())),
+                pa.string(),
+                mask=column.nulls,
+            )
+        else:  # integers as decimal digits, booleans as true and false: as JSON writes them
+            text = pa.array(values, mask=column.nulls).cast(pa.string())
+        pieces += [pa.scalar(("{" if index == 0 else ",") + name + ":"), text]
+    pieces.append(pa.scalar("}"))
+    try:
+        joined = pc.binary_join_element_wise(
+            *pieces, "", null_handling="replace", null_replacement="null"
+        )
+    except (pa.ArrowCapacityError, pa.ArrowInvalid):
+        return None  # past 2 GiB of text (32-bit offsets): left to store_rows
+    return joined.cast(pa.binary())
 
 
 class _KeyRouting(SparkHashPartitioner):

@@ -4,16 +4,16 @@ The version served is the pinned one (``as_of``) or the newest committed batch's
 (``layout``: state version N is the state after batch N - 1); a batch without a commit
 file is never served, so a running query's half-written batch stays invisible. A
 partition of a version is Spark's state files for it replayed (``providers``), decoded
-and turned into iqkit's row layout (``shape``), then served from memory through the same
-query layers as every store; it is kept for the snapshot's life, so each (partition,
-version) is read once per reader.
+and turned into iqkit's row layout (``shape``: a whole column at a time where its shape
+allows, else row by row), then built into a database in the cache (``materialize``) and
+served through the same query layers as every store; it is kept for the snapshot's life,
+so each (partition, version) is read once per reader. While a partition is built, a
+helper process builds the next one (``prebuild``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,12 +22,12 @@ from ...query.position import Position
 from ..cache import FileCache
 from ..format import OpenPartition
 from ..manifest import StoreManifest
-from ..names import COMMIT_KEY
 from ..objects import ObjectStore
 from ..partitions.layers import ReadCache, build_layers
 from ..partitions.partition import encode_commit_record
+from . import prebuild
 from .layout import OperatorStore, committed_batches
-from .materialize import open_state_partition, state_folder_in_cache
+from .materialize import open_partition
 from .positions import BatchSources, batch_sources
 from .providers import StateReader
 from .shape import StateShape
@@ -104,6 +104,8 @@ class CheckpointSnapshot:
         self.pinned = pinned
         self.record: CheckpointVersion | None = None
         self._open: dict[tuple[int, int], OpenPartition] = {}
+        #: Partitions the helper process was asked to build (``prebuild``), by version.
+        self._ahead: dict[tuple[int, int], prebuild.Ahead] = {}
         if pinned is not None:
             versions = self.versions()
             if pinned not in versions:
@@ -142,24 +144,30 @@ class CheckpointSnapshot:
     def partition(self, record: CheckpointVersion, p: int) -> OpenPartition:
         entry = self._open.get((record.version, p))
         if entry is None:
-            files = self.reader.version_files(self.store, p, record.version)
-            where = f"Spark state {self.reader.where(self.store, p, record.version)}"
-
-            def rows() -> Iterator[tuple[bytes, bytes]]:
-                decoded = self.reader.state_rows(self.store, record.version, files)
-                commit = {"position": record.position, "version": record.version}
-                return itertools.chain(
-                    [(COMMIT_KEY, encode_commit_record(commit))], self.shape.store_rows(decoded)
-                )
-
-            folder = state_folder_in_cache(
-                self.cache, self.objects, self.store.name, p, record.version, files.names
-            )
-            part = open_state_partition(self.cache, folder, record.version, rows, where)
+            ahead = self._ahead.pop((record.version, p), None)
+            if ahead is not None:
+                ahead.wait()  # the helper's build of it, if it has begun: found in the cache
+            commit = encode_commit_record({"position": record.position, "version": record.version})
+            part = open_partition(
+                self.reader, self.shape, self.store, self.cache, record.version, p, commit,
+                building=lambda: self._build_ahead(record, p + 1, commit),
+            )  # fmt: skip
             entry = OpenPartition(part, build_layers(self.manifest, part, ReadCache()))
             entry.fetched = self.reader.trace_line(self.store, p, record.version, part.built)
             self._open[(record.version, p)] = entry
         return entry
+
+    def _build_ahead(self, record: CheckpointVersion, p: int, commit: bytes) -> None:
+        """Have the helper process build partition ``p`` of ``record`` while this one
+        builds the partition before it (``prebuild``): queries that read every partition
+        ask for them in turn."""
+        key = (record.version, p)
+        if p < self.manifest.partitions and key not in self._open and key not in self._ahead:
+            ahead = prebuild.ask(
+                self.objects, self.store.name, self.cache, record.version, p, commit
+            )
+            if ahead is not None:
+                self._ahead[key] = ahead
 
     def position(self, record: CheckpointVersion, p: int) -> Position:
         return record.position
@@ -181,6 +189,7 @@ class CheckpointSnapshot:
         return {}
 
     def close(self) -> None:
+        self._ahead.clear()  # the helper's builds land in the cache, for whoever opens them
         entries, self._open = list(self._open.values()), {}
         for entry in entries:
             entry.partition.close()

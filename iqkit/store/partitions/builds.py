@@ -39,6 +39,7 @@ __all__ = [
     "KeptOpen",
     "build_database",
     "build_in_cache",
+    "remove_stale_builds",
 ]
 
 
@@ -351,7 +352,7 @@ def _copy_open_file(fd: int, target: Path) -> None:
         shutil.copyfileobj(src, out, 1 << 20)
 
 
-def _remove_stale_builds(parent: Path) -> None:
+def remove_stale_builds(parent: Path) -> None:
     """Remove builds a killed process left (older than the cache's stale-download age;
     a younger one may be another process's build in progress)."""
     cutoff = time.time() - STALE_TMP_SECONDS
@@ -372,7 +373,7 @@ def build_in_cache(
     caller to own. ``files`` must be pinned by the caller."""
     while True:
         cache.make_folder(folder.parent)
-        _remove_stale_builds(folder.parent)
+        remove_stale_builds(folder.parent)
         tmp = folder.with_name(f"{CACHE_BUILDING_PREFIX}{uuid.uuid4().hex}-{folder.name}")
         kept = None
         try:

@@ -15,10 +15,97 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ...errors import StoreCorruptedError
+from ...errors import EngineClosedError, StoreCorruptedError
 from ...query.position import Position
 from ..names import COMMIT_KEY
 from . import rocks
+
+#: What a scan yields: rows in key order (or reversed), in lists.
+Chunk = list[tuple[bytes, bytes]]
+
+
+def closed_partition_error(location: str) -> EngineClosedError:
+    """The error for reading a closed partition: the one way to meet one is a result
+    read after its engine was closed."""
+    return EngineClosedError(
+        f"partition {location} is closed: its engine was closed before this result was "
+        "read (read a result before closing its engine)"
+    )
+
+
+class _TrackedScan:
+    """A partition's scan that the partition can end when it closes (its RocksDB
+    iterator must go before the database does). Read after that, it raises instead of
+    ending quietly: a result read after its engine closed would otherwise look like a
+    short, successful one."""
+
+    __slots__ = ("__weakref__", "_ended", "_inner")
+
+    def __init__(self, inner: Iterator[list[tuple[bytes, bytes]]]) -> None:
+        self._inner: Iterator[list[tuple[bytes, bytes]]] | None = inner
+        self._ended: str | None = None
+
+    def __iter__(self) -> _TrackedScan:
+        return self
+
+    def __next__(self) -> list[tuple[bytes, bytes]]:
+        inner = self._inner
+        if inner is None:
+            if self._ended is not None:
+                raise EngineClosedError(self._ended)
+            raise StopIteration
+        try:
+            return next(inner)
+        except BaseException:
+            self._inner = None  # finished or failed: nothing more comes
+            raise
+
+    def close(self) -> None:
+        inner, self._inner = self._inner, None
+        close = getattr(inner, "close", None)
+        if close is not None:
+            close()
+
+    @property
+    def live(self) -> bool:
+        """Neither finished nor closed (started or not)."""
+        return self._inner is not None
+
+    def end(self, location: str) -> None:
+        """Close it for the partition's sake: a later read raises ``EngineClosedError``."""
+        if self._inner is not None:
+            self.close()
+            self._ended = (
+                f"the scan of {location} was cut short: its engine was closed before the "
+                "result was read to the end (read a result before closing its engine)"
+            )
+
+
+class ScanTracker:
+    """The scans a partition has handed out and not seen end (``_TrackedScan``)."""
+
+    __slots__ = ("_scans",)
+
+    def __init__(self) -> None:
+        self._scans: weakref.WeakSet[_TrackedScan] = weakref.WeakSet()
+
+    def track(
+        self, scan: Iterator[list[tuple[bytes, bytes]]]
+    ) -> Iterator[list[tuple[bytes, bytes]]]:
+        tracked = _TrackedScan(scan)
+        self._scans.add(tracked)
+        return tracked
+
+    @property
+    def live(self) -> int:
+        """Scans that may still read."""
+        return sum(1 for scan in self._scans if scan.live)
+
+    def end_all(self, location: str) -> None:
+        """End every live scan (before the database closes); reading one later raises."""
+        for scan in list(self._scans):
+            scan.end(location)
+        self._scans = weakref.WeakSet()
 
 
 class BytesPartition(Protocol):
@@ -89,7 +176,7 @@ class RocksDBPartition:
         self.location = os.fspath(path)
         self.written_by_version = written_by_version
         self._db: rocks.Rdict | None = db if db is not None else rocks.open_for_read(path)
-        self._iterators: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._scans = ScanTracker()
         try:
             self._commit = parse_commit_record(self._db.get(COMMIT_KEY), self.location)
         except BaseException:
@@ -99,13 +186,13 @@ class RocksDBPartition:
     @property
     def _open_db(self) -> rocks.Rdict:
         if self._db is None:
-            raise StoreCorruptedError(f"partition {self.location} is closed")
+            raise closed_partition_error(self.location)
         return self._db
 
     def get(self, key: bytes) -> bytes | None:
         db = self._db  # not ``_open_db``: a key lookup's every step counts
         if db is None:
-            raise StoreCorruptedError(f"partition {self.location} is closed")
+            raise closed_partition_error(self.location)
         try:
             return db.get(key)
         except Exception as exc:
@@ -122,9 +209,7 @@ class RocksDBPartition:
     def scan_chunks(
         self, lower: bytes, upper: bytes | None, *, reverse: bool = False
     ) -> Iterator[list[tuple[bytes, bytes]]]:
-        gen = self._guarded_scan(lower, upper, reverse)
-        self._iterators.add(gen)
-        return gen
+        return self._scans.track(self._guarded_scan(lower, upper, reverse))
 
     def _guarded_scan(
         self, lower: bytes, upper: bytes | None, reverse: bool
@@ -140,7 +225,7 @@ class RocksDBPartition:
     def open_iterators(self) -> int:
         """Scans that may still read: started or not, but neither finished nor closed
         (a finished generator has no frame, even while a result object holds it)."""
-        return sum(1 for gen in self._iterators if gen.gi_frame is not None)
+        return self._scans.live
 
     def commit_record(self) -> dict[str, Any]:
         return self._commit
@@ -152,9 +237,7 @@ class RocksDBPartition:
             raise rocks.classify(exc, self.location) from exc
 
     def close(self) -> None:
-        for gen in list(self._iterators):
-            gen.close()  # drops the rocksdict iterator before the database closes
-        self._iterators = weakref.WeakSet()
+        self._scans.end_all(self.location)  # rocksdict iterators go before the database
         db, self._db = self._db, None
         rocks.close_quietly(db)
 

@@ -86,15 +86,87 @@ def test_a_checkpoint_with_one_aggregation_has_one_store(agg_checkpoint):
     assert manifest.key_serde == "string"
 
 
-def test_every_committed_version_reads_as_spark_reads_it(spark, agg_checkpoint):
-    with iqkit.open(agg_checkpoint) as engine:
-        versions = engine.versions("aggregate")
-    assert versions == [1, 2, 3]
+#: Batches per operator: new keys, updates of old ones, and removed keys (a watermark that
+#: moves past old windows and old ids; a negative amount, which ``jobs.running_total``
+#: takes as "forget this user").
+DEDUP_BATCHES = [
+    [{"id": 1, "user": "a", "ts": _ts(1)}, {"id": 2, "user": "b", "ts": _ts(2)}],
+    [{"id": 2, "user": "b", "ts": _ts(3)}, {"id": 3, "user": "c", "ts": _ts(4)}],
+    [{"id": 4, "user": "d", "ts": _ts(45)}],
+    [{"id": 5, "user": "e", "ts": _ts(46)}],
+]
+FLATMAP_BATCHES = [
+    *AGG_BATCHES,
+    [{"user": "bob", "amount": -1, "ts": _ts(50)}, {"user": "erin", "amount": 6, "ts": _ts(51)}],
+]
+BATCHES = {
+    "agg": AGG_BATCHES,
+    "window": [*AGG_BATCHES, [{"user": "erin", "amount": 1, "ts": _ts(59)}]],
+    "dedup": DEDUP_BATCHES,
+    "dedup-watermark": DEDUP_BATCHES,
+    "flatmap": FLATMAP_BATCHES,
+}
+#: The operators whose state shrinks in these batches (the test checks it did).
+REMOVES_KEYS = {"window", "dedup-watermark", "flatmap"}
+
+
+def _iso_text(column: Any) -> Any:
+    """A key column as iqkit keeps it: a timestamp column as ISO text in UTC, to the
+    microsecond (the test session's time zone is UTC)."""
+    if isinstance(column, datetime):
+        return column.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return column
+
+
+def _as_spark_rows(kv: Any, window_ms: int | None) -> tuple[tuple[Any, ...], Any]:
+    """An iqkit row as the state reader gives it: the key as a tuple of its columns (a
+    window as its (start, end) datetimes, in UTC as the test session's time zone)."""
+    if window_ms is None:
+        return (kv.key if isinstance(kv.key, tuple) else (kv.key,)), kv.value
+
+    def utc(ms: int) -> datetime:
+        return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None)
+
+    key = kv.key.key if isinstance(kv.key.key, tuple) else (kv.key.key,)
+    return ((utc(kv.key.start), utc(kv.key.end)), *key), kv.value
+
+
+@pytest.mark.parametrize("provider", ["hdfs", "rocksdb", "rocksdb-changelog"])
+@pytest.mark.parametrize("kind", ["agg", "window", "dedup", "dedup-watermark", "flatmap"])
+def test_every_version_of_every_operator_reads_as_spark_reads_it(spark, tmp_path, kind, provider):
+    """For each provider Spark ships and each supported operator: every committed
+    version, partition by partition, holds exactly the rows Spark's own state reader
+    gives for it (``as_of=N`` is Spark's batch N - 1)."""
+    checkpoint = os.fspath(
+        run_stream(spark, kind, tmp_path / "ckpt", BATCHES[kind], provider=provider,
+                   partitions=PARTITIONS)
+    )  # fmt: skip
+    with iqkit.open(checkpoint) as engine:
+        (store,) = engine.store_names()
+        manifest = engine.manifest(store)
+        versions = engine.versions(store)
+    assert manifest.properties["spark_provider"] == provider.split("-")[0]
+    assert versions == list(range(1, len(BATCHES[kind]) + 1))
+    window_ms = manifest.window_size_ms if manifest.kind == "window" else None
+    sizes = []
     for version in versions:
-        expected = _oracle(spark, agg_checkpoint, version)
-        with iqkit.open(agg_checkpoint, as_of=version) as engine:
-            got = _scan(engine, "aggregate")
-        assert {p: {(k,): v for k, v in rows.items()} for p, rows in got.items()} == expected
+        expected = {
+            p: {tuple(_iso_text(v) for v in key): value for key, value in rows.items()}
+            for p, rows in _oracle(spark, checkpoint, version).items()
+        }
+        with iqkit.open(checkpoint, as_of=version) as engine:
+            request = StateQueryRequest.in_store(store).with_query(RangeQuery.with_no_bounds())
+            if window_ms is not None:
+                query = WindowRangeQuery.with_window_start_range(0, 2**62)
+                request = StateQueryRequest.in_store(store).with_query(query)
+            got = {}
+            for p, partition in engine.query(request).partition_results.items():
+                assert partition.is_success, partition.failure_message
+                got[p] = dict(_as_spark_rows(kv, window_ms) for kv in partition.result)
+        assert got == expected, f"version {version}"
+        sizes.append(sum(len(rows) for rows in expected.values()))
+    if kind in REMOVES_KEYS:
+        assert min(sizes[1:]) < max(sizes), f"no version removed keys: {sizes}"
 
 
 def test_a_key_lookup_runs_on_the_partition_spark_put_the_key_in(spark, agg_checkpoint):
@@ -111,6 +183,26 @@ def test_a_key_lookup_runs_on_the_partition_spark_put_the_key_in(spark, agg_chec
         keys = MultiKeyQuery.with_keys(sorted(owners))
         result = engine.query(StateQueryRequest.in_store("aggregate").with_query(keys))
         assert set(result.partition_results) == set(owners.values())
+
+
+def test_spark_reads_a_checkpoint_key_from_its_owning_partition_only(spark, agg_checkpoint):
+    """``format("iqkit")`` with ``key``: one task, on the partition Spark's hash put the
+    key in (the engine's routing, not the manifest's partitioner name)."""
+    owners = {
+        row["key"]["user"]: row["partition_id"]
+        for row in spark.read.format("statestore").load(agg_checkpoint).collect()
+    }
+    for user, owner in owners.items():
+        df = (
+            spark.read.format("iqkit")
+            .option("store", "aggregate")
+            .option("key", user)
+            .option("max_partition_bytes", "1")  # one task per store partition read
+            .load(agg_checkpoint)
+        )
+        assert df.rdd.getNumPartitions() == 1
+        (row,) = df.collect()
+        assert (row["partition"], row["user"]) == (owner, user)  # the key column keeps its name
 
 
 def test_range_prefix_and_descending_scans(agg_checkpoint):
@@ -185,52 +277,45 @@ def test_a_windowed_aggregation_is_a_window_store(spark, window_checkpoint):
                 assert len(found) == 1
 
 
-DEDUP_BATCHES = [
-    [{"id": 1, "user": "a", "ts": _ts(1)}, {"id": 2, "user": "b", "ts": _ts(2)}],
-    [{"id": 2, "user": "b", "ts": _ts(3)}, {"id": 3, "user": "c", "ts": _ts(4)}],
-    [{"id": 4, "user": "d", "ts": _ts(5)}],
-]
+#: The file of version 3 each provider reads last, and so is damaged (``test_a_damaged...``).
+LAST_FILE = {"hdfs": "3.delta", "rocksdb": "3.zip", "rocksdb-changelog": "3.changelog"}
 
 
-@pytest.mark.parametrize("kind", ["dedup", "flatmap"])
-def test_other_operators_read_as_spark_reads_them(spark, tmp_path, kind):
-    batches = DEDUP_BATCHES if kind == "dedup" else AGG_BATCHES
-    checkpoint = os.fspath(
-        run_stream(spark, kind, os.fspath(tmp_path / "ckpt"), batches, partitions=PARTITIONS)
-    )
-    with iqkit.open(checkpoint) as engine:
-        (store,) = engine.store_names()
-        versions = engine.versions(store)
-    assert versions == [1, 2, 3]
-    for version in versions:
-        expected = _oracle(spark, checkpoint, version)
-        with iqkit.open(checkpoint, as_of=version) as engine:
-            got = _scan(engine, store)
-        keyed = {p: {(k if isinstance(k, tuple) else (k,)): v for k, v in rows.items()}
-                 for p, rows in got.items()}  # fmt: skip
-        assert keyed == expected
-
-
-def test_a_damaged_state_file_fails_its_partition_only(spark, agg_checkpoint, tmp_path):
-    import shutil
-
-    copy = tmp_path / "ckpt"
-    shutil.copytree(agg_checkpoint, copy)
+@pytest.mark.parametrize("provider", ["hdfs", "rocksdb", "rocksdb-changelog"])
+@pytest.mark.parametrize("damage", ["cut", "flipped", "missing"])
+def test_a_damaged_state_file_fails_its_partition_only(spark, tmp_path, provider, damage):
+    """A state file cut short, with a byte changed, or gone: the partition that needs it
+    fails with one line naming the file; the other partitions answer."""
+    checkpoint = run_stream(spark, "agg", tmp_path / "ckpt", AGG_BATCHES, provider=provider,
+                            partitions=PARTITIONS)  # fmt: skip
     owner = next(
         row["partition_id"]
-        for row in spark.read.format("statestore").load(agg_checkpoint).collect()
+        for row in spark.read.format("statestore").load(os.fspath(checkpoint)).collect()
     )
-    delta = copy / "state" / "0" / str(owner) / "3.delta"
-    delta.write_bytes(delta.read_bytes()[:-7])  # cut short
-    with iqkit.open(os.fspath(copy)) as engine:
+    target = checkpoint / "state" / "0" / str(owner) / LAST_FILE[provider]
+    crc = target.with_name(f".{target.name}.crc")
+    data = target.read_bytes()
+    if damage == "cut":
+        target.write_bytes(data[: len(data) // 2])
+    elif damage == "flipped":
+        middle = len(data) // 2
+        target.write_bytes(data[:middle] + bytes([data[middle] ^ 0x5A]) + data[middle + 1 :])
+    else:
+        target.unlink()
+    crc.unlink(missing_ok=True)  # Hadoop's checksum would catch it first: test the file's own
+    with iqkit.open(os.fspath(checkpoint)) as engine:
         request = StateQueryRequest.in_store("aggregate").with_query(RangeQuery.with_no_bounds())
         result = engine.query(request)
-    for p, partition in result.partition_results.items():
-        if p == owner:
-            assert partition.is_failure
-            assert f"state/0/{owner}/3.delta" in partition.failure_message
-        else:
-            assert partition.is_success
+        failed = {}
+        for p, partition in result.partition_results.items():
+            if partition.is_failure:
+                failed[p] = partition.failure_message
+            else:
+                list(partition.result)
+    assert list(failed) == [owner]
+    message = failed[owner]
+    assert f"state/0/{owner}/{LAST_FILE[provider]}" in message, message
+    assert "\n" not in message
 
 
 def test_positions_and_lag_come_from_the_sources_a_batch_read(spark, tmp_path):
@@ -354,3 +439,22 @@ def test_a_stream_stream_join_is_listed_and_refused_in_one_line(spark, tmp_path)
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith("not supported yet: symmetricHashJoin (a stream-stream join)")
+
+
+def test_transform_with_state_is_listed_and_refused_in_one_line(spark, tmp_path):
+    """transformWithState keeps one column family per state variable: the store is
+    listed, and reading it is one line naming the operator, never rows."""
+    from test_hdfs_state import run_transform_with_state
+
+    from iqkit.store.checkpoint.shape import UnsupportedStateError
+
+    checkpoint = run_transform_with_state(spark, tmp_path)
+    with iqkit.open(os.fspath(checkpoint)) as engine:
+        assert engine.store_names() == ["transform"]
+        with pytest.raises(UnsupportedStateError) as info:
+            engine.query(
+                StateQueryRequest.in_store("transform").with_query(KeyQuery.with_key("alice"))
+            )
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("not supported yet: transformWithStateInPandas")

@@ -2,7 +2,9 @@
 without Spark, against Spark's own state reader: for every operator kind the provider
 serves, every committed version, partition by partition. Then damaged, cut-short and
 missing files (one ``StateFileError`` naming the file, never rows), and versions rebuilt
-from a snapshot the maintenance task wrote.
+from a snapshot the maintenance task wrote. Last, without Spark, the record framing on
+files written here: the records a plain dict replay gives, in its order, and its
+failures, for runs of records of equal sizes as long and as short as they come.
 
 Every checkpoint comes from real streaming queries on the shared local Spark session
 (tests/store/checkpoint/jobs.py)."""
@@ -11,15 +13,19 @@ from __future__ import annotations
 
 import itertools
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from jobs import INPUT_SCHEMA, run_stream, state_rows
 
 from iqkit.store.checkpoint.hdfs_files import (
     StateFileError,
     list_files,
     list_versions,
+    load_records,
     load_state,
 )
 from iqkit.store.checkpoint.state_schema import read_operator_metadata, read_store_schema
@@ -144,9 +150,8 @@ def test_a_checkpoint_on_object_storage_reads_the_same(spark, checkpoints, s3_ro
 
 
 def test_transform_with_state_schema_files_describe_each_state_variable(spark, tmp_path):
-    # transformWithState (v2 operator metadata, v3 schema files, column families) runs in
-    # PySpark only where protobuf is installed; the RocksDB provider is the one it supports.
-    pytest.importorskip("google.protobuf")
+    # transformWithState (v2 operator metadata, v3 schema files, column families) runs on
+    # the RocksDB provider only.
     checkpoint = run_transform_with_state(spark, tmp_path)
     objects = open_objects(checkpoint)
     metadata = read_operator_metadata(objects, "state/0")
@@ -362,3 +367,152 @@ def test_a_state_of_many_lz4_blocks_matches(spark, tmp_path):
     for delta in checkpoint.glob("state/0/*/1.delta"):
         assert delta.read_bytes().count(b"LZ4Block") > 5  # blocks, and the end mark
     assert decoded_rows(checkpoint, 1) == state_rows(spark, checkpoint, 0)
+
+
+# -- the record framing, on files written here ----------------------------------------------
+def lz4_block_stream(payload: bytes, block: int = 1 << 16) -> bytes:
+    """``payload`` as lz4-java writes it, in stored (uncompressed) blocks: what the
+    framing reads is the same whichever way a block was packed."""
+    from xxhash import xxh32_intdigest
+
+    header = struct.Struct("<8sBiii")
+    out = bytearray()
+    for start in range(0, len(payload), block):
+        chunk = payload[start : start + block]
+        checksum = xxh32_intdigest(chunk, 0x9747B28C) & 0x0FFFFFFF
+        out += header.pack(b"LZ4Block", 0x16, len(chunk), len(chunk), checksum) + chunk
+    return bytes(out + header.pack(b"LZ4Block", 0x16, 0, 0, 0))
+
+
+def records_file(records: list[tuple[bytes, bytes | None]], checksums: bool) -> bytes:
+    """The records as a state file holds them (a value None: a removal), end mark last."""
+    size = struct.Struct(">i").pack
+    crc = b"CRC!" if checksums else b""
+    out = bytearray()
+    for key, value in records:
+        if value is None:
+            out += size(len(crc + key)) + crc + key + size(-1)
+        else:
+            out += size(len(key)) + key + size(len(crc + value)) + crc + value
+    return bytes(out + size(-1))
+
+
+def replayed(files: list[tuple[bytes, bool]], checksums: bool) -> dict[bytes, bytes]:
+    """The module docstring's replay, plainly: each file's records in order, a value cut
+    to whole 8-byte words; ``ValueError`` or ``struct.error`` for framing out of place."""
+    unpack = struct.Struct(">i").unpack_from
+    prefix = 4 if checksums else 0
+    state: dict[bytes, bytes] = {}
+    for data, removals in files:
+        at = 0
+        while True:
+            (key_size,) = unpack(data, at)
+            if key_size == -1:
+                at += 4
+                break
+            if key_size < 0 or at + 4 + key_size > len(data):
+                raise ValueError(f"bad key size {key_size} at byte {at}")
+            key = data[at + 4 : at + 4 + key_size]
+            at += 4 + key_size
+            (value_size,) = unpack(data, at)
+            if value_size == -1 and removals:
+                state.pop(key[prefix:], None)
+                at += 4
+                continue
+            if value_size < prefix or at + 4 + value_size > len(data):
+                raise ValueError(f"bad value size {value_size} at byte {at}")
+            state[key] = data[at + 4 + prefix : at + 4 + prefix + (value_size - prefix) // 8 * 8]
+            at += 4 + value_size
+        if at != len(data):
+            raise ValueError(f"{len(data) - at} bytes after the last record")
+    return state
+
+
+@st.composite
+def record_runs(draw, removals: bool):
+    """A file's records: runs of records of equal key and value sizes (long ones, as
+    most state files are, and short ones), keys drawn from few values so that later
+    records replace and remove earlier ones."""
+    records = []
+    for _ in range(draw(st.integers(0, 6))):
+        count = draw(st.sampled_from([1, 2, 3, 17, 300]))
+        key_size = draw(st.sampled_from([0, 1, 8, 16, 24]))
+        value_size = draw(st.sampled_from([0, 3, 8, 12, 24, 28]))
+        removal = removals and draw(st.booleans())
+        for _ in range(count):
+            key = bytes([draw(st.integers(0, 5))]) * key_size
+            value = None if removal else bytes([draw(st.integers(0, 255))]) * value_size
+            records.append((key, value))
+    return records
+
+
+@st.composite
+def versions(draw):
+    """A snapshot (or none) and deltas after it: ``(files, row checksums)``."""
+    checksums = draw(st.booleans())
+    files = []
+    if draw(st.booleans()):
+        files.append(("snapshot", draw(record_runs(removals=False))))
+    for _ in range(draw(st.integers(0 if files else 1, 3))):
+        files.append(("delta", draw(record_runs(removals=True))))
+    return files, checksums
+
+
+def write_version(
+    folder: Path, files, checksums: bool, damage=None
+) -> tuple[int, list[tuple[bytes, bool]]]:
+    """The files in ``folder`` (``state/0/0`` of a checkpoint), snapshot at version 1 if
+    there is one; ``damage`` changes a file's records before it is packed. The version
+    they rebuild, and each file's records with whether it may remove keys."""
+    partition = folder / "state/0/0"
+    partition.mkdir(parents=True, exist_ok=True)
+    plain = []
+    for number, (kind, records) in enumerate(files, start=1):
+        data = records_file(records, checksums)
+        if damage is not None and number == len(files):
+            data = damage(data)
+        (partition / f"{number}.{kind}").write_bytes(lz4_block_stream(data))
+        plain.append((data, kind == "delta"))
+    return len(files), plain
+
+
+@given(versions())
+def test_replayed_records_are_the_records_a_dict_replay_gives(tmp_path_factory, case):
+    files, checksums = case
+    folder = tmp_path_factory.mktemp("framing")
+    version, plain = write_version(folder, files, checksums)
+    objects = open_objects(folder)
+    expected = replayed(plain, checksums)
+    state = load_state(objects, "state/0/0", version, row_checksums=checksums)
+    assert list(state.items()) == list(expected.items())  # the same order too
+    records = load_records(objects, "state/0/0", version, row_checksums=checksums)
+    assert list(records.live().items()) == list(expected.items())
+
+
+@given(versions(), st.data())
+def test_damaged_records_raise_as_a_dict_replay_fails_naming_the_file(tmp_path_factory, case, data):
+    files, checksums = case
+    folder = tmp_path_factory.mktemp("damaged")
+
+    def damage(records: bytes) -> bytes:
+        records = bytearray(records)
+        for _ in range(data.draw(st.integers(1, 3))):
+            at = data.draw(st.integers(0, len(records) - 1))
+            records[at] = data.draw(st.sampled_from([0x00, 0x07, 0x80, 0xFF]))
+        if data.draw(st.booleans()):
+            records = records[: data.draw(st.integers(0, len(records)))]
+        return bytes(records)
+
+    version, plain = write_version(folder, files, checksums, damage)
+    name = f"state/0/0/{version}.{files[-1][0]}"
+    try:
+        expected = replayed(plain, checksums)
+    except (ValueError, struct.error) as exc:
+        with pytest.raises(StateFileError) as error:
+            load_state(open_objects(folder), "state/0/0", version, row_checksums=checksums)
+        assert_names_file(error, name)
+        reason = str(exc)
+        assert str(error.value).endswith(f"({reason})") or reason in str(error.value)
+    else:  # bytes changed, the framing still whole: those records, as they now are
+        state = load_state(open_objects(folder), "state/0/0", version, row_checksums=checksums)
+        assert list(state.items()) == list(expected.items())

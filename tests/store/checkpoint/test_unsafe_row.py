@@ -3,7 +3,11 @@ and aggregation buffer hold every type the decoder supports (nulls, non-ASCII st
 decimals on both sides of 18 digits, nested structs, arrays of every element width, maps
 with struct keys) leaves UnsafeRows in its checkpoint; the decoder must give exactly the
 values Spark's own state reader gives. One micro-batch holds a row of edge values, a row
-of nulls and a non-ASCII row; the others hold rows drawn by hypothesis."""
+of nulls and a non-ASCII row; the others hold rows drawn by hypothesis.
+
+Rows of flat schemas also decode in bulk (``RowDecoder.decode_columns``): the same values
+as row by row, on Spark's rows and on rows written here (tests/store/checkpoint/
+unsafe_rows.py), and no columns at all where a row would be refused."""
 
 from __future__ import annotations
 
@@ -12,11 +16,14 @@ import uuid
 from datetime import date, datetime
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from jobs import session_conf, state_rows
+from unsafe_rows import BLOBS, CODES, NUMBERS, encode_row, records_of
+from unsafe_rows import TEXT as ROW_TEXT
+from unsafe_rows import schema as flat_schema
 
-from iqkit.store.checkpoint.hdfs_files import load_state
+from iqkit.store.checkpoint.hdfs_files import load_records, load_state
 from iqkit.store.checkpoint.state_schema import read_operator_metadata, read_store_schema
 from iqkit.store.checkpoint.unsafe_row import RowDecodeError, RowDecoder, UnsupportedStateTypeError
 from iqkit.store.objects import open_objects
@@ -140,9 +147,11 @@ VALUE_COLUMNS = [
 ]
 
 
-def run_typed_aggregation(spark, folder, rows) -> str:
-    """One micro-batch of ``rows`` through a streaming aggregation grouped by every key
-    column, keeping ``first`` of every value column: its checkpoint's folder."""
+def run_typed_aggregation(
+    spark, folder, rows, keys: list[str] = KEY_COLUMNS, values: list[str] = VALUE_COLUMNS
+) -> str:
+    """One micro-batch of ``rows`` through a streaming aggregation grouped by the ``keys``
+    columns, keeping ``first`` of each of ``values``: its checkpoint's folder."""
     from pyspark.sql import functions as F
 
     inputs = folder / "input"
@@ -150,8 +159,8 @@ def run_typed_aggregation(spark, folder, rows) -> str:
     (inputs / "rows.json").write_text("".join(json.dumps(r) + "\n" for r in rows), "utf-8")
     checkpoint = folder / "ckpt"
     source = typed_columns(spark.readStream.schema(INPUT_SCHEMA).json(str(inputs)))
-    aggregated = source.groupBy(*KEY_COLUMNS).agg(
-        *(F.first(name).alias(name) for name in VALUE_COLUMNS), F.count("*")
+    aggregated = source.groupBy(*keys).agg(
+        *(F.first(name).alias(name) for name in values), F.count("*")
     )
     with session_conf(spark, {"spark.sql.shuffle.partitions": "2"}):
         query = (
@@ -238,3 +247,125 @@ def test_a_type_not_supported_yet_is_refused_when_the_decoder_is_built():
     }
     with pytest.raises(UnsupportedStateTypeError, match="span"):
         RowDecoder(schema)
+
+
+# -- in bulk ------------------------------------------------------------------------------
+FLAT_COLUMNS = ["s", "bin", "flag", "i8", "i16", "i32", "i64", "f32", "f64"]
+
+
+def column_value(data: bytes, column, row: int):
+    """Row ``row`` of a ``Column`` as ``decode`` gives it."""
+    if column.nulls is not None and column.nulls[row]:
+        return None
+    if column.sizes is None:
+        return column.values[row].item()
+    start = int(column.values[row])
+    raw = data[start : start + int(column.sizes[row])]
+    return raw.decode("utf-8", "replace") if column.kind == "string" else raw
+
+
+def same(a: tuple, b: tuple) -> bool:
+    """Equal, NaN equal to NaN."""
+    return len(a) == len(b) and all(
+        x == y or (x != x and y != y) for x, y in zip(a, b, strict=True)
+    )
+
+
+def assert_bulk_is_row_by_row(decoder: RowDecoder, records) -> None:
+    """Every key row of ``records`` decoded in bulk gives what ``decode`` gives."""
+    columns = decoder.decode_columns(records.data, records.key_starts, records.key_lengths)
+    assert columns is not None
+    for row, (key, _) in enumerate(records.items()):
+        found = tuple(column_value(records.data, column, row) for column in columns)
+        assert same(found, decoder.decode(key)), (found, decoder.decode(key))
+
+
+def test_sparks_flat_rows_decode_in_bulk_as_one_by_one(spark, scratch):
+    rows = [EDGES, NULLS, NON_ASCII, {**EDGES, "f32": float("nan"), "f64": float("-inf")}]
+    checkpoint = run_typed_aggregation(
+        spark, scratch / "flat", rows, keys=FLAT_COLUMNS, values=FLAT_COLUMNS
+    )
+    objects = open_objects(checkpoint)
+    schema = read_store_schema(objects, "state/0")
+    keys, values = RowDecoder(schema.key_schema), RowDecoder(schema.value_schema)
+    assert keys.kinds == ("string", "binary", "boolean", "byte", "short", "integer", "long",
+                          "float", "double")  # fmt: skip
+    decoded = 0
+    for partition in range(2):
+        records = load_records(objects, f"state/0/{partition}", 1)
+        assert_bulk_is_row_by_row(keys, records)
+        swapped = type(records)(records.data, records.value_starts, records.value_lengths,
+                                records.key_starts, records.key_lengths)  # fmt: skip
+        assert_bulk_is_row_by_row(values, swapped)
+        decoded += len(records)
+    assert decoded == 4
+
+
+FLAT_KINDS = [*sorted(CODES), "string", "binary"]
+
+
+@st.composite
+def flat_rows(draw):
+    """(kinds, slot filler, rows): a flat schema (past 64 fields now and then, for a
+    second null word) and rows of it, nulls and bytes that are not UTF-8 included."""
+    many = draw(st.booleans())
+    kinds = draw(st.lists(st.sampled_from(FLAT_KINDS), min_size=60 if many else 0,
+                          max_size=70 if many else 6))  # fmt: skip
+    values = [
+        ROW_TEXT | BLOBS if k == "string" else BLOBS if k == "binary" else NUMBERS[k] for k in kinds
+    ]
+    rows = draw(st.lists(st.tuples(*[st.none() | v for v in values]), max_size=5))
+    return kinds, draw(st.binary(min_size=8, max_size=8)), rows
+
+
+@given(flat_rows())
+def test_rows_decoded_in_bulk_are_the_rows_decoded_one_by_one(case):
+    kinds, filler, rows = case
+    decoder = RowDecoder(flat_schema(kinds))
+    records = records_of([(encode_row(kinds, list(row), filler), b"") for row in rows])
+    assert_bulk_is_row_by_row(decoder, records)
+
+
+@given(flat_rows(), st.data())
+def test_a_row_the_row_decoder_refuses_is_refused_in_bulk(case, data):
+    kinds, filler, rows = case
+    assume(kinds and rows)
+    encoded = [encode_row(kinds, list(row), filler) for row in rows]
+    row = data.draw(st.integers(0, len(rows) - 1))
+    words = (len(kinds) + 63) // 64
+    strings = [
+        i for i, k in enumerate(kinds) if k in ("string", "binary") and rows[row][i] is not None
+    ]
+    damages = (
+        ["short"]
+        + (["null bit"] if len(kinds) % 64 else [])
+        + (["past the end"] if strings else [])
+    )
+    damage = data.draw(st.sampled_from(damages))
+    bad = bytearray(encoded[row])
+    if damage == "short":
+        bad = bad[: data.draw(st.integers(0, 8 * (words + len(kinds)) - 1))]
+    elif damage == "null bit":
+        last = slice(8 * (words - 1), 8 * words)
+        bad[last] = (int.from_bytes(bad[last], "little") | 1 << len(kinds) % 64).to_bytes(
+            8, "little"
+        )
+    else:
+        slot = 8 * (words + data.draw(st.sampled_from(strings)))
+        offset = int.from_bytes(bad[slot + 4 : slot + 8], "little")
+        bad[slot : slot + 4] = (len(bad) - offset + 1).to_bytes(4, "little")
+    encoded[row] = bytes(bad)
+    decoder = RowDecoder(flat_schema(kinds))
+    with pytest.raises(RowDecodeError):
+        decoder.decode(encoded[row])
+    records = records_of([(e, b"") for e in encoded])
+    assert decoder.decode_columns(records.data, records.key_starts, records.key_lengths) is None
+
+
+def test_schemas_of_other_types_do_not_decode_in_bulk(edge_checkpoint):
+    objects = open_objects(edge_checkpoint)
+    schema = read_store_schema(objects, "state/0")
+    decoder = RowDecoder(schema.key_schema)  # dates, decimals, structs, arrays
+    assert decoder.kinds is None
+    records = load_records(objects, "state/0/0", 1)
+    assert decoder.decode_columns(records.data, records.key_starts, records.key_lengths) is None
