@@ -41,7 +41,7 @@ import numpy as np
 
 from ..encoding import keyspace
 from ..encoding.partitioners import SparkHashPartitioner
-from ..encoding.serdes import get_serde
+from ..encoding.serdes import JsonSerde, get_serde
 from ..encoding.spark_hash import SparkKeyHasher
 from ..kinds import StoreKind
 from ..manifest import StoreManifest
@@ -265,7 +265,9 @@ class StateShape:
         whole numbers and booleans (counts, sums of integers: most aggregation states)
         is written through one format string, byte for byte what the serde writes for
         it, at a fraction of the cost; any other row goes through the serde."""
-        serialize, value_of = get_serde("json").serialize, self.value_of
+        # Spark's state may hold NaN or an infinity (a max over doubles): kept, as tokens.
+        serialize = JsonSerde().serialize_keeping_non_finite
+        value_of = self.value_of
         kinds = [f["type"] for f in self.value_fields]
         if not self._distinct_names or not all(isinstance(k, str) and k in _WHOLE for k in kinds):
             return lambda row: serialize(value_of(row))

@@ -577,6 +577,9 @@ def _reject_constant(name: str) -> Any:
 
 
 _json_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_json_encode_non_finite = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), allow_nan=True
+).encode
 _json_decode = json.JSONDecoder().decode
 _json_decode_strict = json.JSONDecoder(parse_constant=_reject_constant).decode
 
@@ -604,6 +607,20 @@ class JsonSerde(Serde):
     def serialize(self, value: Any) -> bytes:
         try:
             return _json_encode(value).encode("utf-8")
+        except TypeError as exc:
+            raise self._type_error(value, f"a JSON-serializable value ({exc})") from None
+        except UnicodeEncodeError as exc:
+            raise self._value_error(value, f"not encodable as UTF-8 ({exc.reason})") from None
+        except (ValueError, RecursionError) as exc:
+            raise self._value_error(value, str(exc)) from None
+
+    def serialize_keeping_non_finite(self, value: Any) -> bytes:
+        """``serialize``, but NaN and infinities written as the ``NaN``/``Infinity``
+        tokens ``deserialize`` accepts. For values iqkit did not choose (a Spark
+        checkpoint's state, where a ``max`` over doubles may be NaN): refusing them would
+        lose the row, and writing ``null`` would change it."""
+        try:
+            return _json_encode_non_finite(value).encode("utf-8")
         except TypeError as exc:
             raise self._type_error(value, f"a JSON-serializable value ({exc})") from None
         except UnicodeEncodeError as exc:

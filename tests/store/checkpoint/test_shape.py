@@ -120,3 +120,13 @@ def test_other_shapes_are_left_to_the_rows_path():
 def test_a_value_column_name_twice_is_written_as_the_serde_writes_it():
     shape = StateShape(KEY_SCHEMA, schema(["long", "long"], ["n", "n"]))
     assert shape._value_bytes((1, 2)) == get_serde("json").serialize(shape.value_of((1, 2)))
+
+
+def test_nan_and_infinities_in_spark_state_are_kept_not_refused():
+    """Spark's state may hold NaN or an infinity (a ``max`` over doubles): the row is
+    stored with JSON's lenient tokens and reads back as the same floats."""
+    shape = StateShape(KEY_SCHEMA, schema(["double", "double", "long"], ["max", "min", "n"]))
+    stored = shape._value_bytes((math.nan, -math.inf, 3))
+    assert stored == b'{"max":NaN,"min":-Infinity,"n":3}'
+    back = get_serde("json").deserialize(stored)
+    assert math.isnan(back["max"]) and back["min"] == -math.inf and back["n"] == 3
