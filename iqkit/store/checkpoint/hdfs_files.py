@@ -55,6 +55,8 @@ __all__ = [
     "apply_delta",
     "check_hadoop_crc",
     "decompress_lz4_stream",
+    "delta_records",
+    "delta_version",
     "list_files",
     "list_versions",
     "load_records",
@@ -196,6 +198,24 @@ def load_records(
         for key, removals in keys
     ]
     return _replay(framed)
+
+
+def delta_version(key: str) -> int | None:
+    """The version whose delta file ``key`` is (``None``: not a delta file's key)."""
+    match = _STATE_FILE.fullmatch(key.rpartition("/")[2])
+    return int(match[1]) if match and match[2] == "delta" else None
+
+
+def delta_records(
+    objects: ObjectStore, files: PartitionFiles, versions: list[int], *, row_checksums: bool = False
+) -> StateRecords:
+    """Every record of the delta files of ``versions``, in replay order, removals marked:
+    what those batches changed, to apply on top of the state before the first of them."""
+    keys = [files.key(version, "delta") for version in versions]
+    return _replay(
+        [_frame(key, _read_records(objects, files, key), row_checksums, removals=True)
+         for key in keys]
+    )  # fmt: skip
 
 
 def read_snapshot(

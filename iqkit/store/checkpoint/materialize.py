@@ -23,11 +23,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import json
+import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..cache import FileCache, PinnedFile
 from ..names import CACHE_BUILDING_PREFIX, COMMIT_KEY
@@ -35,8 +37,9 @@ from ..objects import ObjectStore, check_key
 from ..partitions import rocks
 from ..partitions.builds import CachedDatabasePartition, build_in_cache, remove_stale_builds
 from .layout import OperatorStore
-from .providers import StateReader
+from .providers import StateReader, VersionFiles
 from .shape import StateShape
+from .state_records import StateRows
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -71,6 +74,8 @@ class StatePartition(CachedDatabasePartition):
         self.location = where
         #: True when this open replayed the state and built the database.
         self.built = built
+        #: The older version whose database the build started from (``None``: none).
+        self.base_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -127,27 +132,165 @@ def open_partition(
 ) -> StatePartition:
     """Partition ``p`` of ``store`` at ``version``, from its database in ``cache``, built
     first if no process has built it; the database holds ``commit`` as its commit
-    record. ``building`` is called first when this call is the one that builds."""
+    record, with the state files it was rebuilt from (``STATE_FILES``). ``building`` is
+    called first when this call is the one that builds.
+
+    A build starts from an older version's database in the cache where one was rebuilt
+    from the same files as the start of this version's (the same snapshot and deltas,
+    and this version only adds deltas): only the files added since are read, and only
+    the keys they touch are decoded (``StateReader.changed_state``), in bulk where the
+    shape allows."""
     files = reader.version_files(store, p, version)
     where = f"Spark state {reader.where(store, p, version)}"
+    folder = state_folder_in_cache(cache, reader.objects, store.name, p, version, files.names)
+    record = json.loads(commit)
+    record[STATE_FILES] = files.names.split("\n")
+    head = [(COMMIT_KEY, json.dumps(record, sort_keys=True).encode())]
+    base_version: list[int] = []
 
-    def rows(work_dir: Path) -> Iterable[tuple[bytes, bytes]] | StoredColumns:
+    def rows(work_dir: Path) -> Iterable[tuple[bytes, bytes]] | StoredColumns | OnOlderBuild:
+        on_older = _on_older_build(reader, shape, store, cache, folder, version, files)
+        if on_older is not None:
+            base_version.append(on_older.version)
+            on_older.changes.head = head
+            return on_older
         state = reader.state_rows(store, version, files, work_dir)
-        head = [(COMMIT_KEY, commit)]
         columns = shape.stored_columns(state)
         if columns is not None:
             return StoredColumns(head, *columns)
         return itertools.chain(head, shape.store_rows(state))
 
-    folder = state_folder_in_cache(cache, reader.objects, store.name, p, version, files.names)
-    return open_state_partition(cache, folder, version, rows, where, building=building)
+    part = open_state_partition(cache, folder, version, rows, where, building=building)
+    part.base_version = base_version[0] if base_version else None
+    return part
+
+
+@dataclass
+class OnOlderBuild:
+    """A version built on an older version's database: that database's table files
+    (``ssts``, in the order they were ingested, pinned by ``pin`` until the build is
+    done), then ``changes`` on top, as the SST chain layers its deltas."""
+
+    version: int
+    ssts: list[Path]
+    changes: StoredChanges
+    pin: PinnedFile
+
+
+@dataclass
+class StoredChanges:
+    """What a version changes on top of an older one's database: stored keys and values
+    (``None``: removed) as Arrow ``binary`` columns, any order (the bulk path's), or as a
+    dict; ``head``: rows below every key (the commit record)."""
+
+    keys: pa.Array | None = None
+    values: pa.Array | None = None
+    rows: dict[bytes, bytes | None] | None = None
+    head: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+    def write(self, sst: Path) -> None:
+        """The changes in key order into the SST ``sst`` (a removal as a tombstone)."""
+        if self.rows is not None:
+            rows = [*self.head, *sorted(self.rows.items())]
+            rocks.write_changes_sst(sst, iter(rows))
+            return
+        import pyarrow.compute as pc
+
+        assert self.keys is not None and self.values is not None
+        order = pc.sort_indices(self.keys)
+        rocks.write_arrow_sst(
+            sst, [(self.keys.take(order), self.values.take(order))], head=self.head
+        )
+
+
+def _changes(shape: StateShape, puts: StateRows, removed: list[tuple[Any, ...]]) -> StoredChanges:
+    """``puts`` and ``removed`` (key rows) as stored keys and values."""
+    removed_keys = [key for row in removed for key in shape.stored_keys(row)]
+    columns = shape.stored_columns(puts)
+    if columns is not None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        keys, values = columns
+        gone = pa.array(removed_keys, pa.binary())
+        if not pc.any(pc.is_in(gone, keys)).as_py():  # each stored key once
+            return StoredChanges(
+                pa.concat_arrays([keys.cast(pa.binary()), gone]),
+                pa.concat_arrays([values.cast(pa.binary()), pa.nulls(len(gone), pa.binary())]),
+            )
+    rows: dict[bytes, bytes | None] = dict(shape.store_rows(puts))
+    rows.update(dict.fromkeys(removed_keys))
+    return StoredChanges(rows=rows)
+
+
+#: The commit record's field listing the state files a database was rebuilt from (the
+#: query's id first): what tells a later version whether it can start from it.
+STATE_FILES = "state_files"
+#: How many older databases of a partition a build looks at before replaying in full.
+_OLDER_BUILDS_TRIED = 3
+#: A database of more table files than this is not built on (its reads would look in
+#: every file); the version is replayed in full, into one.
+_MOST_LAYERS = 8
+
+
+def _on_older_build(
+    reader: StateReader,
+    shape: StateShape,
+    store: OperatorStore,
+    cache: FileCache,
+    folder: Path,
+    version: int,
+    files: VersionFiles,
+) -> OnOlderBuild | None:
+    """How to build this version on an older version's database in the cache, where one
+    was rebuilt from the start of this version's files; ``None`` otherwise."""
+    wanted = files.names.split("\n")
+    older = []
+    with contextlib.suppress(OSError), os.scandir(folder.parent) as entries:
+        for entry in entries:
+            number, _, _ = entry.name.partition("-")
+            if number.isdigit() and int(number) < version and entry.is_dir():
+                older.append((int(number), Path(entry.path)))
+    for number, candidate in sorted(older, reverse=True)[:_OLDER_BUILDS_TRIED]:
+        pin = cache.pin_database(candidate)
+        if pin is None:
+            continue
+        keep = False
+        try:
+            read_pin = cache.pin_database(candidate)
+            if read_pin is None:
+                continue
+            part = StatePartition(candidate, number, [read_pin], built=False, where=str(candidate))
+            try:
+                base_files = part.commit_record().get(STATE_FILES)
+            finally:
+                part.close()
+            ssts = sorted(candidate.glob("*.sst"), key=lambda f: int(f.stem))
+            if (
+                not isinstance(base_files, list)
+                or not 0 < len(ssts) < _MOST_LAYERS
+                or len(base_files) >= len(wanted)
+                or wanted[: len(base_files)] != base_files
+            ):
+                continue
+            changed = reader.changed_state(store, files, len(base_files) - 1)
+            if changed is None:
+                return None
+            puts, removed = changed
+            changes = _changes(shape, puts, removed)
+            keep = True
+            return OnOlderBuild(number, ssts, changes, pin)
+        finally:
+            if not keep:
+                pin.release()
+    return None
 
 
 def open_state_partition(
     cache: FileCache,
     folder: Path,
     version: int,
-    rows: Callable[[Path], Iterable[tuple[bytes, bytes]] | StoredColumns],
+    rows: Callable[[Path], Iterable[tuple[bytes, bytes]] | StoredColumns | OnOlderBuild],
     where: str,
     *,
     building: Callable[[], object] = lambda: None,
@@ -163,8 +306,19 @@ def open_state_partition(
     cache.make_folder(folder.parent)
     with tempfile.TemporaryDirectory(prefix=CACHE_BUILDING_PREFIX, dir=folder.parent) as tmp:
         sst = Path(tmp) / "state.sst"
-        _write_sorted(sst, rows(Path(tmp) / "replay"))
-        pin, built, kept = build_in_cache(cache, folder, [sst], [where])
+        to_store = rows(Path(tmp) / "replay")
+        if isinstance(to_store, OnOlderBuild):
+            try:
+                to_store.changes.write(sst)
+                base = f"{where}: version {to_store.version}'s database"
+                files = [*to_store.ssts, sst]
+                names = [f"{base} ({f.name})" for f in to_store.ssts] + [where]
+                pin, built, kept = build_in_cache(cache, folder, files, names)
+            finally:
+                to_store.pin.release()
+        else:
+            _write_sorted(sst, to_store)
+            pin, built, kept = build_in_cache(cache, folder, [sst], [where])
     pins = [pin]
     db = None
     if kept is not None:

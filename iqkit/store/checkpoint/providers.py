@@ -66,6 +66,11 @@ class VersionFiles:
     plan: Any
     names: str
 
+    @property
+    def keys(self) -> list[str]:
+        """The keys of the files, in replay order (``names`` without the query id)."""
+        return self.names.split("\n")[1:]
+
 
 class _HdfsBackedFiles:
     """The default provider's files (``hdfs_files``): ``<v>.snapshot`` and ``<v>.delta``."""
@@ -96,6 +101,22 @@ class _HdfsBackedFiles:
         # than decoding them does.
         return hdfs_files.load_records(
             objects, files.folder, version, files=files.plan, row_checksums=row_checksums
+        )
+
+    def change_records(
+        self, objects: ObjectStore, files: VersionFiles, since: int, *, row_checksums: bool
+    ) -> StateRecords | None:
+        """The records of ``files``' files after its first ``since`` (all deltas: what the
+        batches after an older version changed); ``None`` when they are not all deltas."""
+        added = files.keys[since:]
+        versions = [hdfs_files.delta_version(key) for key in added]
+        if not added or None in versions:
+            return None
+        return hdfs_files.delta_records(
+            objects,
+            files.plan,
+            versions,
+            row_checksums=row_checksums,  # type: ignore[arg-type]
         )
 
     def oldest(self, objects: ObjectStore, folder: str) -> int | None:
@@ -134,6 +155,12 @@ class _RocksDBFiles:
     ) -> StateRecords:  # fmt: skip
         state = self.load(objects, files, version, row_checksums=row_checksums, work_dir=work_dir)
         return StateRecords.of_mapping(state)
+
+    def change_records(
+        self, objects: ObjectStore, files: VersionFiles, since: int, *, row_checksums: bool
+    ) -> StateRecords | None:
+        """Not yet: a version is always replayed from its snapshot."""
+        return None
 
     def oldest(self, objects: ObjectStore, folder: str) -> int | None:
         return rocksdb_files.oldest_version(objects, folder)
@@ -243,9 +270,43 @@ class StateReader:
     def where(self, store: OperatorStore, partition: int, version: int) -> str:
         return f"{state_folder(store, partition)} version {version}"
 
-    def trace_line(self, store: OperatorStore, partition: int, version: int, built: bool) -> str:
-        """What opening the partition version cost, for the execution trace."""
+    def changed_state(
+        self, store: OperatorStore, files: VersionFiles, since: int
+    ) -> tuple[StateRows, list[tuple[Any, ...]]] | None:
+        """What the files of ``files`` after its first ``since`` changed: the keys whose
+        last record there is a put, with that value (``StateRows``: decoded in bulk where
+        the shape allows), and the key rows of the keys they removed. ``None`` when the
+        provider cannot replay those files alone."""
+        records = self._files.change_records(
+            self.objects, files, since, row_checksums=self.row_checksums
+        )
+        if records is None:
+            return None
+        keys, values = self._decoders_of(store)
+        removed: list[tuple[Any, ...]] = []
+        if records.removed is not None:
+            last: dict[bytes, bool] = {}
+            for (key, _), removal in zip(records.items(), records.removed.tolist(), strict=True):
+                last[key] = removal
+            removed = [keys.decode(k) for k, removal in last.items() if removal]
+        return StateRows(records, keys, values), removed
+
+    def trace_line(
+        self,
+        store: OperatorStore,
+        partition: int,
+        version: int,
+        built: bool,
+        base: int | None = None,
+    ) -> str:
+        """What opening the partition version cost, for the execution trace (``base``:
+        the older version whose database it was built on)."""
         what = f"Spark state ({self.provider_name} provider) {state_folder(store, partition)}"
+        if built and base is not None:
+            return (
+                f"{what} version {version}: the files since version {base} replayed on its "
+                "database in the cache; database built in the cache"
+            )
         if built:
             return f"{what} replayed to version {version} and decoded; database built in the cache"
         return f"{what} version {version}: database reused from the cache (nothing read)"

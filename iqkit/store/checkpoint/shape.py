@@ -329,6 +329,16 @@ class StateShape:
             yield keyspace.window_key(key_bytes, start), value_bytes
             yield keyspace.window_time_key(key_bytes, start), b""
 
+    def stored_keys(self, key_row: tuple[Any, ...]) -> list[bytes]:
+        """The stored keys ``store_rows`` gives a key row (a window store's two index
+        entries): what a removal of that key removes."""
+        key_bytes = get_serde(self.key_serde).serialize(self.key_value(key_row))
+        w = self.window_index
+        if w is None:
+            return [keyspace.kv_key(key_bytes)]
+        start = _epoch_ms(key_row[w]["start"])
+        return [keyspace.window_key(key_bytes, start), keyspace.window_time_key(key_bytes, start)]
+
     def stored_columns(self, rows: StateRows) -> tuple[pa.Array, pa.Array] | None:
         """``store_rows`` of all of ``rows`` at once, sorted: iqkit's stored keys (each
         once, in byte order) and values, as two Arrow ``binary`` columns, byte for byte

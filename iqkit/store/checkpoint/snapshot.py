@@ -153,7 +153,9 @@ class CheckpointSnapshot:
                 building=lambda: self._build_ahead(record, p + 1, commit),
             )  # fmt: skip
             entry = OpenPartition(part, build_layers(self.manifest, part, ReadCache()))
-            entry.fetched = self.reader.trace_line(self.store, p, record.version, part.built)
+            entry.fetched = self.reader.trace_line(
+                self.store, p, record.version, part.built, part.base_version
+            )
             self._open[(record.version, p)] = entry
         return entry
 

@@ -458,3 +458,60 @@ def test_transform_with_state_is_listed_and_refused_in_one_line(spark, tmp_path)
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith("not supported yet: transformWithStateInPandas")
+
+
+@pytest.mark.parametrize("kind", ["agg", "window", "flatmap"])
+def test_a_newer_version_is_built_on_an_older_ones_database(spark, tmp_path, monkeypatch, kind):
+    """Opening the versions in turn, each is built from the one before it in the cache
+    (only the deltas since are read: the trace says so), and holds exactly what a build
+    from nothing holds and what Spark's state reader reads: updates, new keys and
+    removed keys (windows past the watermark, a user ``running_total`` forgets)."""
+    checkpoint = os.fspath(
+        run_stream(spark, kind, tmp_path / "ckpt", BATCHES[kind], partitions=PARTITIONS)
+    )
+    with iqkit.open(checkpoint) as engine:
+        (store,) = engine.store_names()
+        versions = engine.versions(store)
+        windowed = engine.manifest(store).kind == "window"
+    query = (
+        WindowRangeQuery.with_window_start_range(0, 2**62)
+        if windowed
+        else (RangeQuery.with_no_bounds())
+    )
+
+    def read(version: int) -> tuple[dict[int, list[Any]], list[str]]:
+        rows, trace = {}, []
+        with iqkit.open(checkpoint, as_of=version) as engine:
+            request = StateQueryRequest.in_store(store).with_query(query).enable_execution_info()
+            for p, partition in engine.query(request).partition_results.items():
+                assert partition.is_success, partition.failure_message
+                rows[p] = [(kv.key, kv.value) for kv in partition.result]
+                trace += partition.execution_info
+        return rows, trace
+
+    def table_files() -> dict[str, bytes]:
+        """Every table file of the cache's state databases, by path: its bytes' digest."""
+        import hashlib
+
+        return {
+            os.fspath(f): hashlib.sha256(f.read_bytes()).digest()
+            for f in (tmp_path / "in-turn").rglob("*.sst")
+            if ".building-" not in os.fspath(f)
+        }
+
+    monkeypatch.setenv("IQKIT_CACHE", os.fspath(tmp_path / "in-turn"))
+    in_turn = {}
+    for version in versions:
+        before = table_files()
+        in_turn[version], trace = read(version)
+        after = table_files()
+        # the older databases' files, shared with the new one, are never changed
+        assert {f: after.get(f) for f in before} == before
+        built_on = [line for line in trace if f"since version {version - 1} replayed" in line]
+        if version > 1:
+            assert len(built_on) == PARTITIONS, trace
+    for version in versions:
+        monkeypatch.setenv("IQKIT_CACHE", os.fspath(tmp_path / f"alone-{version}"))
+        alone, trace = read(version)
+        assert not any("since version" in line for line in trace)
+        assert alone == in_turn[version], f"version {version}"
