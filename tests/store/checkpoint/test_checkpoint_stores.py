@@ -515,3 +515,22 @@ def test_a_newer_version_is_built_on_an_older_ones_database(spark, tmp_path, mon
         alone, trace = read(version)
         assert not any("since version" in line for line in trace)
         assert alone == in_turn[version], f"version {version}"
+
+
+def test_sql_and_the_command_line_read_a_checkpoint(spark, agg_checkpoint, capsys):
+    """``iqkit.sql`` and ``python -m iqkit`` open a checkpoint as they open a root: the
+    state's typed columns in SQL, a key through the command line."""
+    from iqkit.__main__ import main
+
+    expected = {
+        user: {"sum": sum(r["amount"] for b in AGG_BATCHES for r in b if r["user"] == user),
+               "count": sum(1 for b in AGG_BATCHES for r in b if r["user"] == user)}
+        for user in {r["user"] for b in AGG_BATCHES for r in b}
+    }  # fmt: skip
+    frame = iqkit.sql('SELECT "user", "sum", "count" FROM aggregate', root=agg_checkpoint)
+    got = {row["user"]: {"sum": row["sum"], "count": row["count"]} for _, row in frame.iterrows()}
+    assert got == expected
+    assert main(["stores", agg_checkpoint]) == 0
+    assert capsys.readouterr().out.split("\t")[0] == "aggregate"
+    assert main(["get", agg_checkpoint, "aggregate", "émile"]) == 0
+    assert capsys.readouterr().out.strip() == repr(expected["émile"])
