@@ -159,8 +159,16 @@ class _RocksDBFiles:
     def change_records(
         self, objects: ObjectStore, files: VersionFiles, since: int, *, row_checksums: bool
     ) -> StateRecords | None:
-        """Not yet: a version is always replayed from its snapshot."""
-        return None
+        """The records of ``files``' files after its first ``since`` (all changelogs:
+        what the batches after an older version changed); ``None`` when they are not all
+        changelogs (without changelog checkpointing every version is a snapshot)."""
+        added = files.keys[since:]
+        if not added or not all(key.endswith(".changelog") for key in added):
+            return None
+        changes = rocksdb_files.changelog_changes(
+            objects, files.plan, added, row_checksums=row_checksums
+        )
+        return StateRecords.of_changes(changes)
 
     def oldest(self, objects: ObjectStore, folder: str) -> int | None:
         return rocksdb_files.oldest_version(objects, folder)

@@ -84,6 +84,7 @@ from .shape import UnsupportedStateError
 __all__ = [
     "PartitionFiles",
     "ReplayPlan",
+    "changelog_changes",
     "StateFileError",
     "list_files",
     "list_versions",
@@ -253,6 +254,27 @@ def load_state(
             records = _changelog_records(_read_checked(objects, files, key), objects.where(key))
         _apply(records, state, objects.where(key), row_checksums)
     return state
+
+
+def changelog_changes(
+    objects: ObjectStore, plan: ReplayPlan, keys: list[str], *, row_checksums: bool = False
+) -> dict[bytes, bytes | None]:
+    """What the changelogs ``keys`` (files of ``plan``, in replay order) change: key
+    UnsafeRow bytes → the value after them, or ``None`` where they delete the key. For a
+    version built on an older one's state; ``StateFileError`` as ``load_state``."""
+    changes: dict[bytes, bytes | None] = {}
+    for key in keys:
+        where = objects.where(key)
+        records = plan.records.get(key)
+        if records is None:
+            records = _changelog_records(_read_checked(objects, plan.files, key), where)
+        for record_key, value in _records(*records, where):
+            if value is None:
+                # With row checksums a delete's key carries the key's CRC32-C first.
+                changes[_row(record_key[4:] if row_checksums else record_key, where, "key")] = None
+            else:
+                changes[_row(record_key, where, "key")] = _value(value, where, row_checksums)
+    return changes
 
 
 # -- which files rebuild a version ---------------------------------------------------------

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import Any
 
@@ -103,6 +103,14 @@ class StateRecords:
     def to_dict(self) -> dict[bytes, bytes]:
         """The live records as a dict, key bytes → value bytes."""
         return dict(self.live().items())
+
+    @classmethod
+    def of_changes(cls, changes: Mapping[bytes, bytes | None]) -> StateRecords:
+        """The records of ``changes`` (key bytes → value bytes, ``None``: a removal), in
+        its order."""
+        records = cls.of_mapping({k: b"" if v is None else v for k, v in changes.items()})
+        removed = np.fromiter((v is None for v in changes.values()), dtype=bool, count=len(changes))
+        return replace(records, removed=removed if removed.any() else None)
 
     @classmethod
     def of_mapping(cls, state: Mapping[bytes, bytes]) -> StateRecords:

@@ -460,15 +460,19 @@ def test_transform_with_state_is_listed_and_refused_in_one_line(spark, tmp_path)
     assert message.startswith("not supported yet: transformWithStateInPandas")
 
 
+@pytest.mark.parametrize("provider", ["hdfs", "rocksdb-changelog"])
 @pytest.mark.parametrize("kind", ["agg", "window", "flatmap"])
-def test_a_newer_version_is_built_on_an_older_ones_database(spark, tmp_path, monkeypatch, kind):
+def test_a_newer_version_is_built_on_an_older_ones_database(
+    spark, tmp_path, monkeypatch, kind, provider
+):
     """Opening the versions in turn, each is built from the one before it in the cache
     (only the deltas since are read: the trace says so), and holds exactly what a build
     from nothing holds and what Spark's state reader reads: updates, new keys and
     removed keys (windows past the watermark, a user ``running_total`` forgets)."""
     checkpoint = os.fspath(
-        run_stream(spark, kind, tmp_path / "ckpt", BATCHES[kind], partitions=PARTITIONS)
-    )
+        run_stream(spark, kind, tmp_path / "ckpt", BATCHES[kind], provider=provider,
+                   partitions=PARTITIONS)
+    )  # fmt: skip
     with iqkit.open(checkpoint) as engine:
         (store,) = engine.store_names()
         versions = engine.versions(store)
