@@ -265,7 +265,10 @@ def _on_older_build(
                 base_files = part.commit_record().get(STATE_FILES)
             finally:
                 part.close()
-            ssts = sorted(candidate.glob("*.sst"), key=lambda f: int(f.stem))
+            # RocksDB numbers table files in the order they were ingested.
+            ssts = sorted(
+                (f for f in candidate.glob("*.sst") if f.stem.isdigit()), key=lambda f: int(f.stem)
+            )
             if (
                 not isinstance(base_files, list)
                 or not 0 < len(ssts) < _MOST_LAYERS

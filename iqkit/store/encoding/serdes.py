@@ -607,12 +607,8 @@ class JsonSerde(Serde):
     def serialize(self, value: Any) -> bytes:
         try:
             return _json_encode(value).encode("utf-8")
-        except TypeError as exc:
-            raise self._type_error(value, f"a JSON-serializable value ({exc})") from None
-        except UnicodeEncodeError as exc:
-            raise self._value_error(value, f"not encodable as UTF-8 ({exc.reason})") from None
-        except (ValueError, RecursionError) as exc:
-            raise self._value_error(value, str(exc)) from None
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise self._encode_error(value, exc) from None
 
     def serialize_keeping_non_finite(self, value: Any) -> bytes:
         """``serialize``, but NaN and infinities written as the ``NaN``/``Infinity``
@@ -621,12 +617,17 @@ class JsonSerde(Serde):
         lose the row, and writing ``null`` would change it."""
         try:
             return _json_encode_non_finite(value).encode("utf-8")
-        except TypeError as exc:
-            raise self._type_error(value, f"a JSON-serializable value ({exc})") from None
-        except UnicodeEncodeError as exc:
-            raise self._value_error(value, f"not encodable as UTF-8 ({exc.reason})") from None
-        except (ValueError, RecursionError) as exc:
-            raise self._value_error(value, str(exc)) from None
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise self._encode_error(value, exc) from None
+
+    def _encode_error(self, value: Any, exc: Exception) -> Exception:
+        """The error for a value the encoder refused (``UnicodeEncodeError`` is a
+        ``ValueError``, so it is told apart first)."""
+        if isinstance(exc, TypeError):
+            return self._type_error(value, f"a JSON-serializable value ({exc})")
+        if isinstance(exc, UnicodeEncodeError):
+            return self._value_error(value, f"not encodable as UTF-8 ({exc.reason})")
+        return self._value_error(value, str(exc))
 
     def deserialize(self, data: bytes) -> Any:
         try:

@@ -110,6 +110,18 @@ BATCHES = {
 REMOVES_KEYS = {"window", "dedup-watermark", "flatmap"}
 
 
+def _run_kind(spark, tmp_path, kind: str, provider: str) -> tuple[str, str, Any, list[int]]:
+    """``kind``'s query over its ``BATCHES`` on ``provider``: (the checkpoint, its one
+    store, that store's manifest, its committed versions)."""
+    checkpoint = os.fspath(
+        run_stream(spark, kind, tmp_path / "ckpt", BATCHES[kind], provider=provider,
+                   partitions=PARTITIONS)
+    )  # fmt: skip
+    with iqkit.open(checkpoint) as engine:
+        (store,) = engine.store_names()
+        return checkpoint, store, engine.manifest(store), engine.versions(store)
+
+
 def _iso_text(column: Any) -> Any:
     """A key column as iqkit keeps it: a timestamp column as ISO text in UTC, to the
     microsecond (the test session's time zone is UTC)."""
@@ -137,14 +149,7 @@ def test_every_version_of_every_operator_reads_as_spark_reads_it(spark, tmp_path
     """For each provider Spark ships and each supported operator: every committed
     version, partition by partition, holds exactly the rows Spark's own state reader
     gives for it (``as_of=N`` is Spark's batch N - 1)."""
-    checkpoint = os.fspath(
-        run_stream(spark, kind, tmp_path / "ckpt", BATCHES[kind], provider=provider,
-                   partitions=PARTITIONS)
-    )  # fmt: skip
-    with iqkit.open(checkpoint) as engine:
-        (store,) = engine.store_names()
-        manifest = engine.manifest(store)
-        versions = engine.versions(store)
+    checkpoint, store, manifest, versions = _run_kind(spark, tmp_path, kind, provider)
     assert manifest.properties["spark_provider"] == provider.split("-")[0]
     assert versions == list(range(1, len(BATCHES[kind]) + 1))
     window_ms = manifest.window_size_ms if manifest.kind == "window" else None
@@ -469,14 +474,8 @@ def test_a_newer_version_is_built_on_an_older_ones_database(
     (only the deltas since are read: the trace says so), and holds exactly what a build
     from nothing holds and what Spark's state reader reads: updates, new keys and
     removed keys (windows past the watermark, a user ``running_total`` forgets)."""
-    checkpoint = os.fspath(
-        run_stream(spark, kind, tmp_path / "ckpt", BATCHES[kind], provider=provider,
-                   partitions=PARTITIONS)
-    )  # fmt: skip
-    with iqkit.open(checkpoint) as engine:
-        (store,) = engine.store_names()
-        versions = engine.versions(store)
-        windowed = engine.manifest(store).kind == "window"
+    checkpoint, store, manifest, versions = _run_kind(spark, tmp_path, kind, provider)
+    windowed = manifest.kind == "window"
     query = (
         WindowRangeQuery.with_window_start_range(0, 2**62)
         if windowed
