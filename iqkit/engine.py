@@ -26,6 +26,7 @@ from typing import Any
 
 from .errors import EngineClosedError, IqkitError
 from .query import (
+    ChangesQuery,
     FailureReason,
     KeyQuery,
     LagInfo,
@@ -34,6 +35,7 @@ from .query import (
     QueryResult,
     StateQueryRequest,
     StateQueryResult,
+    VersionedKeyQuery,
 )
 from .query.request import validate_store_name
 from .store.encoding.partitioners import Partitioner
@@ -50,6 +52,7 @@ from .store.inputs import is_up_to, offset_lag
 from .store.manifest import StoreManifest
 from .store.partitions.layers import Trace, TypedKeyValueLayer, twin_scans_enabled
 from .store.roots import parse_root
+from .store.versions import VERSION_QUERIES, Timeline, VersionNotRetained, VersionReader
 
 #: What a query runs against: the served version, None (nothing published), or why the
 #: published version cannot be established (every partition then fails with it).
@@ -268,6 +271,8 @@ class StateEngine:
     def _query(self, view: _StoreView, request: StateQueryRequest) -> StateQueryResult:
         record = view.snapshot.served()
         query = request.query
+        if isinstance(query, VERSION_QUERIES):
+            return self._query_versions(view, record, request)
         n = view.manifest.partitions
         result = StateQueryResult()
 
@@ -365,6 +370,105 @@ class StateEngine:
         ):
             return None, QueryResult.not_up_to_bound(entry.position, bound, p)
         return entry, None
+
+    # -- version queries ---------------------------------------------------------------------
+    def _query_versions(
+        self, view: _StoreView, record: Served, request: StateQueryRequest
+    ) -> StateQueryResult:
+        """A version query (store/versions.py): a key's on its owner partition (when the
+        partitioner routes keys), changes on every partition asked for. Which versions
+        it reads is worked out once for all partitions."""
+        query = request.query
+        n = view.manifest.partitions
+        targets: Iterable[int]
+        if not request.is_all_partitions:
+            targets = sorted(request.partitions)
+        elif view.routes_keys and not isinstance(query, ChangesQuery):
+            targets = [view.partitioner.partition(_serialize_key(view, query.key), n)]
+        else:
+            targets = range(n)
+        plan: list[Any] = []  # (reader, timeline, records) or the failure, once
+        result = StateQueryResult()
+        for p in targets:
+            result.add_result(p, self._run_versions(view, record, p, request, plan))
+        return result
+
+    def _plan_versions(
+        self, view: _StoreView, record: PublishedVersion, query: Any
+    ) -> tuple[VersionReader, Timeline, dict[int, PublishedVersion]]:
+        reader = VersionReader(view.manifest)
+        retained = view.snapshot.versions()
+        numbers = reader.versions_for(query, retained, record.version)
+        records = {v: view.snapshot.published(v) for v in numbers}
+        times = {v: int(r.created_at * 1000) for v, r in records.items()}
+        return reader, Timeline(numbers, times), records
+
+    def _run_versions(
+        self,
+        view: _StoreView,
+        record: Served,
+        p: int,
+        request: StateQueryRequest,
+        plan: list[Any],
+    ) -> QueryResult[Any]:
+        started = time.perf_counter_ns()
+        query = request.query
+        manifest = view.manifest
+        n = manifest.partitions
+        if p >= n:
+            return QueryResult.for_failure(
+                FailureReason.DOES_NOT_EXIST,
+                f"store {manifest.name!r} has {n} partitions (0..{n - 1}); "
+                f"partition {p} does not exist",
+            )
+        if not isinstance(query, view.query_types):
+            return QueryResult.for_unknown_query_type(query, manifest.name)
+        if isinstance(record, IqkitError):
+            return self._store_exception(view, p, Position.empty(), record, Trace(False))
+        if record is None:  # nothing published: no record, no history, no change
+            empty: Any = [] if not isinstance(query, VersionedKeyQuery) else None
+            return QueryResult.for_result(empty, position=Position.empty())
+        position = view.snapshot.position(record, p)
+        bound = request.position_bound
+        if not bound.is_unbounded and not is_up_to(position, bound.position, p, view.partitioner):
+            return QueryResult.not_up_to_bound(position, bound, p)
+        trace = Trace(request.execution_info_enabled)
+        try:
+            if not plan:
+                try:
+                    plan.append(self._plan_versions(view, record, query))
+                except VersionNotRetained as exc:
+                    plan.append(exc)
+            if isinstance(plan[0], VersionNotRetained):
+                return QueryResult.for_failure(
+                    FailureReason.DOES_NOT_EXIST, str(plan[0]), position=position
+                )
+            reader, timeline, records = plan[0]
+            if timeline.versions:
+                position = view.snapshot.position(records[timeline.versions[-1]], p)
+            walk = view.snapshot.version_walk(p, records)
+            try:
+                value = reader.execute(query, walk, timeline)
+                notes = walk.notes()
+            finally:
+                walk.close()
+        except VersionNotRetained as exc:
+            return QueryResult.for_failure(
+                FailureReason.DOES_NOT_EXIST, str(exc), position=position
+            )
+        except IqkitError as exc:
+            return self._store_exception(view, p, position, exc, trace)
+        if trace.enabled:
+            span = timeline.versions
+            read = f"versions {span[0]}..{span[-1]}" if span else "no version"
+            trace.add("VersionWalk", started, f"{read}: " + "; ".join(notes))
+            trace.add(
+                "StateEngine",
+                started,
+                f"store {manifest.name!r} partition {p} {_SERVED_AT} {record.version}",
+            )
+            return QueryResult.for_result(value, position=position, execution_info=trace.lines)
+        return QueryResult.for_result(value, position=position)
 
     @staticmethod
     def _store_exception(

@@ -18,6 +18,13 @@ from .request import InStore as InStore
 from .request import StateQueryRequest
 from .request import validate_store_name as validate_store_name
 from .results import FailureReason, QueryResult, StateQueryResult
+from .versions import (
+    Change,
+    ChangesQuery,
+    MultiVersionedKeyQuery,
+    VersionedKeyQuery,
+    VersionedRecord,
+)
 from .window import WindowKeyQuery, WindowRangeQuery
 from .window import to_epoch_millis as to_epoch_millis
 
@@ -26,12 +33,15 @@ from .window import to_epoch_millis as to_epoch_millis
 # ``to_epoch_millis`` and ``validate_store_name`` stay importable from here (the ``as``
 # form marks them re-exported) but serve iqkit's own layers, so they are not listed.
 __all__ = [
+    "Change",
+    "ChangesQuery",
     "FailureReason",
     "KeyQuery",
     "KeyValue",
     "KeyValueIterator",
     "LagInfo",
     "MultiKeyQuery",
+    "MultiVersionedKeyQuery",
     "Position",
     "PositionBound",
     "PrefixScanQuery",
@@ -43,6 +53,8 @@ __all__ = [
     "ResultOrder",
     "StateQueryRequest",
     "StateQueryResult",
+    "VersionedKeyQuery",
+    "VersionedRecord",
     "WindowKeyQuery",
     "WindowRangeQuery",
     "Windowed",

@@ -190,6 +190,14 @@ class StoreSnapshot(Protocol):
         """Partition ``p`` as ``record`` (from ``current``) has it; never written: an
         empty partition. Raises ``IqkitError`` when it cannot be read."""
 
+    def published(self, version: int) -> PublishedVersion:
+        """The record of retained version ``version`` (what ``partition`` takes); raises
+        ``IqkitError`` when it cannot be read."""
+
+    def version_walk(self, p: int, records: Mapping[int, Any]) -> Any:
+        """Partition ``p`` across ``records`` (version -> record from ``published``) for
+        the version queries: a ``store.versions.VersionWalk``, closed by the caller."""
+
     def position(self, record: Any, p: int) -> Position:
         """Partition ``p``'s position in ``record`` (for lag: opens nothing if it can)."""
 
@@ -336,7 +344,12 @@ class StoreFormat(ABC):
         return self._publisher(store)
 
     def open_job_commit(
-        self, store: str, *, mode: str = "upsert", who: str = "job", lock_timeout: float = 60.0,
+        self,
+        store: str,
+        *,
+        mode: str = "upsert",
+        who: str = "job",
+        lock_timeout: float = 60.0,
         create: StoreManifest | None = None,
     ) -> JobCommit:
         """A job commit on ``store`` (``create``: the manifest a store not there yet gets

@@ -20,13 +20,16 @@ from enum import StrEnum
 from typing import Any
 
 from ..query import (
+    ChangesQuery,
     KeyQuery,
     MultiKeyQuery,
+    MultiVersionedKeyQuery,
     PrefixScanQuery,
     Query,
     RangeQuery,
     RawKeyQuery,
     RawScanQuery,
+    VersionedKeyQuery,
     WindowKeyQuery,
     WindowRangeQuery,
 )
@@ -127,8 +130,19 @@ _RAW = (RawKeyQuery, RawScanQuery)
 _TRAITS = {
     StoreKind.KEY_VALUE: _Traits(
         label="key-value store",
-        query_types=(KeyQuery, MultiKeyQuery, RangeQuery, PrefixScanQuery, *_RAW),
-        own_commands=("get", "range", "prefix"),
+        query_types=(
+            KeyQuery,
+            MultiKeyQuery,
+            RangeQuery,
+            PrefixScanQuery,
+            *_RAW,
+            # Versions as data (store/versions.py): not for window stores, whose keys
+            # are (key, window) pairs with a time index beside them.
+            VersionedKeyQuery,
+            MultiVersionedKeyQuery,
+            ChangesQuery,
+        ),
+        own_commands=("get", "range", "prefix", "history", "changes"),
         keys_per_record=1,
     ),
     StoreKind.WINDOW: _Traits(

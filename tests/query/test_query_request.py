@@ -197,7 +197,8 @@ def test_all_exports_resolve():
         "MultiKeyQuery", "Position", "PositionBound", "PrefixScanQuery", "Query",
         "QueryResult", "RangeQuery", "RawKeyQuery", "RawScanQuery", "ResultOrder",
         "StateQueryRequest", "StateQueryResult", "WindowKeyQuery", "WindowRangeQuery",
-        "Windowed",
+        "Windowed", "VersionedKeyQuery", "MultiVersionedKeyQuery", "ChangesQuery",
+        "VersionedRecord", "Change",
     }  # fmt: skip
     assert set(iqkit.query.__all__) == public
     for name in public | {"InStore", "to_epoch_millis", "validate_store_name"}:

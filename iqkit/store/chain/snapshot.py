@@ -27,7 +27,7 @@ import os
 import resource
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -41,6 +41,7 @@ from ..partitions.layers import ReadCache, build_layers
 from ..partitions.memory import MemoryPartition
 from ..partitions.partition import ScanTracker, closed_partition_error
 from ..partitions.rocks import FIRST_CHUNK_ROWS, MAX_CHUNK_ROWS, database_exists
+from ..versions import VersionNotRetained
 from .read import (
     ChainPartition,
     database_folder,
@@ -384,6 +385,8 @@ class ChainSnapshot:
         #: The served version's partitions already opened, by number: the key-lookup
         #: path's one dict lookup (``hot_partition``).
         self._hot: dict[int, OpenPartition] = {}
+        #: Version records read for the version queries (``published``), by number.
+        self._records: dict[int, ChainVersion] = {}
         if pinned is not None:
             try:
                 self.record = self._checked(read_version(objects, store, pinned))
@@ -513,6 +516,27 @@ class ChainSnapshot:
         if record is not None and record is self.record:
             self._hot[p] = entry
         return entry
+
+    def published(self, version: int) -> ChainVersion:
+        """Version ``version``'s record (read once per reader: records never change);
+        ``VersionNotRetained`` when retention removed it."""
+        record = self._records.get(version)
+        if record is None:
+            if self.record is not None and self.record.version == version:
+                record = self.record
+            else:
+                try:
+                    record = self._checked(read_version(self.objects, self.name, version))
+                except LookupError as exc:  # removed by retention since it was listed
+                    raise VersionNotRetained(str(exc)) from None
+            self._records[version] = record
+        return record
+
+    def version_walk(self, p: int, records: Mapping[int, Any]) -> Any:
+        """Partition ``p`` across ``records`` (store/chain/versions.py)."""
+        from .versions import ChainVersionWalk
+
+        return ChainVersionWalk(self, p, dict(records))
 
     def hot_partition(self, p: int) -> OpenPartition | None:
         """Partition ``p`` of the served version when a query already opened it through

@@ -14,6 +14,7 @@ helper process builds the next one (``prebuild``).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +26,9 @@ from ..manifest import StoreManifest
 from ..objects import ObjectStore
 from ..partitions.layers import ReadCache, build_layers
 from ..partitions.partition import encode_commit_record
+from ..versions import OpenedVersionsWalk
 from . import prebuild
-from .layout import OperatorStore, committed_batches
+from .layout import OperatorStore, batch_metadata, committed_batches
 from .materialize import open_partition
 from .positions import BatchSources, batch_sources
 from .providers import StateReader
@@ -73,10 +75,14 @@ def committed_versions(objects: ObjectStore) -> list[int]:
 def version_record(objects: ObjectStore, version: int, partitions: int) -> CheckpointVersion:
     """Version ``version`` of a store of ``partitions`` partitions (its batch's sources
     read from the offsets log)."""
+    stamp = batch_metadata(objects, version - 1).get("batchTimestampMs")
     return CheckpointVersion(
         version,
         tuple(range(partitions)),
         batch_sources(objects, version - 1),
+        # The batch's own timestamp from the offsets log: when Spark ran it (the
+        # versions' times for the version queries).
+        created_at=stamp / 1000 if isinstance(stamp, int | float) else 0.0,
         metadata={"spark_batch_id": version - 1},
     )
 
@@ -173,6 +179,16 @@ class CheckpointSnapshot:
 
     def position(self, record: CheckpointVersion, p: int) -> Position:
         return record.position
+
+    def published(self, version: int) -> CheckpointVersion:
+        if self.record is not None and self.record.version == version:
+            return self.record
+        return version_record(self.objects, version, self.manifest.partitions)
+
+    def version_walk(self, p: int, records: Mapping[int, Any]) -> OpenedVersionsWalk:
+        """Each version's partition opened as a query of it opens it (replayed once per
+        reader, the next built on the one before: ``materialize``)."""
+        return OpenedVersionsWalk(self, p, dict(records))
 
     def reading(self) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext()

@@ -279,6 +279,17 @@ class TwinScan:
         if table.num_rows:
             yield table
 
+    def written_keys(self) -> list[bytes]:
+        """Every RocksDB key the files hold within the bounds, puts and tombstones alike,
+        sorted and each once: the keys the commits that wrote these files changed (what
+        a change feed reads a delta for; only ``__key`` and ``__deleted`` are read)."""
+        saved, self.columns = self.columns, []
+        try:
+            keys = [self._bounded(self._read(f, f.groups)).column(KEY_BYTES) for f in self.files]
+        finally:
+            self.columns = saved
+        return sorted({key for column in keys for key in column.to_pylist()})
+
     def table(self) -> pa.Table:
         """Every row of the scan as one table, in scan order."""
         if len(self.files) == 1:

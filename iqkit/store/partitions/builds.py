@@ -37,6 +37,7 @@ __all__ = [
     "MEMORY_FOLDER",
     "CachedDatabasePartition",
     "KeptOpen",
+    "LayeredDatabase",
     "build_database",
     "build_in_cache",
     "remove_stale_builds",
@@ -350,6 +351,75 @@ def _copy_open_file(fd: int, target: Path) -> None:
     with open(fd, "rb", closefd=False) as src, open(target, "xb") as out:
         src.seek(0)
         shutil.copyfileobj(src, out, 1 << 20)
+
+
+class LayeredDatabase:
+    """Several versions of one partition in one private RocksDB, each readable as it was:
+    ``layers`` are SST files per version, oldest first (the first layer a whole chain,
+    each later one the files its version added), and a RocksDB snapshot taken after each
+    layer's ingestion reads the partition as of that layer (``get``). What the version
+    queries read a run of versions through (store/versions.py): one database for a run
+    of versions instead of one per version.
+
+    Ingesting with snapshots alive gives each file a sequence number above them (the
+    ingestion options allow global sequence numbers), so an older snapshot never sees a
+    later layer. The database lives in a private scratch folder (in memory where there
+    is one) and is removed on ``close``; the files are ingested through links to open
+    descriptors as ``build_database`` does (no copy), refused if not plain files."""
+
+    def __init__(self, layers: Sequence[Sequence[tuple[str | os.PathLike[str], str]]]) -> None:
+        self._fds: list[int] = []
+        self._snapshots: list[object] = []
+        self._db: rocks.Rdict | None = None
+        scratch = _memory_scratch()
+        if scratch is None:
+            self._scratch, self._lock = Path(tempfile.mkdtemp(prefix=_SCRATCH_PREFIX)), None
+        else:
+            self._scratch, self._lock = scratch[0], scratch[1]
+        try:
+            self._db = rocks.open_for_build(self._scratch / "db")
+            staged = 0
+            for files in layers:
+                for file, name in files:
+                    stage = self._scratch / f".ingest-{staged}.sst"
+                    staged += 1
+                    if self._lock is not None:  # a link to the open file, as _build_in_memory
+                        fd = _open_plain(file, name)
+                        self._fds.append(fd)
+                        os.symlink(f"{_FD_LINKS}/{fd}", stage)
+                    else:
+                        link_plain_file(file, stage, name)
+                    rocks.ingest(self._db, [stage], where=name)
+                self._snapshots.append(self._db.snapshot())
+        except BaseException:
+            self.close()
+            raise
+
+    def get(self, layer: int, key: bytes) -> bytes | None:
+        """``key``'s value as of layer ``layer`` (``None``: absent or deleted)."""
+        snapshot = self._snapshots[layer]
+        try:
+            return snapshot[key]  # type: ignore[index,no-any-return]
+        except Exception as exc:
+            # Quirk: a snapshot has no ``get``; its ``[]`` raises a plain Exception
+            # whose text is "key not found" for a missing key. (Its iterators also
+            # ignore the snapshot and read the newest data: only point reads here.)
+            if str(exc) == "key not found":
+                return None
+            raise rocks.classify(exc, self._scratch) from exc
+
+    def close(self) -> None:
+        """Drop the snapshots, close and remove the database, close the descriptors."""
+        self._snapshots.clear()
+        db, self._db = self._db, None
+        rocks.close_quietly(db)
+        shutil.rmtree(self._scratch, ignore_errors=True)
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
 
 def remove_stale_builds(parent: Path) -> None:

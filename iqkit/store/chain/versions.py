@@ -1,0 +1,170 @@
+"""A chain partition across a run of versions, for the version queries
+(store/versions.py's ``VersionWalk``).
+
+Consecutive versions of a chain share files: version N+1's chain is version N's plus the
+files its commit added (none when the commit did not touch the partition). A *segment*
+is a run of versions whose chains extend each other that way. Each segment is read
+through one ``LayeredDatabase``: its first version's files ingested, then each later
+version's added files, a RocksDB snapshot after each, so any version of the segment is
+one point read away, and a run of 100 versions costs a database per segment (about one
+per ``COMPACT_AFTER_DELTAS`` + 1 versions), not one per version. A segment's database is
+built when first read.
+
+The keys a version's commit wrote are its added files' keys: read from their columnar
+twins (``__key`` and ``__deleted``, so deletes are seen; RocksDB's iterators never show
+a tombstone). A version whose chain does not extend the one before (a compaction wrote
+one new base, an overwrite replaced the chain) or whose files have no twins has no such
+list: that step is compared whole, through the two versions' partitions, and the trace
+says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ...errors import IqkitError
+from ..partitions.builds import LayeredDatabase
+from .read import place_on_root, plan_twin_scan
+from .records import ChainVersion, PartitionChain
+
+__all__ = ["ChainVersionWalk"]
+
+
+def _extends(older: PartitionChain | None, newer: PartitionChain | None) -> bool:
+    """Whether ``newer`` is ``older`` plus files (or the same chain); no chain counts as
+    an empty one, which every chain extends."""
+    if newer is None:
+        return older is None
+    if older is None:
+        return True
+    n = len(older.files)
+    return newer.files[:n] == older.files
+
+
+class _Segment:
+    """Versions whose chains extend each other, read through one layered database."""
+
+    def __init__(self, first: int) -> None:
+        self.versions: list[int] = [first]
+        #: Per version, the index of its layer (versions that added nothing share one).
+        self.layer_of: dict[int, int] = {}
+        self.layers: list[list[Any]] = []  # ChainFiles per layer
+        self.db: LayeredDatabase | None = None
+
+
+class ChainVersionWalk:
+    """``VersionWalk`` of partition ``p`` of a ``ChainSnapshot`` over ``records``."""
+
+    def __init__(self, snapshot: Any, p: int, records: dict[int, ChainVersion]) -> None:
+        self._snapshot = snapshot
+        self._p = p
+        self._records = records
+        self._chains = {v: r.partitions.get(p) for v, r in sorted(records.items())}
+        self._segments: dict[int, _Segment] = {}  # version -> its segment
+        self._holds = contextlib.ExitStack()
+        self._built = 0
+        self._files = 0
+        self._from_deltas = 0
+        self._compared: list[int] = []
+        self._plan()
+
+    def _plan(self) -> None:
+        previous: PartitionChain | None = None
+        segment: _Segment | None = None
+        for v, chain in self._chains.items():
+            if chain is None:
+                segment = None  # no rows: ``get`` answers without a database
+            elif segment is None or not _extends(previous, chain):
+                segment = _Segment(v)
+                segment.layers.append(list(chain.files))
+                segment.layer_of[v] = 0
+            else:
+                added = chain.files[len(previous.files) :] if previous is not None else ()
+                if added:
+                    segment.layers.append(list(added))
+                segment.versions.append(v)
+                segment.layer_of[v] = len(segment.layers) - 1
+            if segment is not None:
+                self._segments[v] = segment
+            previous = chain
+
+    def _database(self, segment: _Segment) -> LayeredDatabase:
+        if segment.db is None:
+            snapshot = self._snapshot
+            objects, cache = snapshot.objects, snapshot.cache
+            names = [f.name for layer in segment.layers for f in layer]
+            paths = iter(self._holds.enter_context(cache.sources(objects, names)))
+            layers = [
+                [(next(paths), place_on_root(objects, f.name)) for f in layer]
+                for layer in segment.layers
+            ]
+            segment.db = LayeredDatabase(layers)
+            self._holds.callback(segment.db.close)
+            self._built += 1
+            self._files += len(names)
+        return segment.db
+
+    def get(self, version: int, key: bytes) -> bytes | None:
+        segment = self._segments.get(version)
+        if segment is None:
+            return None
+        return self._database(segment).get(segment.layer_of[version], key)
+
+    def written_keys(self, version: int, lower: bytes, upper: bytes) -> list[bytes] | None:
+        chain = self._chains.get(version)
+        versions = list(self._chains)
+        i = versions.index(version)
+        previous = self._chains[versions[i - 1]] if i else None
+        if chain is None:
+            if previous is None:
+                return []  # empty before and after
+            self._compared.append(version)
+            return None
+        if previous is not None and not _extends(previous, chain):
+            self._compared.append(version)
+            return None
+        added = chain.files[len(previous.files) :] if previous is not None else chain.files
+        if not added:
+            return []
+        if any(f.twin is None for f in added):
+            self._compared.append(version)
+            return None
+        snapshot = self._snapshot
+        part = PartitionChain(files=tuple(added), commit=chain.commit, written_by=version)
+        scan = plan_twin_scan(
+            snapshot.cache, snapshot.objects, part, snapshot.manifest, lower, upper, False
+        )
+        if scan is None:  # twins of another layout
+            self._compared.append(version)
+            return None
+        self._from_deltas += 1
+        try:
+            return scan.written_keys()  # type: ignore[no-any-return]
+        finally:
+            scan.close()
+
+    def scan(self, version: int, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
+        record = self._records[version]
+        partition = self._snapshot.partition(record, self._p).partition
+        for chunk in partition.scan_chunks(lower, upper):
+            yield from chunk
+
+    def notes(self) -> list[str]:
+        notes = [
+            f"{self._built} layered database{'s' if self._built != 1 else ''} ({self._files} files)"
+        ]
+        if self._from_deltas:
+            notes.append(f"{self._from_deltas} versions' changes read from their delta files")
+        if self._compared:
+            listed = ", ".join(str(v) for v in self._compared)
+            notes.append(
+                f"version {listed} compared whole with the version before "
+                "(no delta files: a compaction, an overwrite or files without twins)"
+            )
+        return notes
+
+    def close(self) -> None:
+        with contextlib.suppress(IqkitError):
+            self._holds.close()
