@@ -422,7 +422,11 @@ class StateEngine:
                 f"partition {p} does not exist",
             )
         if not isinstance(query, view.query_types):
-            return QueryResult.for_unknown_query_type(query, manifest.name)
+            return QueryResult.for_failure(
+                FailureReason.UNKNOWN_QUERY_TYPE,
+                f"{type(query).__name__} is not for {manifest.kind.label}s, and store "
+                f"{manifest.name!r} is one",
+            )
         if isinstance(record, IqkitError):
             return self._store_exception(view, p, Position.empty(), record, Trace(False))
         if record is None:  # nothing published: no record, no history, no change

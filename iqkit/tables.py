@@ -7,6 +7,18 @@ for DuckDB. Both pull rows a chunk at a time and leave turning them into columns
 fallback and the bulk
 decoding of stored bytes are described there), so a result and a scan of the same rows
 give the same table.
+
+Versions as data (``iqkit.query.versions``) have tables of their own, built by the same
+shaper from records already decoded: ``history_table`` (one row per ``VersionedRecord``:
+``partition``, the key's columns, the value's columns, ``timestamp`` and ``valid_to`` as
+``timestamp[ms, tz=UTC]``, ``version``) and ``changes_table`` (one row per ``Change``:
+``partition``, ``version``, ``kind``, the key's columns, the value's columns, then the
+same columns for the old value, each prefixed ``old_``: values and old values are shaped
+together, so both have the same columns of the same types). A value absent from a row (a
+delete's value, an insert's old value) is nulls in its columns; a value column named like
+one of the extra columns becomes ``value.<name>``, as the row schema renames a field named
+like a key. A table without rows has the columns the serdes fix (``collect``'s rule): a
+JSON store's fields are known from rows only.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import pyarrow as pa
 
 from .errors import IqkitError
 from .query import (
+    Change,
     KeyQuery,
     KeyValue,
     KeyValueIterator,
@@ -30,6 +43,7 @@ from .query import (
     RawKeyQuery,
     StateQueryRequest,
     StateQueryResult,
+    VersionedRecord,
 )
 from .store.columnar.shaping import (  # the chunk shaper's parts both readers below drive
     _ARROW_ERRORS,
@@ -45,13 +59,21 @@ from .store.columnar.shaping import (  # the chunk shaper's parts both readers b
     bulk_decode,
 )
 from .store.manifest import StoreManifest
-from .store.rows import PARTITION
+from .store.rows import PARTITION, arrow_timestamp
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
-__all__ = ["Collected", "bulk_decode", "collect", "store_batches", "to_pandas"]
+__all__ = [
+    "Collected",
+    "bulk_decode",
+    "changes_table",
+    "collect",
+    "history_table",
+    "store_batches",
+    "to_pandas",
+]
 
 #: Rows per Arrow chunk built by ``collect``: big enough that per-chunk overhead vanishes,
 #: small enough that the Python objects of one chunk are all that is alive at once.
@@ -581,6 +603,138 @@ def _scan_chunks(
             value.close()
 
 
+# -- versions as data ---------------------------------------------------------------------
+#: The version tables' own columns (module docstring).
+TIMESTAMP, VALID_TO, VERSION, KIND = "timestamp", "valid_to", "version", "kind"
+#: What an old value's columns are prefixed with in ``changes_table``.
+OLD = "old_"
+
+
+def history_table(
+    result: StateQueryResult[Any] | Iterable[VersionedRecord[Any]] | VersionedRecord[Any] | None,
+    manifest: StoreManifest,
+    *,
+    key: Any,
+) -> pa.Table:
+    """The records of ``key`` as a table, one row per ``VersionedRecord`` (columns in the
+    module docstring), partitions ascending, records in the order the engine gave them.
+
+    ``result``: the engine's answer to a ``VersionedKeyQuery`` or ``MultiVersionedKeyQuery``
+    (failed partitions are skipped, as ``collect`` skips them: the caller reports them),
+    or records given bare (their ``partition`` is null). ``key`` is the query's key: a
+    record does not carry it."""
+    pairs = _version_rows(result, VersionedRecord)
+    records = [r for _, r in pairs]
+    shaper = _Shaper(manifest, None)
+    cols = _key_part(shaper, [p for p, _ in pairs], [key] * len(pairs))
+    (value,) = _value_parts(shaper, [[r.value for r in records]], cols)
+    cols.update(_renamed(value, [*cols, TIMESTAMP, VALID_TO, VERSION], shaper.rows.field_column))
+    ms = arrow_timestamp()
+    cols[TIMESTAMP] = _Column(pa.array([r.timestamp for r in records], ms))
+    cols[VALID_TO] = _Column(pa.array([r.valid_to for r in records], ms))
+    cols[VERSION] = _Column(pa.array([r.version for r in records], pa.int64()))
+    return _assemble([cols])
+
+
+def changes_table(
+    result: StateQueryResult[Any] | Iterable[Change[Any, Any]], manifest: StoreManifest
+) -> pa.Table:
+    """The changes of a ``ChangesQuery`` as a table, one row per ``Change`` (columns in the
+    module docstring), partitions ascending, changes in the engine's order (version, then
+    key). ``result`` as for ``history_table``: failed partitions skipped, bare changes
+    with a null ``partition``."""
+    pairs = _version_rows(result, Change)
+    changes = [c for _, c in pairs]
+    shaper = _Shaper(manifest, None)
+    keyed = _key_part(shaper, [p for p, _ in pairs], [c.key for c in changes])
+    cols = {
+        PARTITION: keyed.pop(PARTITION),
+        VERSION: _Column(pa.array([c.version for c in changes], pa.int64())),
+        KIND: _Column(pa.array([c.kind for c in changes], pa.string())),
+    }
+    cols.update(keyed)
+    fixed = {PARTITION: cols[PARTITION], **keyed}
+    sides = [[c.value for c in changes], [c.old_value for c in changes]]
+    value, old = _value_parts(shaper, sides, fixed)
+    cols.update(_renamed(value, cols, shaper.rows.field_column))
+    cols.update(_renamed(old, cols, _old_name))
+    return _assemble([cols])
+
+
+def _version_rows(result: Any, kind: type) -> list[tuple[int | None, Any]]:
+    """``(partition, record)`` of each record in ``result``: a ``StateQueryResult``'s
+    successful partitions ascending, or records given bare (partition ``None``)."""
+    if isinstance(result, StateQueryResult):
+        return [
+            (p, record)
+            for p, qr in sorted(result.partition_results.items())
+            if qr.is_success
+            for record in _records(qr.result, kind)
+        ]
+    return [(None, record) for record in _records(result, kind)]
+
+
+def _records(value: Any, kind: type) -> list[Any]:
+    """A partition's answer as a list: ``None`` (no record), one record, or several."""
+    if value is None:
+        return []
+    records = [value] if isinstance(value, kind) else list(value)
+    for record in records:
+        if not isinstance(record, kind):
+            raise TypeError(f"expected {kind.__name__} records, got {type(record).__name__}")
+    return records
+
+
+def _key_part(shaper: _Shaper, partitions: list[int | None], keys: list[Any]) -> dict[str, _Column]:
+    """``partition`` and the key's columns, as ``collect`` makes them."""
+    cols = {PARTITION: _Column(pa.array(partitions, pa.int32()))}
+    shaper._key_columns(keys, cols)
+    return cols
+
+
+def _value_parts(
+    shaper: _Shaper, sides: list[list[Any]], fixed: dict[str, _Column]
+) -> list[dict[str, _Column]]:
+    """The value's columns of each list of ``sides`` (a change's values and its old
+    values), named as ``collect`` names them after the columns ``fixed``. The sides are
+    shaped together, so each has the same columns of the same types; a row whose value
+    is ``None`` (nothing there) is nulls."""
+    values = [v for side in sides for v in side]
+    present = [v for v in values if v is not None]
+    scratch = dict(fixed)
+    shaper._value_columns(present, scratch)
+    shaped = {n: c for n, c in scratch.items() if n not in fixed}
+    at = iter(range(len(present)))
+    where = [None if v is None else next(at) for v in values]
+    out, start = [], 0
+    for side in sides:
+        rows = pa.array(where[start : start + len(side)], pa.int64())
+        out.append({n: _Column(c.array.take(rows), c.json) for n, c in shaped.items()})
+        start += len(side)
+    return out
+
+
+def _renamed(
+    cols: dict[str, _Column], taken: Iterable[str], clear: Callable[[str, set[str]], str]
+) -> dict[str, _Column]:
+    """``cols``, each renamed by ``clear(name, names taken so far)``."""
+    names = set(taken)
+    out: dict[str, _Column] = {}
+    for name, column in cols.items():
+        name = clear(name, names)
+        names.add(name)
+        out[name] = column
+    return out
+
+
+def _old_name(name: str, taken: set[str]) -> str:
+    """An old value's column: the value's column prefixed ``old_`` (again while taken)."""
+    name = OLD + name
+    while name in taken:
+        name = OLD + name
+    return name
+
+
 # -- pandas --------------------------------------------------------------------------------
 @functools.cache
 def _nullable_dtypes() -> dict[pa.DataType, Any]:
@@ -605,5 +759,3 @@ def to_pandas(table: pa.Table) -> pd.DataFrame:
     dtypes (``Int64``…): with numpy dtypes one null would turn a whole int column into
     floats (``17`` shown as ``17.0``) and bools into objects."""
     return table.to_pandas(types_mapper=_nullable_dtypes().get)
-
-

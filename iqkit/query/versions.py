@@ -20,9 +20,8 @@ new record and is no ``Change``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 from .base import _ImmutableQuery, factory_or_builder, require_key
 from .window import to_epoch_millis
@@ -43,9 +42,10 @@ ChangeKind = Literal["insert", "update", "delete"]
 CHANGE_KINDS: tuple[str, ...] = ("insert", "update", "delete")
 
 
-@dataclass(frozen=True, slots=True)
-class VersionedRecord(Generic[V]):
-    """One value a key held, and when (Kafka's ``VersionedRecord``).
+class VersionedRecord(NamedTuple, Generic[V]):
+    """One value a key held, and when (Kafka's ``VersionedRecord``). A tuple, like
+    ``KeyValue``: cheap to build by the thousand, and ``value, since, until, version =
+    record`` unpacks it.
 
     ``timestamp``: epoch ms of the commit that wrote the value; ``valid_to``: epoch ms
     of the commit that replaced or deleted it (``None``: still the value in the newest
@@ -62,9 +62,8 @@ class VersionedRecord(Generic[V]):
         return self.timestamp <= millis and (self.valid_to is None or millis < self.valid_to)
 
 
-@dataclass(frozen=True, slots=True)
-class Change(Generic[K, V]):
-    """One key changed by one version (a change feed's row).
+class Change(NamedTuple, Generic[K, V]):
+    """One key changed by one version (a change feed's row; a tuple, like ``KeyValue``).
 
     ``kind``: ``"insert"`` (no value before), ``"update"`` or ``"delete"`` (no value
     after); ``value`` is the value after the change (``None`` for a delete) and

@@ -6,8 +6,9 @@ attribute). One module per job: ``connection`` (the private connection and its
 settings), ``registry`` (names DuckDB scans), ``resolve`` (which object a table name
 means), ``params`` (``$name``/``?`` values), ``worker`` (the interrupt worker thread),
 ``stores`` and ``snapshots`` (stores streamed to DuckDB, complete scans kept),
-``errors`` (``SQLError`` and short messages), ``session`` (``SQLSession`` putting them
-together, and ``sql``).
+``twins`` (stores read through their columnar twins), ``versions`` (the ``changes`` and
+``history`` table functions), ``errors`` (``SQLError`` and short messages), ``session``
+(``SQLSession`` putting them together, and ``sql``).
 
 A :class:`SQLSession` owns one private in-memory DuckDB connection, so nothing a user does
 with ``duckdb.sql`` (the module's default connection) and nothing iqkit does can clobber
@@ -23,6 +24,12 @@ statement references is resolved explicitly, in this order:
 4. a store of that name in the engine, registered as an Arrow stream: DuckDB pulls
    ``iqkit.tables.store_batches`` batches as it scans, so a store is never
    materialised in pandas first.
+
+Besides names, a statement may call two table functions over a store's retained
+versions: ``changes(store, from_version[, to_version])``, one row per key a version after
+``from_version`` changed (up to ``to_version``, else the latest), and ``history(store,
+key)``, one row per value the key had (``iqkit.tables``' ``changes_table`` and
+``history_table`` give their columns; ``versions.py`` how they reach DuckDB).
 
 Anything else is one short :class:`SQLError` naming the table, with a "did you mean" over
 all four kinds of names. Values are bound as parameters (``$name`` with a dict, ``?``

@@ -1,5 +1,6 @@
 """Which object each table name of a statement means, in the package docstring's order:
-registered names, the session's own tables and views, namespace objects, stores."""
+registered names, the session's own tables and views, namespace objects, stores; and the
+tables behind ``changes(...)`` and ``history(...)`` calls (``versions.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import SQLError
 from .registry import Registry, hint, is_table_like, scannable
+from .versions import PREFIX, parse_call, version_table
 
 if TYPE_CHECKING:
     import duckdb
@@ -58,6 +60,14 @@ class Resolver:
             return False
         if name.casefold() in self.catalog():
             return False  # DuckDB finds it (the session's own tables and views)
+        call = parse_call(name)
+        if call is not None:  # a changes(...) or history(...) call (versions.py)
+            engine = self.engine()
+            if engine is None and self._engine_error is not None:
+                raise SQLError(f"{call}: stores unavailable: {self._engine_error}")
+            table = version_table(call, engine, self.stores)
+            self.registry.add_temporary(self.con, name, table)
+            return True
         frame = lookup(name, self.frames())
         if frame is not None:
             assert self.ns is not None
@@ -87,6 +97,11 @@ class Resolver:
             return []
         return [k for k, v in self.ns.items() if not k.startswith("_") and is_table_like(v)]
 
+    def engine(self) -> StateEngine | None:
+        """The engine stores come from (``None``: there is none, or asking failed)."""
+        self.stores()
+        return self._engine
+
     def stores(self) -> list[str]:
         if self._stores is None:
             self._stores = []
@@ -100,6 +115,7 @@ class Resolver:
 
     def unknown_table(self, name: str) -> SQLError:
         known = {*self.frames(), *self.stores(), *self.catalog().values()}
+        known = {n for n in known if not n.startswith(PREFIX)}  # versions.py's, not a user's
         msg = f"unknown table {name!r}" + hint(name, known)
         if self._engine_error is not None:
             msg += f" (stores unavailable: {self._engine_error})"

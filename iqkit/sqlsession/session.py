@@ -20,6 +20,8 @@ from .resolve import MAX_RESOLVE_ROUNDS, Resolver, missing_table, referenced_tab
 from .snapshots import SnapshotCache, snapshot_key
 from .stores import StoreStream
 from .twins import TwinView, twin_view
+from .versions import bad_arguments
+from .versions import install as install_version_functions
 from .worker import QueryWorker, interrupted
 
 # duckdb and pandas are imported where they are used, not here: `import iqkit` (which
@@ -81,6 +83,7 @@ class SQLSession:
         self._namespace = namespace
         self.progress = progress
         self._con: duckdb.DuckDBPyConnection | None = connect(access, self.directories)
+        install_version_functions(self._con)
         self._registry = Registry()
         self._stream_errors: list[tuple[str, BaseException]] = []  # raised in store scans
         self._lock = threading.Lock()  # one query at a time (interrupt() excepted)
@@ -321,7 +324,7 @@ class SQLSession:
             store, raised = self._stream_errors[0]
             detail = str(raised).splitlines()[0] if str(raised) else ""
             return SQLError(f"reading store {store!r} failed: {type(raised).__name__}: {detail}")
-        return SQLError(short_message(error))
+        return SQLError(bad_arguments(message) or short_message(error))
 
     def _engine_now(self) -> StateEngine | None:
         from ..engine import StateEngine

@@ -63,6 +63,9 @@ class VersionWalk(Protocol):
     def get(self, version: int, key: bytes) -> bytes | None:
         """``key``'s stored bytes in ``version`` (``None``: no value)."""
 
+    def get_many(self, version: int, keys: list[bytes]) -> list[bytes | None]:
+        """``get`` of each of ``keys``, in order."""
+
     def written_keys(self, version: int, lower: bytes, upper: bytes) -> list[bytes] | None:
         """The keys in ``[lower, upper)`` the commit of ``version`` wrote (puts and
         deletes; sorted), read from what that commit added; ``None`` when that is not
@@ -94,6 +97,9 @@ class OpenedVersionsWalk:
 
     def get(self, version: int, key: bytes) -> bytes | None:
         return self._partition(version).get(key)  # type: ignore[no-any-return]
+
+    def get_many(self, version: int, keys: list[bytes]) -> list[bytes | None]:
+        return self._partition(version).multi_get(keys)  # type: ignore[no-any-return]
 
     def written_keys(self, version: int, lower: bytes, upper: bytes) -> list[bytes] | None:
         return None
@@ -293,7 +299,8 @@ class VersionReader:
             if keys is None:
                 steps = _compare(walk.scan(before, lower, upper), walk.scan(version, lower, upper))
             else:
-                steps = ((k, walk.get(before, k), walk.get(version, k)) for k in keys)
+                old, new = walk.get_many(before, keys), walk.get_many(version, keys)
+                steps = zip(keys, old, new, strict=True)
             for key, old, new in steps:
                 if old == new:
                     continue

@@ -112,6 +112,12 @@ class ChainVersionWalk:
             return None
         return self._database(segment).get(segment.layer_of[version], key)
 
+    def get_many(self, version: int, keys: list[bytes]) -> list[bytes | None]:
+        segment = self._segments.get(version)
+        if segment is None:
+            return [None] * len(keys)
+        return self._database(segment).get_many(segment.layer_of[version], keys)
+
     def written_keys(self, version: int, lower: bytes, upper: bytes) -> list[bytes] | None:
         chain = self._chains.get(version)
         versions = list(self._chains)

@@ -408,6 +408,16 @@ class LayeredDatabase:
                 return None
             raise rocks.classify(exc, self._scratch) from exc
 
+    def get_many(self, layer: int, keys: list[bytes]) -> list[bytes | None]:
+        """``get`` of each of ``keys``: the newest layer's in one batched read (the
+        database itself is as of its newest layer; snapshots have no batched read)."""
+        if layer == len(self._snapshots) - 1 and self._db is not None:
+            try:
+                return self._db.get(keys)  # type: ignore[no-any-return]
+            except Exception as exc:
+                raise rocks.classify(exc, self._scratch) from exc
+        return [self.get(layer, key) for key in keys]
+
     def close(self) -> None:
         """Drop the snapshots, close and remove the database, close the descriptors."""
         self._snapshots.clear()
