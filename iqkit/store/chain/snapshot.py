@@ -62,6 +62,7 @@ from .records import (
     record_name,
 )
 from .stores import read_chain_manifest
+from .versions import ChainVersionWalk, LayeredDatabases
 
 __all__ = ["ChainSnapshot", "OpenChains", "ReopenablePartition", "descriptor_budget"]
 
@@ -387,6 +388,8 @@ class ChainSnapshot:
         self._hot: dict[int, OpenPartition] = {}
         #: Version records read for the version queries (``published``), by number.
         self._records: dict[int, ChainVersion] = {}
+        #: The layered databases the version queries keep (store/chain/versions.py).
+        self.layered = LayeredDatabases(self)
         if pinned is not None:
             try:
                 self.record = self._checked(read_version(objects, store, pinned))
@@ -534,8 +537,6 @@ class ChainSnapshot:
 
     def version_walk(self, p: int, records: Mapping[int, Any]) -> Any:
         """Partition ``p`` across ``records`` (store/chain/versions.py)."""
-        from .versions import ChainVersionWalk
-
         return ChainVersionWalk(self, p, dict(records))
 
     def hot_partition(self, p: int) -> OpenPartition | None:
@@ -660,7 +661,9 @@ class ChainSnapshot:
         )
 
     def close(self) -> None:
-        """Close every open partition (their cached files are unpinned)."""
+        """Close every open partition (their cached files are unpinned) and the layered
+        databases the version queries kept."""
+        self.layered.close()
         for entry in [*self._open.values(), *self._retired]:
             entry.partition.close()
         self._open.clear()

@@ -8,7 +8,10 @@ through one ``LayeredDatabase``: its first version's files ingested, then each l
 version's added files, a RocksDB snapshot after each, so any version of the segment is
 one point read away, and a run of 100 versions costs a database per segment (about one
 per ``COMPACT_AFTER_DELTAS`` + 1 versions), not one per version. A segment's database is
-built when first read.
+built when first read, and kept by the reader (``LayeredDatabases``, least recently
+used dropped past ``KEPT_DATABASES``): the next query of the same partition reuses it,
+and one that reads newer versions of the segment only ingests their files (a ``%iq
+watch`` of a key's history, a notebook asking again).
 
 The keys a version's commit wrote are its added files' keys: read from their columnar
 twins (``__key`` and ``__deleted``, so deletes are seen; RocksDB's iterators never show
@@ -21,6 +24,7 @@ says so.
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +33,10 @@ from ..partitions.builds import LayeredDatabase
 from .read import place_on_root, plan_twin_scan
 from .records import ChainVersion, PartitionChain
 
-__all__ = ["ChainVersionWalk"]
+__all__ = ["KEPT_DATABASES", "ChainVersionWalk", "LayeredDatabases"]
+
+#: Layered databases a reader keeps between queries (each holds a descriptor per file).
+KEPT_DATABASES = 32
 
 
 def _extends(older: PartitionChain | None, newer: PartitionChain | None) -> bool:
@@ -43,6 +50,94 @@ def _extends(older: PartitionChain | None, newer: PartitionChain | None) -> bool
     return newer.files[:n] == older.files
 
 
+class _Kept:
+    """A kept layered database: the files of each of its layers, what pins them, and how
+    many walks read it now."""
+
+    def __init__(self, db: LayeredDatabase, layers: list[tuple[str, ...]], holds: Any) -> None:
+        self.db = db
+        self.layers = layers
+        self.holds = holds
+        self.readers = 0
+
+    def close(self) -> None:
+        try:
+            self.db.close()
+        finally:
+            with contextlib.suppress(IqkitError):
+                self.holds.close()
+
+
+class LayeredDatabases:
+    """The layered databases one reader keeps (module docstring), by partition and the
+    files of their first layer."""
+
+    def __init__(self, snapshot: Any, kept: int = KEPT_DATABASES) -> None:
+        self._snapshot = snapshot
+        self._kept = kept
+        self._dbs: OrderedDict[tuple[int, tuple[str, ...]], _Kept] = OrderedDict()
+
+    def acquire(self, p: int, layers: list[list[Any]]) -> tuple[_Kept, int]:
+        """A database holding ``layers`` (lists of ``ChainFile``s) as its first layers,
+        marked read until ``release``; and how many files this call ingested."""
+        names = [tuple(f.name for f in layer) for layer in layers]
+        key = (p, names[0])
+        entry = self._dbs.get(key)
+        if entry is not None and entry.layers[: len(names)] != names[: len(entry.layers)]:
+            if not entry.readers:
+                self._dbs.pop(key).close()
+            entry = None  # another history of the same base (not a prefix of this one)
+        ingested = 0
+        if entry is None:
+            entry = self._open(names[:1], [layers[0]])
+            ingested = len(layers[0])
+            if key not in self._dbs:
+                self._dbs[key] = entry
+        for i in range(len(entry.layers), len(names)):
+            entry.db.add_layer(self._sources(entry, layers[i]))
+            entry.layers.append(names[i])
+            ingested += len(layers[i])
+        if key in self._dbs:
+            self._dbs.move_to_end(key)
+        entry.readers += 1
+        self._shrink()
+        return entry, ingested
+
+    def release(self, entry: _Kept) -> None:
+        entry.readers -= 1
+        if entry.readers == 0 and entry not in self._dbs.values():
+            entry.close()
+        self._shrink()
+
+    def _sources(self, entry: _Kept, files: list[Any]) -> list[tuple[Any, str]]:
+        objects, cache = self._snapshot.objects, self._snapshot.cache
+        names = [f.name for f in files]
+        paths = entry.holds.enter_context(cache.sources(objects, names))
+        return [(path, place_on_root(objects, n)) for path, n in zip(paths, names, strict=True)]
+
+    def _open(self, names: list[tuple[str, ...]], layers: list[list[Any]]) -> _Kept:
+        holds = contextlib.ExitStack()
+        entry = _Kept(None, list(names), holds)  # type: ignore[arg-type]
+        try:
+            entry.db = LayeredDatabase([self._sources(entry, layer) for layer in layers])
+        except BaseException:
+            holds.close()
+            raise
+        return entry
+
+    def _shrink(self) -> None:
+        for key in list(self._dbs):
+            if len(self._dbs) <= self._kept:
+                return
+            if not self._dbs[key].readers:
+                self._dbs.pop(key).close()
+
+    def close(self) -> None:
+        entries, self._dbs = list(self._dbs.values()), OrderedDict()
+        for entry in entries:
+            entry.close()
+
+
 class _Segment:
     """Versions whose chains extend each other, read through one layered database."""
 
@@ -52,6 +147,7 @@ class _Segment:
         self.layer_of: dict[int, int] = {}
         self.layers: list[list[Any]] = []  # ChainFiles per layer
         self.db: LayeredDatabase | None = None
+        self.kept: _Kept | None = None
 
 
 class ChainVersionWalk:
@@ -65,6 +161,7 @@ class ChainVersionWalk:
         self._segments: dict[int, _Segment] = {}  # version -> its segment
         self._holds = contextlib.ExitStack()
         self._built = 0
+        self._reused = 0
         self._files = 0
         self._from_deltas = 0
         self._compared: list[int] = []
@@ -92,18 +189,14 @@ class ChainVersionWalk:
 
     def _database(self, segment: _Segment) -> LayeredDatabase:
         if segment.db is None:
-            snapshot = self._snapshot
-            objects, cache = snapshot.objects, snapshot.cache
-            names = [f.name for layer in segment.layers for f in layer]
-            paths = iter(self._holds.enter_context(cache.sources(objects, names)))
-            layers = [
-                [(next(paths), place_on_root(objects, f.name)) for f in layer]
-                for layer in segment.layers
-            ]
-            segment.db = LayeredDatabase(layers)
-            self._holds.callback(segment.db.close)
-            self._built += 1
-            self._files += len(names)
+            kept, ingested = self._snapshot.layered.acquire(self._p, segment.layers)
+            segment.kept, segment.db = kept, kept.db
+            self._holds.callback(self._snapshot.layered.release, kept)
+            if ingested:
+                self._built += 1
+                self._files += ingested
+            else:
+                self._reused += 1
         return segment.db
 
     def get(self, version: int, key: bytes) -> bytes | None:
@@ -159,7 +252,8 @@ class ChainVersionWalk:
 
     def notes(self) -> list[str]:
         notes = [
-            f"{self._built} layered database{'s' if self._built != 1 else ''} ({self._files} files)"
+            f"{self._built} layered database{'s' if self._built != 1 else ''} built or "
+            f"extended ({self._files} files ingested), {self._reused} reused"
         ]
         if self._from_deltas:
             notes.append(f"{self._from_deltas} versions' changes read from their delta files")

@@ -371,6 +371,7 @@ class LayeredDatabase:
         self._fds: list[int] = []
         self._snapshots: list[object] = []
         self._db: rocks.Rdict | None = None
+        self._staged = 0
         scratch = _memory_scratch()
         if scratch is None:
             self._scratch, self._lock = Path(tempfile.mkdtemp(prefix=_SCRATCH_PREFIX)), None
@@ -378,22 +379,33 @@ class LayeredDatabase:
             self._scratch, self._lock = scratch[0], scratch[1]
         try:
             self._db = rocks.open_for_build(self._scratch / "db")
-            staged = 0
             for files in layers:
-                for file, name in files:
-                    stage = self._scratch / f".ingest-{staged}.sst"
-                    staged += 1
-                    if self._lock is not None:  # a link to the open file, as _build_in_memory
-                        fd = _open_plain(file, name)
-                        self._fds.append(fd)
-                        os.symlink(f"{_FD_LINKS}/{fd}", stage)
-                    else:
-                        link_plain_file(file, stage, name)
-                    rocks.ingest(self._db, [stage], where=name)
-                self._snapshots.append(self._db.snapshot())
+                self.add_layer(files)
         except BaseException:
             self.close()
             raise
+
+    @property
+    def layers(self) -> int:
+        return len(self._snapshots)
+
+    def add_layer(self, files: Sequence[tuple[str | os.PathLike[str], str]]) -> None:
+        """Ingest ``files`` (path, name) as the next layer, newer than every one before."""
+        assert self._db is not None
+        for file, name in files:
+            stage = self._scratch / f".ingest-{self._staged}.sst"
+            self._staged += 1
+            if self._lock is not None:  # a link to the open file, as _build_in_memory
+                fd = _open_plain(file, name)
+                self._fds.append(fd)
+                os.symlink(f"{_FD_LINKS}/{fd}", stage)
+            else:
+                try:
+                    link_plain_file(file, stage, name)
+                except NotPlainFileError as exc:
+                    raise StoreIOError(exc.strerror) from None
+            rocks.ingest(self._db, [stage], where=name)
+        self._snapshots.append(self._db.snapshot())
 
     def get(self, layer: int, key: bytes) -> bytes | None:
         """``key``'s value as of layer ``layer`` (``None``: absent or deleted)."""
