@@ -94,7 +94,7 @@ def test_every_python_block_runs_in_order(readme_run):
     assert quick_start.startswith("1\n")  # w.version
     assert "Handled in RocksDBLayer" in quick_start
     with iqkit.open(folder / "stores") as engine:
-        assert engine.version("totals") == 1
+        assert engine.version("totals") == 4  # the quick start's commit, then "Versions as data"
     assert any(Path(env["IQKIT_CACHE"]).iterdir())  # its readers built databases there
     assert report["facts"]["alice_rows"] == 1  # the key lookup through the data source
 

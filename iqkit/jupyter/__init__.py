@@ -4,6 +4,7 @@
 ``command`` (the normalised command), ``parse`` (line → command), ``values`` (text →
 typed keys, times, bounds), ``session`` (executing commands), ``magic`` (the thin
 IPython layer), ``result``/``render`` (what a query returns and how it looks),
+``history`` (version results' rows, a key's history plotted), ``watch`` (``%iq watch``),
 ``complete`` (tab completion), ``builder`` (the widget query builder), ``panel``
 (``iqkit.panel()``), ``testing`` (a shell for tests). docs/ARCHITECTURE.md gives the
 order in which they may import each other (no cycles).

@@ -50,14 +50,30 @@ MISSING_IPYWIDGETS = "the panel needs ipywidgets: pip install ipywidgets"
 #: The widgets each query type uses (the rest are hidden and left out of the command).
 #: ``partitions``, ``bound``, ``active`` and ``trace`` apply to every query.
 _FIELDS = {
-    "get": ("key", "skip_cache"),
+    "get": ("key", "skip_cache", "as_of"),
     "range": ("lower", "upper", "desc", "limit"),
     "prefix": ("prefix", "desc", "limit"),
+    "history": ("key", "lower", "upper", "asc", "limit"),
+    "changes": ("from_version", "to_version", "prefix", "limit"),
     "window": ("key", "lower", "upper", "desc", "limit"),
     "windows": ("lower", "upper", "desc", "limit"),
     "scan": ("desc", "limit"),
 }
-_OPTIONAL = ("key", "lower", "upper", "prefix", "desc", "skip_cache", "limit")
+_OPTIONAL = (
+    "key",
+    "lower",
+    "upper",
+    "prefix",
+    "desc",
+    "skip_cache",
+    "limit",
+    "asc",
+    "from_version",
+    "to_version",
+    "as_of",
+)
+#: The commands whose key field takes one key.
+_ONE_KEY = ("window", "history")
 
 _TIME_EXAMPLE = "epoch ms, 2024-05-01T12:00 or now-1h"
 
@@ -124,6 +140,17 @@ def _field_text(widget: Any) -> str | None:
     return _unquote(text) if text else None
 
 
+def _version_field(widget: Any, side: str, *, required: bool) -> int | None:
+    """A version number field (``changes``' from / to): ``None`` when empty and allowed."""
+    text = _field_text(widget)
+    if text is None and not required:
+        return None
+    if text is None or not text.isdecimal() or int(text) < 1:
+        got = "" if text is None else f", got {text!r}"
+        raise UsageError(f"%iq changes: enter the {side} version, a number >= 1{got}")
+    return int(text)
+
+
 def _check_bound(text: str) -> None:
     if text.startswith(":"):
         if not text[1:].isidentifier():
@@ -180,6 +207,18 @@ class IQPanel:
         self.lower = w.Text(description="from", layout=wide(), style=style)
         self.upper = w.Text(description="to", layout=wide(), style=style)
         self.prefix = w.Text(description="prefix", layout=wide(), style=style)
+        self.from_version = w.Text(
+            description="from", placeholder="version V: the changes after it", style=style
+        )
+        self.to_version = w.Text(
+            description="to", placeholder="version (empty = the latest)", style=style
+        )
+        self.as_of = w.Text(
+            description="as of",
+            placeholder="empty = now; a time (2024-05-01T12:00, now-1h) or a version number",
+            layout=wide(),
+            style=style,
+        )
         self.partitions = w.Text(
             description="partitions", placeholder="all (or 0,2 or 0-3)", style=style
         )
@@ -190,6 +229,7 @@ class IQPanel:
         self.trace = w.Checkbox(description="execution info", indent=False)
         self.desc = w.Checkbox(description="descending", indent=False)
         self.skip_cache = w.Checkbox(description="skip cache", indent=False)
+        self.asc = w.Checkbox(description="oldest first", indent=False)
         self.limit = w.IntText(
             value=0,
             description="limit",
@@ -214,8 +254,10 @@ class IQPanel:
                 self.lower,
                 self.upper,
                 self.prefix,
+                w.HBox([self.from_version, self.to_version]),
+                self.as_of,
                 w.HBox([self.partitions, self.bound]),
-                w.HBox([self.active, self.trace, self.desc, self.skip_cache, self.limit]),
+                w.HBox([self.active, self.trace, self.desc, self.asc, self.skip_cache, self.limit]),
                 self.run,
                 self.error_box,
                 self.tabs,
@@ -225,7 +267,8 @@ class IQPanel:
         self.store.observe(self._on_store, names="value")
         self.query.observe(self._on_query, names="value")
         for name in ("key", "lower", "upper", "prefix", "partitions", "bound", "active",
-                     "trace", "desc", "skip_cache", "limit"):  # fmt: skip
+                     "trace", "desc", "skip_cache", "limit", "asc", "from_version",
+                     "to_version", "as_of"):  # fmt: skip
             getattr(self, name).observe(self._show_line, names="value")
         self.refresh.on_click(self._on_refresh_clicked)
         self.run.on_click(self._on_run_clicked)
@@ -307,9 +350,14 @@ class IQPanel:
             self.key.description = "key"
             self.key.placeholder = f"{key_hint}; :var for a variable"
         self.prefix.placeholder = f"prefix of the {key_hint}"
+        if action == "changes":
+            self.prefix.placeholder += " (empty = every key)"
         if action == "range":
             self.lower.placeholder = f"lowest {key_hint} (inclusive; empty = open)"
             self.upper.placeholder = f"highest {key_hint} (inclusive; empty = open)"
+        elif action == "history":
+            self.lower.placeholder = f"values still valid at: {_TIME_EXAMPLE} (empty = all)"
+            self.upper.placeholder = f"values written by: {_TIME_EXAMPLE} (empty = all)"
         else:
             self.lower.placeholder = f"earliest window start: {_TIME_EXAMPLE}"
             self.upper.placeholder = f"latest window start: {_TIME_EXAMPLE}"
@@ -335,20 +383,34 @@ class IQPanel:
             if not keys:
                 more = " (several: comma-separated or one per line)" if action == "get" else ""
                 raise UsageError(f"%iq {action}: enter a key{more}")
-            if action == "window" and len(keys) > 1:
-                raise UsageError(f"%iq window: takes one key, got {len(keys)}: {keys!r}")
+            if action in _ONE_KEY and len(keys) > 1:
+                raise UsageError(f"%iq {action}: takes one key, got {len(keys)}: {keys!r}")
             values["keys"] = keys
         if "lower" in used:
             values["lower"] = _field_text(self.lower)
             values["upper"] = _field_text(self.upper)
-            if action != "range":
+            if action in ("window", "windows"):
                 for name, side in (("lower", "from"), ("upper", "to")):
                     if values[name] is None:
                         raise UsageError(f"%iq {action}: enter the {side} time ({_TIME_EXAMPLE})")
         if "prefix" in used:
             values["prefix"] = _field_text(self.prefix)
-            if values["prefix"] is None:
+            if values["prefix"] is None and action == "prefix":
                 raise UsageError("%iq prefix: enter a prefix (scan lists every key)")
+        if "from_version" in used:
+            values["from_version"] = _version_field(self.from_version, "from", required=True)
+            values["to_version"] = _version_field(self.to_version, "to", required=False)
+        if "as_of" in used:
+            as_of = _field_text(self.as_of)
+            if as_of is not None and as_of.isdecimal():
+                values["as_of"] = int(as_of)
+            elif as_of is not None:
+                if len(values.get("keys", ())) > 1:
+                    raise UsageError(
+                        "%iq get: as of a time reads one key's record; enter one key "
+                        f"(got {len(values['keys'])})"
+                    )
+                values["as_of_time"] = as_of
         partitions = self.partitions.value.strip()
         if partitions:
             values["partitions"] = parse_partitions(partitions)
@@ -358,6 +420,8 @@ class IQPanel:
             values["bounds"] = (bound,)
         if "desc" in used:
             values["desc"] = bool(self.desc.value)
+        if "asc" in used:
+            values["asc"] = bool(self.asc.value)
         if "skip_cache" in used:
             values["skip_cache"] = bool(self.skip_cache.value)
         if "limit" in used:

@@ -1,4 +1,5 @@
-"""Tab completion for ``%iq``: sub-commands, store names, option flags.
+"""Tab completion for ``%iq``: sub-commands, store names, option flags (``watch``: the
+watched query's, then its own).
 
 Registered through IPython's ``complete_command`` hook for ``%iq``/``%%iq``/``%iqkit``;
 IPython filters the candidates by what the user has typed. Store names come from the
@@ -29,6 +30,13 @@ def candidates(session: IQSession, line: str) -> list[str]:
         return list(ACTIONS)
     action = words[1].lower()
     current = "" if finished else words[-1]
+    if action == "watch":  # %iq watch QUERY ...: the query's words, then watch's flags
+        if typed == 2:
+            return list(QUERY_ACTIONS)
+        query = words[2].lower()
+        if current.startswith("-"):
+            return [*option_flags(query), *option_flags("watch")]
+        return _store_names(session) if typed == 3 else option_flags(query)
     if current.startswith("-"):
         return option_flags(action)
     if action in _TAKES_STORE and typed == 2:

@@ -25,6 +25,7 @@ from ..sqlsession import SQL_ACCESS
 from .complete import register_completer
 from .parse import check_result_name, overview, parse_line
 from .session import IQSession
+from .watch import WatchRun
 
 __all__ = ["IQMagics", "live_magics", "live_session"]
 
@@ -100,13 +101,15 @@ class IQMagics(Magics, Configurable):
     @line_cell_magic("iqkit")
     def iq(self, line: str, cell: str | None = None, local_ns: dict[str, Any] | None = None) -> Any:
         command = parse_line(line, cell)
-        if command.as_name and self.shell is not None:
-            check_result_name(command.as_name, self.shell.user_ns_hidden)
+        name = command.result_name
+        if name and self.shell is not None:
+            check_result_name(name, self.shell.user_ns_hidden)
         namespace = dict(self.shell.user_ns) if self.shell is not None else {}
         namespace.update(local_ns or {})
         result = self.session.execute(command, namespace)
-        if command.as_name and self.shell is not None:
-            self.shell.user_ns[command.as_name] = result
+        if name and self.shell is not None:
+            # A watch names the last result it showed (what the display ended on).
+            self.shell.user_ns[name] = result.result if isinstance(result, WatchRun) else result
         # IPython's display hook looks for ';' in the transformed cell, where it sits
         # inside the magic's line string, so it never silences a magic: we do it here.
         if cell is None and line.rstrip().endswith(";"):

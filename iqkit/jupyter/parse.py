@@ -27,7 +27,7 @@ from IPython.core.error import UsageError
 
 from ..query.position import Position
 from ..store.encoding.ordered import short_repr
-from .command import ACTIONS, IQCommand
+from .command import ACTIONS, QUERY_ACTIONS, IQCommand
 
 __all__ = [
     "check_result_name",
@@ -37,6 +37,7 @@ __all__ = [
     "parse_bound",
     "parse_line",
     "parse_partitions",
+    "parse_seconds",
     "split_words",
 ]
 
@@ -49,6 +50,9 @@ _SUMMARIES = {
     "window": "window STORE KEY --from T1 --to T2 — one key's windows starting in [T1, T2]",
     "windows": "windows STORE --from T1 --to T2 — every key's windows starting in [T1, T2]",
     "scan": "scan STORE — every record (use --limit, --desc)",
+    "history": "history STORE KEY [--from T] [--to T] [--asc] — every value KEY had, and when",
+    "changes": "changes STORE --from V [--to V] [--prefix P] — keys the versions after V changed",
+    "watch": "watch QUERY [--for S] [--every S] — re-run a query on each new version, in place",
     "lag": "lag [STORE] — how far each partition is behind its source",
     "trace": "trace — the execution trace of the last result",
     "sql": "sql [--as NAME] QUERY — DuckDB over stores, named results and DataFrames",
@@ -65,7 +69,9 @@ class _Parser(ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see %iq help {self.prog.split()[-1]})")
 
 
-def _query_options(p: _Parser, *, order: bool = True) -> None:
+def _query_options(
+    p: _Parser, *, order: bool = True, skip_cache: bool = True, as_of_time: bool = False
+) -> None:
     p.add_argument("--partitions", metavar="LIST", help="only these partitions: 0,2 or 0-3")
     p.add_argument(
         "--bound",
@@ -88,10 +94,25 @@ def _query_options(p: _Parser, *, order: bool = True) -> None:
         type=_result_name,
         help="name the result (for %%iq sql)",
     )
-    p.add_argument(
-        "--as-of", dest="as_of", metavar="VERSION", type=_non_negative_int, help="read this version"
-    )
-    p.add_argument("--skip-cache", action="store_true", help="bypass the cache layer")
+    if as_of_time:
+        p.add_argument(
+            "--as-of",
+            dest="as_of",
+            metavar="VERSION|TIME",
+            type=_version_or_time,
+            help="read this version, or the key's record as of TIME (2024-05-01T12:00, "
+            "now-1h, :var)",
+        )
+    else:
+        p.add_argument(
+            "--as-of",
+            dest="as_of",
+            metavar="VERSION",
+            type=_non_negative_int,
+            help="read this version",
+        )
+    if skip_cache:
+        p.add_argument("--skip-cache", action="store_true", help="bypass the cache layer")
 
 
 def _non_negative_int(text: str) -> int:
@@ -105,6 +126,47 @@ def _non_negative_int(text: str) -> int:
 
 
 _non_negative_int.__name__ = "number"  # argparse shows it: "invalid number value: 'x'"
+
+
+def _version_or_time(text: str) -> int | str:
+    """``--as-of`` of ``get``: a whole number is a version (the engine pinned to it, as
+    for every query); any other text is a time, typed by the session (``values.py``)."""
+    if re.fullmatch(r"\s*-?\d+\s*", text):
+        return _non_negative_int(text)
+    return text.strip()
+
+
+_version_or_time.__name__ = "version or time"
+
+
+def _version(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise ValueError(f"expected a version number >= 1, got {value}")
+    return value
+
+
+_version.__name__ = "version"
+
+#: ``--for 30``, ``--for 2m``, ``--every 0.5s``: seconds, or a number with a unit.
+_SECONDS = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?$")
+_SECOND_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+#: The longest ``--for`` / ``--every``: a day (longer is surely a typo, and a float of
+#: seconds that large would be no use to ``time.sleep``).
+MAX_WATCH_SECONDS = 86_400.0
+
+
+def parse_seconds(text: str, flag: str) -> float:
+    """``--for`` / ``--every`` text → seconds (> 0, at most a day); one ``UsageError``."""
+    m = _SECONDS.match(text.strip())
+    seconds = float(m.group(1)) * _SECOND_UNITS[m.group(2)] if m else None
+    if seconds is None or not 0 < seconds <= MAX_WATCH_SECONDS:
+        raise UsageError(
+            f"%iq watch: {flag} expects seconds (e.g. 30, 0.5, 2m) above 0 and at most a "
+            f"day, got {text!r}"
+        )
+    return seconds
+
 
 #: Names IPython keeps in every user namespace (``InteractiveShell.init_user_ns``) or its
 #: builtins; ``shell.user_ns_hidden`` adds whatever a given shell has on top.
@@ -161,7 +223,7 @@ def _build_parsers() -> dict[str, _Parser]:
     p = new("get")
     p.add_argument("store", metavar="STORE")
     p.add_argument("keys", nargs="+", metavar="KEY", help="typed by the store's key serde")
-    _query_options(p, order=False)
+    _query_options(p, order=False, as_of_time=True)
     p = new("range")
     p.add_argument("store", metavar="STORE")
     p.add_argument("--from", dest="lower", metavar="LO", help="lowest key (inclusive)")
@@ -185,9 +247,37 @@ def _build_parsers() -> dict[str, _Parser]:
     p = new("scan")
     p.add_argument("store", metavar="STORE")
     _query_options(p)
+    p = new("history")
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("keys", nargs=1, metavar="KEY")
+    p.add_argument("--from", dest="lower", metavar="T", help="keep values still valid at T")
+    p.add_argument("--to", dest="upper", metavar="T", help="keep values written by T")
+    p.add_argument("--asc", action="store_true", help="oldest first (default: newest first)")
+    _query_options(p, order=False, skip_cache=False)
+    p = new("changes")
+    p.add_argument("store", metavar="STORE")
+    p.add_argument(
+        "--from",
+        dest="from_version",
+        metavar="V",
+        type=_version,
+        required=True,
+        help="the changes made after version V",
+    )
+    p.add_argument(
+        "--to", dest="to_version", metavar="V", type=_version, help="up to version V (the latest)"
+    )
+    p.add_argument("--prefix", metavar="PREFIX", help="only keys starting with PREFIX")
+    _query_options(p, order=False, skip_cache=False)
     new("lag").add_argument("store", metavar="STORE", nargs="?")
     new("trace")
     new("sql").add_argument("--as", dest="as_name", metavar="NAME", help="name the result")
+    p = new("watch")
+    p.add_argument("query", metavar="QUERY", help="any query line: get, range, ..., changes")
+    p.add_argument("--for", metavar="SECONDS", help="stop after this long (default: interrupt)")
+    p.add_argument(
+        "--every", metavar="SECONDS", help="how often to look for a new version (default 0.5)"
+    )
     new("panel")
     new("help").add_argument("path", nargs="?", metavar="COMMAND")
     return parsers
@@ -297,8 +387,14 @@ def parse_line(line: str, cell: str | None = None) -> IQCommand:
         return _parse_sql(rest, cell)
     if cell is not None and cell.strip():
         raise UsageError(f"%%iq {action} takes no cell body (only %%iq sql does)")
-    parser = _PARSERS[action]
     words = split_words(rest)
+    if action == "watch":
+        return _parse_watch(words)
+    return _parse_words(action, words)
+
+
+def _parse_words(action: str, words: list[str]) -> IQCommand:
+    parser = _PARSERS[action]
     ns, extra = parser.parse_known_args(words)
     if extra:
         _reject_extra(parser, extra)
@@ -317,7 +413,62 @@ def parse_line(line: str, cell: str | None = None) -> IQCommand:
     if action == "help" and values.get("path") and values["path"] not in ACTIONS:
         topic = values["path"]
         raise UsageError(f"%iq help: unknown command {topic!r}{_did_you_mean(topic, ACTIONS)}")
+    if isinstance(values.get("as_of"), str):  # get --as-of TIME
+        values["as_of_time"] = values.pop("as_of")
+        if len(values["keys"]) > 1:
+            raise UsageError(
+                "%iq get: --as-of TIME reads one key's record; give one key "
+                f"(got {len(values['keys'])})"
+            )
     return IQCommand(action, **values)
+
+
+#: ``watch``'s own options, taken out of the line before the query is parsed.
+_WATCH_FLAGS = {"--for": "duration", "--every": "every"}
+
+
+def _parse_watch(words: list[str]) -> IQCommand:
+    """``watch QUERY... [--for S] [--every S]``: the watch options may stand anywhere in
+    the line; everything else is the query, parsed as its own ``%iq`` line."""
+    options: dict[str, float] = {}
+    query: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        flag, eq, value = word.partition("=")
+        if flag in _WATCH_FLAGS:
+            if not eq:
+                if i + 1 >= len(words):
+                    raise UsageError(f"%iq watch: {flag} needs a number of seconds, e.g. {flag} 30")
+                value = words[i + 1]
+                i += 1
+            options[_WATCH_FLAGS[flag]] = parse_seconds(value, flag)
+        else:
+            query.append(word)
+        i += 1
+    if not query:
+        raise UsageError("%iq watch: which query? e.g. %iq watch get totals alice --for 60")
+    action = query[0].lower()
+    if action not in QUERY_ACTIONS:
+        hint = _did_you_mean(action, QUERY_ACTIONS)
+        raise UsageError(
+            f"%iq watch: watches a query ({', '.join(QUERY_ACTIONS)}), got {action!r}{hint}"
+        )
+    _check_watch_flags(action, query[1:])
+    return IQCommand("watch", watched=_parse_words(action, query[1:]), **options)
+
+
+def _check_watch_flags(action: str, words: list[str]) -> None:
+    """A misspelt ``--for`` / ``--every`` is named as such: the query's parser would
+    only suggest its own options."""
+    flags = option_flags(action)
+    for word in words:
+        flag = word.partition("=")[0]
+        if not flag.startswith("--") or any(f.startswith(flag) for f in flags):
+            continue  # the query's option (argparse takes unique abbreviations too)
+        close = difflib.get_close_matches(flag, list(_WATCH_FLAGS), n=1)
+        if close:
+            raise UsageError(f"%iq watch: unknown option {flag!r}; did you mean {close[0]!r}?")
 
 
 def _reject_extra(parser: _Parser, extra: list[str]) -> None:
@@ -457,9 +608,11 @@ def overview() -> str:
     lines += [f"  {_SUMMARIES[a]}" for a in ACTIONS]
     lines += [
         "",
-        "Query options (get, range, prefix, window, windows, scan):",
+        "Query options (get, range, prefix, window, windows, scan, history, changes):",
         "  --partitions 0,2   --bound topic:0=5,1=3 | :var   --active   --trace",
         "  --desc   --limit N   --as NAME   --as-of VERSION   --skip-cache",
+        "get KEY --as-of TIME: the key's value then (TIME: 2024-05-01T12:00, now-1h, :var).",
+        "Times: epoch ms, ISO-8601 (naive = UTC), now, now-15m (units ms s m h d).",
         "Keys are typed by the store's key serde (42 is an int in an int32 store);",
         "JSON literals give tuples and records; :name uses a notebook variable.",
         "%iq help COMMAND shows one command's options.",

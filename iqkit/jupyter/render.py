@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import date, datetime
 from html import escape
 from typing import TYPE_CHECKING, Any
@@ -83,6 +83,8 @@ TIME_PLACEHOLDER = "‹time›"
 #: The columns of iqkit's frames that hold wall-clock measurements.
 TIMING_COLUMNS = ("elapsed_ms", "nanoseconds")
 _FAILED_ROW = ' style="background:#fdecea"'
+#: A row whose key changed since the previous refresh of ``%iq watch``.
+CHANGED_ROW = ' class="iq-changed" style="background:#fff3c4"'
 
 
 def clip(text: str, limit: int = CELL_CHARS) -> str:
@@ -193,15 +195,19 @@ def _rows_html(header: Sequence[str], columns: list[list[str]], attrs: list[str]
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def table_html(table: pa.Table, limit: int = 0) -> str:
-    """The first ``limit`` rows (0 = all) of an Arrow table as an HTML table."""
+def table_html(table: pa.Table, limit: int = 0, highlight: Collection[int] = ()) -> str:
+    """The first ``limit`` rows (0 = all) of an Arrow table as an HTML table; the rows
+    numbered in ``highlight`` are marked (:data:`CHANGED_ROW`)."""
     if limit and table.num_rows > limit:
         table = table.slice(0, limit)
     columns = [
         _column_cells(table.column(i).to_pylist(), _arrow_kind(f.type))
         for i, f in enumerate(table.schema)
     ]
-    return _rows_html(table.schema.names, columns, None)
+    attrs = None
+    if highlight:
+        attrs = [CHANGED_ROW if i in highlight else "" for i in range(table.num_rows)]
+    return _rows_html(table.schema.names, columns, attrs)
 
 
 def frame_html(
@@ -278,13 +284,13 @@ def truncation_note(r: IQResult) -> str:
     )
 
 
-def _rows_section(r: IQResult) -> str:
+def _rows_section(r: IQResult, highlight: Collection[int]) -> str:
     n = len(r)
     if n == 0:
         notes = "".join(f"<br>{escape(note)}" for note in r.notes)
         return f'<div class="iq-note">No rows.{notes}</div>'
     limit = r.display_limit
-    html = table_html(r.arrow(), limit)
+    html = table_html(r.arrow(), limit, highlight)
     notes = []
     if limit and n > limit:
         notes.append(
@@ -394,14 +400,15 @@ def _lag_section(r: IQResult, lags: dict[int, Any] | None, error: str | None) ->
     return f"<details><summary>{escape(title)}</summary>{body}</details>"
 
 
-def result_html(r: IQResult) -> str:
-    """The notebook view of a result: summary, rows, partitions, trace, lag, line."""
+def result_html(r: IQResult, highlight: Collection[int] = ()) -> str:
+    """The notebook view of a result: summary, rows, partitions, trace, lag, line; the
+    rows numbered in ``highlight`` marked as changed (``%iq watch``)."""
     lags, error = _lags_or_error(r)
     parts = [
         '<div class="iqkit-result">',
         _STYLE,
         _summary(r),
-        _rows_section(r),
+        _rows_section(r, highlight),
         _partitions_section(r, lags),
         _trace_section(r),
         _lag_section(r, lags, error),
@@ -432,15 +439,20 @@ def text_table(frame: pd.DataFrame, width: int = 40) -> list[str]:
     return lines
 
 
-def result_text(r: IQResult) -> str:
+def result_text(r: IQResult, highlight: Collection[int] = ()) -> str:
     """``repr`` plus the first ``display_limit`` rows and any failure, as plain text
-    (no timings: the same data always prints the same)."""
+    (no timings: the same data always prints the same); the rows numbered in
+    ``highlight`` start with ``*``."""
     lines = [repr(r)]
     n = len(r)
     limit = r.display_limit
     if n:
         shown = r.rows if not limit else r.rows.head(limit)
-        lines += text_table(shown)
+        table = text_table(shown)
+        if highlight:
+            marks = ["  "] + ["* " if i in highlight else "  " for i in range(len(shown))]
+            table = [mark + line for mark, line in zip(marks, table, strict=True)]
+        lines += table
         if len(shown) < n:
             where = " in .rows" if r.truncated else " (.rows has them all)"
             lines.append(f"… {n - len(shown):,} more rows{where}")

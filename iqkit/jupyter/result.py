@@ -21,11 +21,13 @@ from ..engine import StateEngine, served_version
 from ..errors import IqkitError
 from ..query import (
     LagInfo,
+    MultiVersionedKeyQuery,
     Position,
     QueryResult,
     RangeQuery,
     StateQueryRequest,
     StateQueryResult,
+    VersionedKeyQuery,
     WindowKeyQuery,
     WindowRangeQuery,
 )
@@ -37,6 +39,7 @@ from ..store.inputs import binds, offset_lag, records_behind
 from ..store.manifest import StoreManifest
 from ..tables import Collected, to_pandas
 from . import render
+from .history import history_plot
 
 __all__ = [
     "STORE_PROBLEMS",
@@ -196,6 +199,10 @@ class IQResult:
             self._cache["rows"] = to_pandas(self.collected.table)
         return self._cache["rows"]
 
+    def df(self) -> pd.DataFrame:
+        """The rows as a DataFrame (``.rows``)."""
+        return self.rows
+
     def __len__(self) -> int:
         return self.collected.table.num_rows
 
@@ -321,11 +328,23 @@ class IQResult:
         con.register(name, self.collected.table)
         return con.table(name)
 
-    def plot(self, what: str = "rows", **kwargs: Any) -> Any:
-        """A bar chart per partition of ``"rows"`` read or ``"lag"`` (pandas plotting
-        with matplotlib, imported on first use). Returns the Axes."""
+    def plot(self, what: str | None = None, *, column: str | None = None, **kwargs: Any) -> Any:
+        """A chart with matplotlib (imported on first use); returns the Axes.
+
+        A ``history`` (or ``get --as-of``) result draws the key's numeric value over
+        time by default (``what="history"``: a step per value, one line per numeric
+        column of a record, or only ``column``). Any result draws a bar per partition
+        of ``"rows"`` read (the default otherwise) or ``"lag"``."""
+        versioned = isinstance(self.query, MultiVersionedKeyQuery | VersionedKeyQuery)
+        if what is None:
+            what = "history" if versioned else "rows"
+        if what == "history" and versioned:
+            return history_plot(self, column=column, **kwargs)
         if what not in ("rows", "lag"):
-            raise ValueError(f"plot what must be 'rows' or 'lag', got {what!r}")
+            kinds = "'history', 'rows' or 'lag'" if versioned else "'rows' or 'lag'"
+            raise ValueError(f"plot what must be {kinds}, got {what!r}")
+        if column is not None:
+            raise ValueError("plot column= picks a line of a history plot: plot('history', ...)")
         if what == "rows":
             data = self.partitions.set_index("partition")["rows"].fillna(0).astype("int64")
         else:

@@ -29,12 +29,15 @@ from ..engine import StateEngine
 from ..engine import open as open_engine
 from ..errors import IqkitError, RootError
 from ..query import (
+    ChangesQuery,
     KeyQuery,
     MultiKeyQuery,
+    MultiVersionedKeyQuery,
     PrefixScanQuery,
     Query,
     RangeQuery,
     StateQueryRequest,
+    VersionedKeyQuery,
     WindowKeyQuery,
     WindowRangeQuery,
 )
@@ -160,7 +163,7 @@ class IQSession:
             result = self.query(command, ns)
             self.last = result
             if command.as_name:
-                self._name(command.as_name, result)
+                self.name_result(command.as_name, result)
             return result
         if action == "open":
             path = command.path
@@ -185,9 +188,14 @@ class IQSession:
             from .builder import IQPanel
 
             return IQPanel(self, namespace=ns)
+        if action == "watch":
+            from .watch import watch
+
+            return watch(self, command, ns)
         raise UsageError(f"%iq: {action!r} is not implemented")  # pragma: no cover
 
-    def _name(self, name: str, result: Any) -> None:
+    def name_result(self, name: str, result: Any) -> None:
+        """Keep ``result`` as ``name`` (``--as``): for ``%iq sql`` and ``--bound :name``."""
         self.named[name] = result
         if self._sql is not None:
             self._sql.register(name, result)
@@ -216,8 +224,23 @@ class IQSession:
         query: Any
         if action == "get":
             keys = [key_value(k, manifest, ns) for k in command.keys]
+            if command.as_of_time is not None:  # the key's record as of a time
+                when = time_value(command.as_of_time, ns)
+                return VersionedKeyQuery.with_key(keys[0]).as_of(when)
             query = KeyQuery.with_key(keys[0]) if len(keys) == 1 else MultiKeyQuery.with_keys(keys)
             return query.skip_cache() if command.skip_cache else query
+        if action == "history":
+            query = MultiVersionedKeyQuery.with_key(key_value(command.keys[0], manifest, ns))
+            if command.lower is not None:
+                query = query.from_time(time_value(command.lower, ns))
+            if command.upper is not None:
+                query = query.to_time(time_value(command.upper, ns))
+            return query.with_ascending_timestamps() if command.asc else query
+        if action == "changes":
+            query = ChangesQuery.between(command.from_version or 1, command.to_version)
+            if command.prefix is not None:
+                query = query.with_prefix(key_value(command.prefix, manifest, ns))
+            return query
         if action == "range":
             lo = None if command.lower is None else key_value(command.lower, manifest, ns)
             hi = None if command.upper is None else key_value(command.upper, manifest, ns)
@@ -241,6 +264,7 @@ class IQSession:
     def query(self, command: IQCommand, namespace: Mapping[str, Any]) -> Any:
         """Run a query command and collect its rows into an ``IQResult``."""
         from ..tables import collect
+        from .history import VERSION_QUERIES, version_rows
         from .result import IQResult
 
         store = command.store or ""
@@ -263,10 +287,13 @@ class IQSession:
             except (ValueError, TypeError) as exc:
                 raise UsageError(f"%iq {command.action}: {exc}") from None
             limit = self.autolimit if command.limit is None else command.limit
-            with self._progress_bar(store) as advance:
-                collected = collect(
-                    result, manifest, limit=limit or None, progress=advance, query=request
-                )
+            if isinstance(request.query, VERSION_QUERIES):  # records, not key-value rows
+                collected = version_rows(result, manifest, request.query, limit=limit or None)
+            else:
+                with self._progress_bar(store) as advance:
+                    collected = collect(
+                        result, manifest, limit=limit or None, progress=advance, query=request
+                    )
             lags = self._lags_getter(store) if not pinned else None
             version = engine.version(store)
         finally:
@@ -354,7 +381,7 @@ class IQSession:
     def sql(self, command: IQCommand, namespace: Mapping[str, Any]) -> Any:
         frame = self.sql_session.query(command.sql or "", namespace=namespace)
         if command.as_name:
-            self._name(command.as_name, frame)
+            self.name_result(command.as_name, frame)
         return frame
 
     def __repr__(self) -> str:

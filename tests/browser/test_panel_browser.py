@@ -1,6 +1,9 @@
 """What a person sees: JupyterLab in headless Chromium runs a notebook that shows a
 ``%iq`` result and the panel; the test sets the panel's widgets and clicks Run with real
-clicks, then reads the rendered page (not the kernel's messages).
+clicks, then reads the rendered page (not the kernel's messages). A second notebook runs
+``%iq watch`` while a writer in another process commits: the version the page shows
+goes up in the one output the watch keeps updating, and Kernel ▸ Interrupt ends it
+cleanly.
 
 Chromium is Debian's (``make test`` installs it); Playwright's Python package drives it
 through ``executable_path`` — Playwright's own browser download cannot work here (no
@@ -25,11 +28,14 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 import pytest
 from helpers import write_notebook_stores
+
+import iqkit
 
 CHROMIUM = os.environ.get("IQKIT_CHROMIUM", "/usr/bin/chromium")
 #: No sandbox (root in a container), no GPU, and nothing that reaches for the network.
@@ -45,6 +51,12 @@ CHROMIUM_ARGS = [
 OUTPUT = Path(__file__).resolve().parent.parent / "output" / "browser"
 #: How long the kernel may take to run a cell on a loaded 2-core machine.
 SLOW_MS = 120_000
+#: The writer the watch test runs in a process of its own (shared with tests/jupyter).
+WRITER = Path(__file__).resolve().parent.parent / "jupyter" / "watch_writer.py"
+#: The store the watch notebook watches: 'alice' written once, then by the writer.
+LIVE_STORE = "live"
+#: The watch cell's own limit: the test interrupts it long before, unless that fails.
+WATCH_SECONDS = 120
 
 
 def _free_port() -> int:
@@ -53,30 +65,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _write_notebook(folder: Path) -> Path:
+def _write_notebook(folder: Path, name: str, cells: list[str]) -> Path:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {
         "name": "python3",
         "display_name": "Python 3",
         "language": "python",
     }
-    nb.cells = [
-        nbformat.v4.new_code_cell("%load_ext iqkit\n%iq get totals alice"),  # IQKIT_ROOT
-        nbformat.v4.new_code_cell("%iq panel"),
-    ]
-    path = folder / "panel.ipynb"
+    nb.cells = [nbformat.v4.new_code_cell(cell) for cell in cells]
+    path = folder / name
     nbformat.write(nb, path)
     return path
 
 
-@pytest.fixture
-def jupyterlab(tmp_path: Path) -> Iterator[str]:
-    """A JupyterLab server on the notebook and small stores; yields its URL with token."""
+@dataclass(frozen=True)
+class Lab:
+    """The running JupyterLab: its base URL and token, and the stores its kernels read."""
+
+    base: str
+    token: str
+    root: Path
+
+    def url(self, notebook: str) -> str:
+        return f"{self.base}/lab/tree/{notebook}?reset&token={self.token}"
+
+
+@pytest.fixture(scope="module")
+def jupyterlab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """A JupyterLab server on the notebooks and small stores, shared by this module's
+    tests (starting one takes most of a test's time)."""
+    tmp_path = tmp_path_factory.mktemp("lab")
     root = tmp_path / "stores"
     write_notebook_stores(root)
+    iqkit.create_store(root, LIVE_STORE, partitions=2, value_serde="int64")
+    with iqkit.StoreWriter(root, LIVE_STORE) as w:
+        w.put("alice", 0)
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
-    _write_notebook(notebooks)
+    # IQKIT_ROOT names the stores
+    _write_notebook(
+        notebooks, "panel.ipynb", ["%load_ext iqkit\n%iq get totals alice", "%iq panel"]
+    )
+    _write_notebook(
+        notebooks,
+        "watch.ipynb",
+        [f"%load_ext iqkit\n%iq watch get {LIVE_STORE} alice --for {WATCH_SECONDS} --every 0.2"],
+    )
     home = tmp_path / "jupyter"
     config = home / "config"
     (config / "labconfig").mkdir(parents=True)
@@ -124,7 +158,7 @@ def jupyterlab(tmp_path: Path) -> Iterator[str]:
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_until_serving(server, f"{base}/api/status?token={token}", tmp_path / "jupyterlab.log")
-        yield f"{base}/lab/tree/panel.ipynb?reset&token={token}"
+        yield Lab(base, token, root)
     finally:
         _shut_down(server, f"{base}/api/shutdown?token={token}")
         log.close()
@@ -188,16 +222,30 @@ def _short_temp_folder() -> str:
     return tmp if len(tmp) <= 48 else "/tmp"
 
 
-def test_panel_in_a_real_browser(chromium: str, jupyterlab: str, request, monkeypatch) -> None:
-    from playwright.sync_api import expect, sync_playwright
-
-    expect.set_options(timeout=SLOW_MS)
-    # Playwright's driver puts the browser profile, and Chromium its singleton socket,
-    # under $TMPDIR: a folder of our own, removed at the end. Short, because a Unix socket
-    # path has at most 107 bytes and pytest's tmp_path is too long for Chromium's.
+def _browser_scratch(request, monkeypatch) -> None:
+    """Playwright's driver puts the browser profile, and Chromium its singleton socket,
+    under $TMPDIR: a folder of our own, removed at the end. Short, because a Unix socket
+    path has at most 107 bytes and pytest's tmp_path is too long for Chromium's."""
     scratch = Path(tempfile.mkdtemp(prefix="iqkit-browser-", dir=_short_temp_folder()))
     request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
     monkeypatch.setenv("TMPDIR", str(scratch))
+
+
+def _run_all_cells(page) -> None:
+    """Run ▸ Run All Cells, clicked like a person would, once the kernel is idle."""
+    from playwright.sync_api import expect
+
+    # The notebook's kernel (its kernelspec: python3, this venv's) is up.
+    expect(page.get_by_text(re.compile(r"^Python 3.*\| Idle$"))).to_be_visible()
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+
+def test_panel_in_a_real_browser(chromium: str, jupyterlab: Lab, request, monkeypatch) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=SLOW_MS)
+    _browser_scratch(request, monkeypatch)
     OUTPUT.mkdir(parents=True, exist_ok=True)
     screenshot = OUTPUT / "panel.png"
     screenshot.unlink(missing_ok=True)
@@ -207,15 +255,10 @@ def test_panel_in_a_real_browser(chromium: str, jupyterlab: str, request, monkey
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 1500})
             page.set_default_timeout(SLOW_MS)
-            page.goto(jupyterlab)
+            page.goto(jupyterlab.url("panel.ipynb"))
             notebook = page.locator(".jp-NotebookPanel:visible .jp-Notebook")
             expect(notebook).to_be_visible()
-            # The notebook's kernel (its kernelspec: python3, this venv's) is up.
-            expect(page.get_by_text(re.compile(r"^Python 3.*\| Idle$"))).to_be_visible()
-
-            # Run ▸ Run All Cells, clicked like a person would.
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+            _run_all_cells(page)
 
             # The %iq result, as rendered: the rows, the per-partition status, the line.
             result = notebook.locator(".iqkit-result")
@@ -266,3 +309,58 @@ def test_panel_in_a_real_browser(chromium: str, jupyterlab: str, request, monkey
             browser.close()
     assert screenshot.stat().st_size > 10_000
     print(f"screenshot: {screenshot}")
+
+
+def test_watch_updates_its_output_in_the_page(
+    chromium: str, jupyterlab: Lab, request, monkeypatch
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=SLOW_MS)
+    _browser_scratch(request, monkeypatch)
+    with iqkit.open(jupyterlab.root) as engine:
+        first = engine.version(LIVE_STORE)
+    assert first is not None
+    plan = [[["alice", n]] for n in (1, 2, 3)]
+    last = first + len(plan)
+    writer: subprocess.Popen | None = None
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.set_default_timeout(SLOW_MS)
+            page.goto(jupyterlab.url("watch.ipynb"))
+            notebook = page.locator(".jp-NotebookPanel:visible .jp-Notebook")
+            expect(notebook).to_be_visible()
+            _run_all_cells(page)
+
+            watch = notebook.locator(".iqkit-watch")
+            version = watch.locator(".iq-watch-version")
+            expect(version).to_have_text(str(first))
+            expect(watch.locator(".iq-watch-state")).to_have_text("watching")
+
+            # Another process commits while the cell runs: the same output shows each
+            # newer version (one output, updated in place), the changed row marked.
+            writer = subprocess.Popen(
+                [sys.executable, str(WRITER), str(jupyterlab.root), LIVE_STORE,
+                 json.dumps(plan), "--pause", "0.3"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )  # fmt: skip
+            expect(version).to_have_text(str(last))
+            assert writer.wait(timeout=SLOW_MS / 1000) == 0
+            expect(watch).to_have_count(1)
+            expect(watch.locator("tr.iq-changed")).to_contain_text("alice")
+            expect(watch.locator("tr.iq-changed")).to_contain_text(str(plan[-1][0][1]))
+
+            # Kernel ▸ Interrupt Kernel: the watch ends cleanly, saying so, no traceback.
+            page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").first.click()
+            page.locator(".lm-Menu-itemLabel", has_text="Interrupt Kernel").first.click()
+            expect(watch.locator(".iq-watch-state")).to_have_text("watched (interrupted)")
+            expect(notebook.locator(".iqkit-watch-end")).to_contain_text("interrupted")
+            expect(notebook).not_to_contain_text("KeyboardInterrupt")
+            expect(notebook).not_to_contain_text("Traceback")
+        finally:
+            browser.close()
+            if writer is not None and writer.poll() is None:
+                writer.kill()
+                writer.wait()

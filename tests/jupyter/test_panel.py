@@ -38,7 +38,19 @@ CLICKS = {
     ("alice", 2 * MINUTE): 3,
     ("bob", MINUTE): 5,
 }
-OPTIONAL_FIELDS = ("key", "lower", "upper", "prefix", "desc", "skip_cache", "limit")
+OPTIONAL_FIELDS = (
+    "key",
+    "lower",
+    "upper",
+    "prefix",
+    "desc",
+    "skip_cache",
+    "limit",
+    "asc",
+    "from_version",
+    "to_version",
+    "as_of",
+)
 
 
 def _build_stores(root: Path) -> None:
@@ -95,22 +107,24 @@ def test_stores_are_listed_and_the_first_is_chosen(session: IQSession) -> None:
 
 
 def test_query_types_follow_the_store_kind(p: IQPanel) -> None:
-    assert tuple(p.query.options) == ("get", "range", "prefix", "scan")
+    assert tuple(p.query.options) == ("get", "range", "prefix", "history", "changes", "scan")
     p.query.value = "scan"
     p.store.value = "clicks"
     assert tuple(p.query.options) == ("window", "windows", "scan")
     assert p.query.value == "scan"  # kept: both kinds offer it
     p.query.value = "windows"
     p.store.value = "counts"
-    assert tuple(p.query.options) == ("get", "range", "prefix", "scan")
+    assert tuple(p.query.options) == ("get", "range", "prefix", "history", "changes", "scan")
     assert p.query.value == "get"  # 'windows' means nothing for a key-value store
 
 
 def test_fields_irrelevant_to_the_query_are_hidden(p: IQPanel) -> None:
     expected = {
-        "get": {"key", "skip_cache"},
+        "get": {"key", "skip_cache", "as_of"},
         "range": {"lower", "upper", "desc", "limit"},
         "prefix": {"prefix", "desc", "limit"},
+        "history": {"key", "lower", "upper", "asc", "limit"},
+        "changes": {"from_version", "to_version", "prefix", "limit"},
         "scan": {"desc", "limit"},
     }
     for query, fields in expected.items():

@@ -62,6 +62,8 @@ def test_every_query_command_belongs_to_a_kind_and_parses():
         "window": "window s a --from 0 --to 1",
         "windows": "windows s --from 0 --to 1",
         "scan": "scan s",
+        "history": "history s a",
+        "changes": "changes s --from 1",
     }
     assert set(lines) == set(QUERY_COMMANDS)
     for command in QUERY_COMMANDS:
