@@ -23,6 +23,7 @@ bound is refused (``VersionLimitError``, before anything is uploaded); reading o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -399,8 +400,11 @@ def _check_files(record: ChainVersion, store: str, where: str) -> ChainVersion:
     return record
 
 
+@functools.lru_cache(maxsize=65_536)
 def _is_file_name(name: str) -> bool:
-    """Whether ``name`` is one file name an object key may end with."""
+    """Whether ``name`` is one file name an object key may end with (remembered: every
+    version record lists the files its chains share with the versions before, and a
+    reader of a run of versions checks each record)."""
     if not name or "/" in name:
         return False
     try:

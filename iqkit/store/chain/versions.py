@@ -30,13 +30,19 @@ from typing import Any
 
 from ...errors import IqkitError
 from ..partitions.builds import LayeredDatabase
+from ..partitions.sst_reader import MISSING, SstFile, UnsupportedSst
 from .read import place_on_root, plan_twin_scan
 from .records import ChainVersion, PartitionChain
 
 __all__ = ["KEPT_DATABASES", "ChainVersionWalk", "LayeredDatabases"]
 
+_UNREAD = object()
+
 #: Layered databases a reader keeps between queries (each holds a descriptor per file).
 KEPT_DATABASES = 32
+#: SST files a reader keeps open for single-key reads (a descriptor each): a history of
+#: 100 versions reads about 110.
+KEPT_SST_FILES = 128
 
 
 def _extends(older: PartitionChain | None, newer: PartitionChain | None) -> bool:
@@ -76,6 +82,36 @@ class LayeredDatabases:
         self._snapshot = snapshot
         self._kept = kept
         self._dbs: OrderedDict[tuple[int, tuple[str, ...]], _Kept] = OrderedDict()
+        #: SST files open for single-key reads (``sst``), least recently used first.
+        self._ssts: OrderedDict[str, tuple[SstFile, Any]] = OrderedDict()
+
+    def sst(self, name: str) -> SstFile:
+        """The chain file ``name`` open for ``sst_reader`` reads (kept, up to
+        ``KEPT_SST_FILES``): in place on a local root, through no link; else the cache's
+        copy, pinned while open. ``UnsupportedSst`` when the reader does not know it."""
+        kept = self._ssts.get(name)
+        if kept is not None:
+            self._ssts.move_to_end(name)
+            return kept[0]
+        objects = self._snapshot.objects
+        holds = contextlib.ExitStack()
+        try:
+            if objects.local_file(name) is not None:
+                fh = holds.enter_context(objects.open_local_file(name))
+            else:
+                pin = self._snapshot.cache.pin(objects, name)
+                holds.callback(pin.release)
+                fh = open(pin.path, "rb")  # noqa: SIM115 (closed with the SstFile)
+            sst = SstFile(fh)
+        except BaseException:
+            holds.close()
+            raise
+        self._ssts[name] = (sst, holds)
+        while len(self._ssts) > KEPT_SST_FILES:
+            _name, (old, old_holds) = self._ssts.popitem(last=False)
+            old.close()
+            old_holds.close()
+        return sst
 
     def acquire(self, p: int, layers: list[list[Any]]) -> tuple[_Kept, int]:
         """A database holding ``layers`` (lists of ``ChainFile``s) as its first layers,
@@ -136,6 +172,11 @@ class LayeredDatabases:
         entries, self._dbs = list(self._dbs.values()), OrderedDict()
         for entry in entries:
             entry.close()
+        ssts, self._ssts = list(self._ssts.values()), OrderedDict()
+        for sst, holds in ssts:
+            sst.close()
+            with contextlib.suppress(IqkitError):
+                holds.close()
 
 
 class _Segment:
@@ -165,6 +206,12 @@ class ChainVersionWalk:
         self._files = 0
         self._from_deltas = 0
         self._compared: list[int] = []
+        #: Single-key reads through the files themselves (``get``): the files open,
+        #: what each gave per key, and whether one turned out unreadable that way.
+        self._ssts: dict[str, SstFile] = {}
+        self._values: dict[tuple[str, bytes], object] = {}
+        self._files_unreadable = False
+        self._read_keys = 0
         self._plan()
 
     def _plan(self) -> None:
@@ -200,10 +247,37 @@ class ChainVersionWalk:
         return segment.db
 
     def get(self, version: int, key: bytes) -> bytes | None:
-        segment = self._segments.get(version)
-        if segment is None:
+        """One key at one version: read from the chain's files themselves, newest first
+        (``sst_reader``; each file read once per key and walk), so a key's history
+        builds no database; through the segment's layered database when a file is not
+        one the reader knows."""
+        chain = self._chains.get(version)
+        if chain is None:
             return None
+        if not self._files_unreadable:
+            try:
+                for f in reversed(chain.files):
+                    value = self._file_value(f.name, key)
+                    if value is not MISSING:
+                        return value  # type: ignore[return-value]
+                return None
+            except UnsupportedSst:
+                self._files_unreadable = True
+        segment = self._segments[version]
         return self._database(segment).get(segment.layer_of[version], key)
+
+    def _file_value(self, name: str, key: bytes) -> object:
+        found = self._values.get((name, key), _UNREAD)
+        if found is _UNREAD:
+            sst = self._ssts.get(name)
+            if sst is None:
+                sst = self._ssts[name] = self._open_sst(name)
+            found = self._values[(name, key)] = sst.get(key)
+            self._read_keys += 1
+        return found
+
+    def _open_sst(self, name: str) -> SstFile:
+        return self._snapshot.layered.sst(name)  # type: ignore[no-any-return]
 
     def get_many(self, version: int, keys: list[bytes]) -> list[bytes | None]:
         segment = self._segments.get(version)
@@ -251,10 +325,17 @@ class ChainVersionWalk:
             yield from chunk
 
     def notes(self) -> list[str]:
-        notes = [
-            f"{self._built} layered database{'s' if self._built != 1 else ''} built or "
-            f"extended ({self._files} files ingested), {self._reused} reused"
-        ]
+        notes = []
+        if self._built or self._reused:
+            notes.append(
+                f"{self._built} layered database{'s' if self._built != 1 else ''} built or "
+                f"extended ({self._files} files ingested), {self._reused} reused"
+            )
+        if self._read_keys:
+            files = len(self._ssts)
+            notes.append(
+                f"{self._read_keys} key reads in {files} SST file{'s' if files != 1 else ''}"
+            )
         if self._from_deltas:
             notes.append(f"{self._from_deltas} versions' changes read from their delta files")
         if self._compared:
@@ -263,7 +344,7 @@ class ChainVersionWalk:
                 f"version {listed} compared whole with the version before "
                 "(no delta files: a compaction, an overwrite or files without twins)"
             )
-        return notes
+        return notes or ["nothing read"]
 
     def close(self) -> None:
         with contextlib.suppress(IqkitError):
