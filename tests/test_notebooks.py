@@ -25,6 +25,7 @@ EXPECTED = [
     "06_spark_reads",
     "07_python_api",
     "08_spark_checkpoints",
+    "09_versions",
 ]
 #: What must never be in a stored output: temporary or absolute paths of this machine,
 #: Spark/log4j log lines (they carry timestamps), a kernel's ANSI-coloured traceback.

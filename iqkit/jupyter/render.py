@@ -10,10 +10,12 @@ no JavaScript, no matplotlib, nothing a notebook viewer would strip.
 The HTML carries timings (it is for people); the text form (``repr``/``str``) does not,
 so nbval can compare it between runs. With ``IQKIT_STABLE_TIMINGS=1`` in the
 environment every wall-clock figure iqkit shows (a result's time, the partitions'
-``elapsed``, the trace's ``nanoseconds``) is :data:`TIME_PLACEHOLDER` instead: that is
-how the stored outputs of ``notebooks/`` stay comparable. :func:`shown_time` and
-:func:`with_stable_timings` are the one place that rule lives; the data (``.trace``,
-``.partitions``, ``execution_info``) always keeps the measured numbers.
+``elapsed``, the trace's ``nanoseconds``, and the commit times of a version result:
+``history`` and ``get --as-of``'s ``timestamp`` and ``valid_to``) is
+:data:`TIME_PLACEHOLDER` instead: that is how the stored outputs of ``notebooks/`` stay
+comparable. :func:`shown_time` and :func:`with_stable_timings` are the one place that
+rule lives; the data (``.trace``, ``.partitions``, ``execution_info``, a result's
+``.rows`` and ``.arrow()``) always keeps the measured numbers and the real times.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..query.lag import NO_SOURCE
+from .history import VERSION_QUERIES
 
 if TYPE_CHECKING:
     from .result import IQResult
@@ -82,6 +85,8 @@ STABLE_TIMINGS_ENV = "IQKIT_STABLE_TIMINGS"
 TIME_PLACEHOLDER = "‹time›"
 #: The columns of iqkit's frames that hold wall-clock measurements.
 TIMING_COLUMNS = ("elapsed_ms", "nanoseconds")
+#: The columns of a version result's rows that hold commit times (wall clock too).
+COMMIT_TIME_COLUMNS = ("timestamp", "valid_to")
 _FAILED_ROW = ' style="background:#fdecea"'
 #: A row whose key changed since the previous refresh of ``%iq watch``.
 CHANGED_ROW = ' class="iq-changed" style="background:#fff3c4"'
@@ -110,16 +115,40 @@ def shown_time(text: str) -> str:
     return TIME_PLACEHOLDER if stable_timings() else text
 
 
-def with_stable_timings(frame: pd.DataFrame) -> pd.DataFrame:
+def with_stable_timings(
+    frame: pd.DataFrame, timing_columns: Sequence[str] = TIMING_COLUMNS
+) -> pd.DataFrame:
     """``frame`` as shown: with :func:`stable_timings` on, a copy whose measured values
-    in :data:`TIMING_COLUMNS` are :data:`TIME_PLACEHOLDER` (nulls stay null)."""
-    columns = [c for c in TIMING_COLUMNS if c in frame.columns]
+    in ``timing_columns`` are :data:`TIME_PLACEHOLDER` (nulls stay null)."""
+    columns = [c for c in timing_columns if c in frame.columns]
     if not columns or not stable_timings():
         return frame
     shown = pd.DataFrame(frame).copy()
     for name in columns:
         shown[name] = [None if _is_null(v) else TIME_PLACEHOLDER for v in shown[name]]
     return shown
+
+
+def _commit_times(r: IQResult) -> Sequence[str]:
+    """The columns of ``r``'s rows shown as :data:`TIME_PLACEHOLDER`: a version result's
+    commit times (a key-value row's own ``timestamp`` field is data, never hidden)."""
+    return COMMIT_TIME_COLUMNS if isinstance(r.query, VERSION_QUERIES) else ()
+
+
+def _shown_rows(r: IQResult, limit: int) -> pa.Table:
+    """The first ``limit`` rows (0 = all) of ``r`` as shown: with :func:`stable_timings`
+    on, a version result's commit times are :data:`TIME_PLACEHOLDER` (nulls stay null)."""
+    table = r.arrow()
+    if limit and table.num_rows > limit:
+        table = table.slice(0, limit)
+    if not stable_timings():
+        return table
+    for name in _commit_times(r):
+        if name in table.column_names:
+            shown = [None if v is None else TIME_PLACEHOLDER for v in table[name].to_pylist()]
+            i = table.column_names.index(name)
+            table = table.set_column(i, name, pa.array(shown, pa.string()))
+    return table
 
 
 # -- cells ---------------------------------------------------------------------------------
@@ -290,7 +319,7 @@ def _rows_section(r: IQResult, highlight: Collection[int]) -> str:
         notes = "".join(f"<br>{escape(note)}" for note in r.notes)
         return f'<div class="iq-note">No rows.{notes}</div>'
     limit = r.display_limit
-    html = table_html(r.arrow(), limit, highlight)
+    html = table_html(_shown_rows(r, limit), 0, highlight)
     notes = []
     if limit and n > limit:
         notes.append(
@@ -448,7 +477,7 @@ def result_text(r: IQResult, highlight: Collection[int] = ()) -> str:
     limit = r.display_limit
     if n:
         shown = r.rows if not limit else r.rows.head(limit)
-        table = text_table(shown)
+        table = text_table(with_stable_timings(shown, _commit_times(r)))
         if highlight:
             marks = ["  "] + ["* " if i in highlight else "  " for i in range(len(shown))]
             table = [mark + line for mark, line in zip(marks, table, strict=True)]

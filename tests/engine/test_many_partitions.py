@@ -174,9 +174,14 @@ def test_a_partition_known_empty_opens_nothing(root):
             return {p.parent.parent.name for p in cache.dbs_dir.rglob("CURRENT")}
 
         assert built() == set()  # partition 0's scan read its twin: no database either
-        # A key lookup opens partition 0's database, and still nothing for partition 3.
+        # A first key lookup reads partition 0's files in place; the next one opens its
+        # database; and still nothing for partition 3.
         lookup = request(STORE, iqkit.KeyQuery.with_key("a")).with_partitions({0, 3})
         looked_up = engine.query(lookup)
+        assert looked_up.partition_results[0].result == "1"
+        assert built() == set()
+        again = request(STORE, iqkit.KeyQuery.with_key("a").skip_cache())
+        looked_up = engine.query(again.with_partitions({0, 3}))
         assert looked_up.partition_results[0].result == "1"
         assert looked_up.partition_results[3].is_success
         assert looked_up.partition_results[3].result is None

@@ -450,3 +450,37 @@ def test_the_panel_builds_changes_and_get_as_of(panel, shell, versioned):
     panel.as_of.value = "2"  # a number: the version, as on the line
     assert panel.build_command() == IQCommand("get", store="levels", keys=("alice",), as_of=2)
     assert parse_line(panel.line.removeprefix("%iq ")) == panel.build_command()
+
+
+# -- stable outputs ----------------------------------------------------------------------------
+def test_commit_times_show_as_a_placeholder_under_stable_timings(shell, versioned, monkeypatch):
+    """IQKIT_STABLE_TIMINGS=1 (how the notebooks' outputs stay comparable) shows a version
+    result's commit times as ‹time› in its HTML and text, as it does every wall-clock
+    figure; the data keeps the times, and without it they show."""
+    _, commits = versioned
+    levels = commits["levels"]
+    # alice's record as of version 3 was written by version 2 and replaced by version 4
+    as_of_3 = f"%iq get levels alice --as-of {iso(levels.times[3])}"
+    shown = [
+        datetime.fromtimestamp(levels.times[v] / 1000, tz=UTC)
+        .isoformat(sep=" ", timespec="milliseconds")
+        .replace("+00:00", "Z")
+        for v in (2, 4)
+    ]
+    monkeypatch.setenv("IQKIT_STABLE_TIMINGS", "1")
+    for line in ("%iq history levels alice", as_of_3):
+        r = run(shell, line)
+        html, text = r._repr_html_(), str(r)
+        assert "<td>‹time›</td>" in html and "‹time›" in text
+        assert not any(t in html or t in text for t in shown)
+        # the data keeps the commit times
+        assert ms(levels.times[2]) in r.df()["timestamp"].tolist()
+        assert ms(levels.times[4]) in r.df()["valid_to"].tolist()
+    history = run(shell, "%iq history levels alice")
+    assert '<td class="null">null</td>' in history._repr_html_()  # still valid: no valid_to
+    assert "‹time›" not in str(run(shell, "%iq scan levels"))  # no commit times there
+    monkeypatch.delenv("IQKIT_STABLE_TIMINGS")
+    r = run(shell, as_of_3)
+    html, text = r._repr_html_(), str(r)
+    assert all(t in html and t in text for t in shown)
+    assert "‹time›" not in html and "‹time›" not in text

@@ -156,7 +156,9 @@ CHILD = textwrap.dedent(
     else:  # complete in its building folder, not yet renamed into place
         cache.FileCache.hold_new_database = die
     with iqkit.open(sys.argv[1]) as engine:
-        engine.query(iqkit.StateQueryRequest.in_store("s").with_query(iqkit.KeyQuery.with_key("k1")))
+        # the first key lookup reads the files in place; the second builds the database
+        for query in (iqkit.KeyQuery.with_key("k1"), iqkit.KeyQuery.with_key("k1").skip_cache()):
+            engine.query(iqkit.StateQueryRequest.in_store("s").with_query(query))
     print("not killed")
     """
 )
@@ -209,13 +211,16 @@ def engine_rows(engine) -> list[tuple[str, int]]:
 
 
 def engine_trace(engine) -> str:
-    req = (
-        iqkit.StateQueryRequest.in_store("s")
-        .with_query(iqkit.KeyQuery.with_key("k1"))
-        .enable_execution_info()
-    )
-    result = engine.query(req).only_partition_result()
-    return next(x for x in result.execution_info if x.startswith("Handled in FileCache"))
+    """What opening the partition's database cost: the trace of the second key lookup
+    (a partition's first one reads its files in place when no database is built yet)."""
+    line = ""
+    for query in (iqkit.KeyQuery.with_key("k1"), iqkit.KeyQuery.with_key("k1").skip_cache()):
+        req = iqkit.StateQueryRequest.in_store("s").with_query(query).enable_execution_info()
+        result = engine.query(req).only_partition_result()
+        line = next(x for x in result.execution_info if x.startswith("Handled in FileCache"))
+        if "read in place from the chain's SST files" not in line:
+            return line
+    return line
 
 
 @pytest.mark.parametrize("lost", ["CURRENT", "MANIFEST"])

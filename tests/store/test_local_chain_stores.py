@@ -116,8 +116,19 @@ def test_a_local_chain_store_is_read_in_place_never_copied(synced, tmp_path, mon
             .with_query(iqkit.KeyQuery.with_key("bob"))
             .enable_execution_info()
         )
-        r = engine.query(req)
-        qr = r.only_partition_result()
+        # The first key lookup reads the chain's files themselves; the next builds the
+        # partition's database from them, in the cache, reading them in place too.
+        first = engine.query(req).only_partition_result()
+        assert first.result["total"] == 14
+        line = next(x for x in first.execution_info if x.startswith("Handled in FileCache"))
+        assert "read in place from the chain's SST files, no database built" in line
+        assert not list(cache.rglob("dbs/**/CURRENT"))
+        again = (
+            iqkit.StateQueryRequest.in_store("totals")
+            .with_query(iqkit.KeyQuery.with_key("bob").skip_cache())  # past the read cache
+            .enable_execution_info()
+        )
+        qr = engine.query(again).only_partition_result()
         assert qr.result["total"] == 14
         line = next(x for x in qr.execution_info if x.startswith("Handled in FileCache"))
     assert "local root: 2 files read in place; database built (2 SST files)" in line

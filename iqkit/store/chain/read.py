@@ -40,6 +40,7 @@ from ..names import CACHE_DBS_DIR, CHAIN_SST_DIR
 from ..objects import ObjectStore, check_key
 from ..partitions import rocks
 from ..partitions.builds import CachedDatabasePartition, KeptOpen, build_in_cache
+from ..partitions.sst_reader import MISSING, SstFile
 from .records import PartitionChain
 
 __all__ = [
@@ -310,6 +311,18 @@ def _as_on_root(
     else:
         detail = raw.replace(match.group(0), match.group(2))
     return StoreCorruptedError(f"corrupt RocksDB data at {named or where}: {detail}")
+
+
+def read_key_in_place(objects: ObjectStore, chain: PartitionChain, key: bytes) -> bytes | None:
+    """``key``'s value in ``chain`` (a local root's), read from its SST files themselves,
+    newest first, without a database (``sst_reader``; each file opened through no link
+    and closed after). ``UnsupportedSst`` when a file is not one the reader knows."""
+    for f in reversed(chain.files):
+        with objects.open_local_file(f.name) as fh:
+            value = SstFile(fh).get(key)
+        if value is not MISSING:
+            return value  # type: ignore[return-value]
+    return None
 
 
 def place_on_root(objects: ObjectStore, key: str) -> str:

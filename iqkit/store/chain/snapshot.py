@@ -41,6 +41,7 @@ from ..partitions.layers import ReadCache, build_layers
 from ..partitions.memory import MemoryPartition
 from ..partitions.partition import ScanTracker, closed_partition_error
 from ..partitions.rocks import FIRST_CHUNK_ROWS, MAX_CHUNK_ROWS, database_exists
+from ..partitions.sst_reader import UnsupportedSst
 from ..versions import VersionNotRetained
 from .read import (
     ChainPartition,
@@ -49,6 +50,7 @@ from .read import (
     pin_twins,
     place_on_root,
     plan_twin_scan,
+    read_key_in_place,
 )
 from .records import (
     MAX_CHAIN_VERSION,
@@ -174,8 +176,14 @@ class ReopenablePartition:
         bound: OpenChains,
         where: str,
         twins: Callable[[bytes, bytes | None, bool], Any] | None = None,
+        first_read: Callable[[bytes], object] | None = None,
     ) -> None:
         self._opener = opener
+        #: Reads one key from the chain's files themselves (``read.read_key_in_place``),
+        #: or says ``DECLINED`` (its database is in the cache already: opening that is
+        #: as cheap): the first key lookup of a partition not yet opened takes it, so
+        #: the first query of a version builds no database; the next lookup builds it.
+        self._first_read = first_read
         #: Plans a scan of the chain's columnar twins (``read.plan_twin_scan``) when
         #: every file has one: scans then read those and never open the database.
         self._twins = twins
@@ -256,6 +264,19 @@ class ReopenablePartition:
     def get(self, key: bytes) -> bytes | None:
         part = self._part
         if part is None:
+            first, self._first_read = self._first_read, None
+            if first is not None and not self._opened_once and not self._closed:
+                try:
+                    value = first(key)
+                except (UnsupportedSst, OSError, IqkitError):
+                    # Not a file the reader knows, or one it cannot read: the database
+                    # reads it (and a damaged or missing file fails there, by its name).
+                    pass
+                else:
+                    if value is not DECLINED:
+                        if self.on_open is not None:
+                            self.on_open(FIRST_READ_LINE)
+                        return value  # type: ignore[return-value]
             return self.open().get(key)
         self._bound._lru.move_to_end(id(self))  # OpenChains.used, one call less per key
         return part.get(key)
@@ -340,6 +361,15 @@ def _copy_bytes(part: MemoryPartition) -> int:
     return sum(len(k) + len(v) + _ROW_OVERHEAD for chunk in part.scan_chunks(b"", None)
                for k, v in chunk)  # fmt: skip
 
+
+#: What a partition's first read says when it leaves the key to the database.
+DECLINED = object()
+
+#: The trace's line for a key lookup read from the chain's files (``read_key_in_place``).
+FIRST_READ_LINE = (
+    "read in place from the chain's SST files, no database built (the next key lookup "
+    "of this partition builds it)"
+)
 
 #: The trace's line for a partition the version record says holds no rows.
 KNOWN_EMPTY = "version record: no rows (its commits put none); nothing fetched or opened"
@@ -596,12 +626,25 @@ class ChainSnapshot:
                     cache, objects, chain, manifest, lower, upper, reverse, footers
                 )
 
+        first_read = None
+        if twins is not None and objects.root.is_local:
+            # A chain with twins builds its database only for a key lookup: on a local
+            # root, its first one reads the files in place instead (no fetch, no build),
+            # unless the database is in the cache already.
+            folder = database_folder(cache, objects, self.name, p, chain)
+
+            def first_read(key: bytes) -> object:
+                if database_exists(folder):
+                    return DECLINED
+                return read_key_in_place(objects, chain, key)
+
         handle = ReopenablePartition(
             lambda: open_partition(cache, objects, self.name, p, chain),
             chain,
             self.bound,
             place_on_root(objects, f"{self.name}/{CHAIN_SST_DIR}/{p}"),
             twins,
+            first_read,
         )
         if twins is None:
             # The first open: its cost is in the trace, its failure a result. A chain
