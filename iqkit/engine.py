@@ -389,17 +389,20 @@ class StateEngine:
             targets = range(n)
         plan: list[Any] = []  # (reader, timeline, records) or the failure, once
         result = StateQueryResult()
+        targets = list(targets)
+        # One partition asked: its records need hold its chain alone (cheaper to read).
+        only = targets[0] if len(targets) == 1 else None
         for p in targets:
-            result.add_result(p, self._run_versions(view, record, p, request, plan))
+            result.add_result(p, self._run_versions(view, record, p, request, plan, only))
         return result
 
     def _plan_versions(
-        self, view: _StoreView, record: PublishedVersion, query: Any
+        self, view: _StoreView, record: PublishedVersion, query: Any, only: int | None
     ) -> tuple[VersionReader, Timeline, dict[int, PublishedVersion]]:
         reader = VersionReader(view.manifest)
         retained = view.snapshot.versions()
         numbers = reader.versions_for(query, retained, record.version)
-        records = {v: view.snapshot.published(v) for v in numbers}
+        records = {v: view.snapshot.published(v, only) for v in numbers}
         times = {v: int(r.created_at * 1000) for v, r in records.items()}
         return reader, Timeline(numbers, times), records
 
@@ -410,6 +413,7 @@ class StateEngine:
         p: int,
         request: StateQueryRequest,
         plan: list[Any],
+        only: int | None = None,
     ) -> QueryResult[Any]:
         started = time.perf_counter_ns()
         query = request.query
@@ -440,7 +444,7 @@ class StateEngine:
         try:
             if not plan:
                 try:
-                    plan.append(self._plan_versions(view, record, query))
+                    plan.append(self._plan_versions(view, record, query, only))
                 except VersionNotRetained as exc:
                     plan.append(exc)
             if isinstance(plan[0], VersionNotRetained):

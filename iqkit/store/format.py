@@ -190,9 +190,10 @@ class StoreSnapshot(Protocol):
         """Partition ``p`` as ``record`` (from ``current``) has it; never written: an
         empty partition. Raises ``IqkitError`` when it cannot be read."""
 
-    def published(self, version: int) -> PublishedVersion:
-        """The record of retained version ``version`` (what ``partition`` takes); raises
-        ``IqkitError`` when it cannot be read."""
+    def published(self, version: int, partition: int | None = None) -> PublishedVersion:
+        """The record of retained version ``version`` (what ``partition`` takes); with
+        ``partition``, one that may hold that partition alone (all a query of one key
+        reads); raises ``IqkitError`` when it cannot be read."""
 
     def version_walk(self, p: int, records: Mapping[int, Any]) -> Any:
         """Partition ``p`` across ``records`` (version -> record from ``published``) for

@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -62,6 +62,7 @@ __all__ = [
     "list_versions",
     "publish_version",
     "read_version",
+    "read_version_of_partition",
     "record_key",
     "version_of",
 ]
@@ -375,7 +376,7 @@ def read_version(objects: ObjectStore, store: str, version: int) -> ChainVersion
             _PARSED.move_to_end(memo)
             return record
     where = objects.where(key)
-    record = _check_files(ChainVersion.parse(raw, version, where), store, where)
+    record = _check_files(ChainVersion.parse(raw, version, where), store, lambda: where)
     with _PARSED_LOCK:
         _PARSED[memo] = record
         while len(_PARSED) > _PARSED_KEPT:
@@ -383,7 +384,39 @@ def read_version(objects: ObjectStore, store: str, version: int) -> ChainVersion
     return record
 
 
-def _check_files(record: ChainVersion, store: str, where: str) -> ChainVersion:
+def read_version_of_partition(
+    objects: ObjectStore, store: str, version: int, partition: int
+) -> ChainVersion:
+    """Version ``version`` of ``store`` with partition ``partition``'s chain alone (its
+    time, number and that chain, checked as ``read_version`` checks them all): what the
+    version queries of one key read, once per retained version, where parsing every
+    partition's chain of every record was most of a key's history. ``LookupError`` when
+    the record is not there."""
+    if not 1 <= version <= MAX_CHAIN_VERSION:
+        raise LookupError(no_such_version(store, version, list_versions(objects, store)))
+    key = record_key(store, version)
+    try:
+        raw = objects.read_bytes(key)
+    except FileNotFoundError:
+        raise LookupError(no_such_version(store, version, list_versions(objects, store))) from None
+    try:
+        data = json.loads(raw)
+        chain = data["partitions"].get(str(partition))
+        record = ChainVersion(
+            version=int(data["version"]),
+            partitions={} if chain is None else {partition: PartitionChain.from_json(chain)},
+            created_at=float(data.get("created_at", 0.0)),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise StoreCorruptedError(f"{objects.where(key)} is damaged: {exc}") from exc
+    if record.version != version:
+        where = objects.where(key)
+        raise StoreCorruptedError(f"{where} is damaged: it says version {record.version}")
+    # (where the record is, for a message only: worked out only if one is needed)
+    return _check_files(record, store, lambda: objects.where(key))
+
+
+def _check_files(record: ChainVersion, store: str, where: Callable[[], str]) -> ChainVersion:
     """``record`` when every file it lists is in its own partition's folder
     (``<store>/sst/<p>/<name>``), else ``StoreCorruptedError``: a damaged (or hostile)
     record must not send a reader, a compaction or retention to another store's files,
@@ -394,7 +427,7 @@ def _check_files(record: ChainVersion, store: str, where: str) -> ChainVersion:
             name = f.name[len(folder) :] if f.name.startswith(folder) else ""
             if not _is_file_name(name):
                 raise StoreCorruptedError(
-                    f"{where} is damaged: partition {p} lists {f.name[:200]!r}, "
+                    f"{where()} is damaged: partition {p} lists {f.name[:200]!r}, "
                     f"which is not a file of {folder}"
                 )
     return record

@@ -60,6 +60,7 @@ from .records import (
     latest_version,
     list_versions,
     read_version,
+    read_version_of_partition,
     record_key,
     record_name,
 )
@@ -417,7 +418,7 @@ class ChainSnapshot:
         #: path's one dict lookup (``hot_partition``).
         self._hot: dict[int, OpenPartition] = {}
         #: Version records read for the version queries (``published``), by number.
-        self._records: dict[int, ChainVersion] = {}
+        self._records: dict[tuple[int, int | None], ChainVersion] = {}
         #: The layered databases the version queries keep (store/chain/versions.py).
         self.layered = LayeredDatabases(self)
         if pinned is not None:
@@ -550,19 +551,28 @@ class ChainSnapshot:
             self._hot[p] = entry
         return entry
 
-    def published(self, version: int) -> ChainVersion:
+    def published(self, version: int, partition: int | None = None) -> ChainVersion:
         """Version ``version``'s record (read once per reader: records never change);
-        ``VersionNotRetained`` when retention removed it."""
-        record = self._records.get(version)
+        with ``partition``, a record holding that partition's chain alone (cheaper to
+        read; what a query of one key needs). ``VersionNotRetained`` when retention
+        removed it."""
+        key = (version, partition)
+        record = self._records.get(key) or self._records.get((version, None))
         if record is None:
             if self.record is not None and self.record.version == version:
                 record = self.record
             else:
                 try:
-                    record = self._checked(read_version(self.objects, self.name, version))
+                    if partition is None:
+                        record = read_version(self.objects, self.name, version)
+                    else:
+                        record = read_version_of_partition(
+                            self.objects, self.name, version, partition
+                        )
+                    record = self._checked(record)
                 except LookupError as exc:  # removed by retention since it was listed
                     raise VersionNotRetained(str(exc)) from None
-            self._records[version] = record
+            self._records[key] = record
         return record
 
     def version_walk(self, p: int, records: Mapping[int, Any]) -> Any:

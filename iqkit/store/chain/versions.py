@@ -13,12 +13,12 @@ used dropped past ``KEPT_DATABASES``): the next query of the same partition reus
 and one that reads newer versions of the segment only ingests their files (a ``%iq
 watch`` of a key's history, a notebook asking again).
 
-The keys a version's commit wrote are its added files' keys: read from their columnar
-twins (``__key`` and ``__deleted``, so deletes are seen; RocksDB's iterators never show
-a tombstone). A version whose chain does not extend the one before (a compaction wrote
-one new base, an overwrite replaced the chain) or whose files have no twins has no such
-list: that step is compared whole, through the two versions' partitions, and the trace
-says so.
+The keys a version's commit wrote, and their new values, are its added files' own rows,
+read from the files by ``sst_reader`` (tombstones included, which RocksDB's iterators
+never show), or, for files that reader does not know, the keys from their columnar twins
+(``__key`` and ``__deleted``). A version whose chain does not extend the one before (a
+compaction wrote one new base, an overwrite replaced the chain) has no such files: that
+step is compared whole, through the two versions' partitions, and the trace says so.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class LayeredDatabases:
         objects = self._snapshot.objects
         holds = contextlib.ExitStack()
         try:
-            if objects.local_file(name) is not None:
+            if objects.root.is_local:  # in place, opened through no link
                 fh = holds.enter_context(objects.open_local_file(name))
             else:
                 pin = self._snapshot.cache.pin(objects, name)
@@ -212,6 +212,9 @@ class ChainVersionWalk:
         self._values: dict[tuple[str, bytes], object] = {}
         self._files_unreadable = False
         self._read_keys = 0
+        #: Per version read for a change feed, the rows its own files hold (key -> value,
+        #: None for a delete), within the query's bounds.
+        self._written: dict[int, dict[bytes, bytes | None]] = {}
         self._plan()
 
     def _plan(self) -> None:
@@ -234,11 +237,19 @@ class ChainVersionWalk:
                 self._segments[v] = segment
             previous = chain
 
-    def _database(self, segment: _Segment) -> LayeredDatabase:
-        if segment.db is None:
-            kept, ingested = self._snapshot.layered.acquire(self._p, segment.layers)
+    def _database(self, segment: _Segment, layer: int | None = None) -> LayeredDatabase:
+        """The segment's layered database holding at least its layers up to ``layer``
+        (None: all). Reads of many keys go in order of versions, so asking only up to
+        the layer read makes it the newest one, read in one batch (``get_many``); a
+        later version's read extends the same database by its files."""
+        wanted = len(segment.layers) if layer is None else layer + 1
+        if segment.db is None or segment.db.layers < wanted:
+            kept, ingested = self._snapshot.layered.acquire(self._p, segment.layers[:wanted])
+            if segment.kept is not kept:
+                self._holds.callback(self._snapshot.layered.release, kept)
+            else:
+                self._snapshot.layered.release(kept)  # held once per walk
             segment.kept, segment.db = kept, kept.db
-            self._holds.callback(self._snapshot.layered.release, kept)
             if ingested:
                 self._built += 1
                 self._files += ingested
@@ -280,10 +291,14 @@ class ChainVersionWalk:
         return self._snapshot.layered.sst(name)  # type: ignore[no-any-return]
 
     def get_many(self, version: int, keys: list[bytes]) -> list[bytes | None]:
+        written = self._written.get(version)
+        if written is not None and all(k in written for k in keys):
+            return [written[k] for k in keys]  # what the version's own files hold
         segment = self._segments.get(version)
         if segment is None:
             return [None] * len(keys)
-        return self._database(segment).get_many(segment.layer_of[version], keys)
+        layer = segment.layer_of[version]
+        return self._database(segment, layer).get_many(layer, keys)
 
     def written_keys(self, version: int, lower: bytes, upper: bytes) -> list[bytes] | None:
         chain = self._chains.get(version)
@@ -301,6 +316,22 @@ class ChainVersionWalk:
         added = chain.files[len(previous.files) :] if previous is not None else chain.files
         if not added:
             return []
+        try:
+            rows: dict[bytes, bytes | None] = {}
+            for f in added:  # in commit order: a later file's row wins
+                rows.update(self._snapshot.layered.sst(f.name).items())
+        except UnsupportedSst:
+            return self._written_keys_from_twins(version, chain, added, lower, upper)
+        self._from_deltas += 1
+        written = {k: v for k, v in rows.items() if lower <= k < upper}
+        self._written[version] = written
+        return sorted(written)
+
+    def _written_keys_from_twins(
+        self, version: int, chain: PartitionChain, added: Any, lower: bytes, upper: bytes
+    ) -> list[bytes] | None:
+        """``written_keys`` from the files' columnar twins (``__key`` and ``__deleted``),
+        for files the SST reader does not know; None (compare) without twins."""
         if any(f.twin is None for f in added):
             self._compared.append(version)
             return None

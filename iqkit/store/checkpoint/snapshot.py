@@ -180,7 +180,7 @@ class CheckpointSnapshot:
     def position(self, record: CheckpointVersion, p: int) -> Position:
         return record.position
 
-    def published(self, version: int) -> CheckpointVersion:
+    def published(self, version: int, partition: int | None = None) -> CheckpointVersion:
         if self.record is not None and self.record.version == version:
             return self.record
         return version_record(self.objects, version, self.manifest.partitions)

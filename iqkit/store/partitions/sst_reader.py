@@ -56,6 +56,8 @@ _HASH_INDEX_BIT = 1 << 31
 _UNIFORM_KEYS_BIT = 1 << 29
 _SEPARATED_KV_BIT = 1 << 28
 _TYPE_DELETION, _TYPE_VALUE, _TYPE_SINGLE_DELETION = 0, 1, 7
+#: Bytes read at once from a file's end when it is opened.
+_TAIL_BYTES = 64 * 1024
 _UINT32 = struct.Struct("<I")
 _UINT64 = struct.Struct("<Q")
 
@@ -146,6 +148,9 @@ class SstFile:
             raise UnsupportedSst(f"cannot parse: {exc}") from None
 
     def _read(self, offset: int, size: int) -> bytes:
+        tail = self._tail_at
+        if offset >= tail and offset + size <= tail + len(self._tail):
+            return self._tail[offset - tail : offset - tail + size]
         # pread: no shared file position, so readers on several threads may share it
         data = os.pread(self._fh.fileno(), size, offset)
         if len(data) != size:
@@ -170,6 +175,11 @@ class SstFile:
         size = os.fstat(self._fh.fileno()).st_size
         if size < _FOOTER:
             raise UnsupportedSst("shorter than a footer")
+        # The file's end (footer, metaindex, properties, index: a delta file whole) in
+        # one read: most reads of a small file are then slices of it.
+        self._tail_at = max(0, size - _TAIL_BYTES)
+        self._tail = b""
+        self._tail = self._read(self._tail_at, size - self._tail_at)
         footer_offset = size - _FOOTER
         footer = self._read(footer_offset, _FOOTER)
         if _UINT64.unpack_from(footer, _FOOTER - 8)[0] != _MAGIC:
