@@ -44,7 +44,9 @@ def build(root: str, name: str, n: int) -> str:
         for i in range(n):
             w.put(f"{i // GROUP:04d}-{i % GROUP:04d}", i)
     with iqkit.open(root) as engine:  # builds the database in the cache
-        engine.query(StateQueryRequest.in_store(name).with_query(KeyQuery.with_key("0000-0000")))
+        # (a partition's first key lookup reads its files in place; the second builds it)
+        for query in (KeyQuery.with_key("0000-0000"), KeyQuery.with_key("0000-0000").skip_cache()):
+            engine.query(StateQueryRequest.in_store(name).with_query(query))
     objects = open_objects(root)
     chain = latest_version(objects, name).partitions[0]
     return os.fspath(database_folder(FileCache(), objects, name, 0, chain))
