@@ -258,11 +258,12 @@ class ObjectStore(ABC):
 
     @contextlib.contextmanager
     def _classified(self, action: str, path: str = "") -> Iterator[None]:
-        """The one place errors of either backend become iqkit's."""
-        where = self.where(path)
+        """The one place errors of either backend become iqkit's. (Where ``path`` is, in
+        words, is worked out only for a message: on a local root it is a path made
+        absolute, which every read would otherwise pay.)"""
         if self._unreachable is not None:
             raise StoreIOError(
-                f"cannot {action} {where}: {self._unreachable}; not sent, "
+                f"cannot {action} {self.where(path)}: {self._unreachable}; not sent, "
                 "an earlier request of this query failed so"
             )
         try:
@@ -270,14 +271,14 @@ class ObjectStore(ABC):
         except IqkitError:
             raise
         except FileExistsError:
-            raise ObjectExistsError(f"{where} already exists") from None
+            raise ObjectExistsError(f"{self.where(path)} already exists") from None
         except FileNotFoundError:
-            raise ObjectMissingError(f"{where}: {self._why_missing()}") from None
+            raise ObjectMissingError(f"{self.where(path)}: {self._why_missing()}") from None
         except Exception as exc:
             reason = _explain(exc, self.root)
             if self._fast_blocks and _unreachable(exc):
                 self._unreachable = reason
-            raise StoreIOError(f"cannot {action} {where}: {reason}") from exc
+            raise StoreIOError(f"cannot {action} {self.where(path)}: {reason}") from exc
 
 
 def _explain(exc: BaseException, root: StoreRoot) -> str:

@@ -36,12 +36,12 @@ os.environ["IQKIT_LOCAL_FORMAT"] = "folder"
 
 from iqkit.store.layout import StoreLayout
 from iqkit.store.partitioners import get_partitioner
-from iqkit.store.versions import list_versions, read_version
 
 import iqkit
 from iqkit import StateQueryRequest, StoreWriter
 from iqkit.store import rocks
 from iqkit.store.names import COMMIT_KEY
+from iqkit.store.versions import list_versions, read_version
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE / "folder_store"

@@ -331,6 +331,10 @@ def place_on_root(objects: ObjectStore, key: str) -> str:
     return f"{objects.root.text.rstrip('/')}/{key}"
 
 
+#: Where ``plan_twin_scan`` keeps a local root's twin paths in a partition's ``footers``.
+_IN_PLACE = "\x00in-place twins"
+
+
 def plan_twin_scan(
     cache: FileCache,
     objects: ObjectStore,
@@ -349,7 +353,16 @@ def plan_twin_scan(
     from ..columnar.twins import layout_of
 
     before = cache.stats.copy()
-    paths, names, pins = pin_twins(cache, objects, chain)
+    in_place = footers.get(_IN_PLACE) if footers is not None else None
+    if in_place is not None:
+        # A local root's twins, found in place by an earlier scan of this partition:
+        # the paths are the same, and every open goes through the root again refusing
+        # a link (``_opener_by_key``), so the check need not run per query.
+        paths, names, pins = in_place[0], in_place[1], []
+    else:
+        paths, names, pins = pin_twins(cache, objects, chain)
+        if footers is not None and not pins:
+            footers[_IN_PLACE] = (paths, names)
     try:
         scan = TwinScan(
             paths,
