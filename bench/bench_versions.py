@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench_core import print_table
+from bench_explore import cold_engine
 from bench_explore import commit as head_commit
 
 import iqkit
@@ -87,23 +88,6 @@ def build(root: Path, keys: int, versions: int) -> tuple[float, int, int]:
             w.put(PROBE, record(42, v))
         probe_values += 1
     return time.perf_counter() - t0, len(changed), probe_values
-
-
-class cold_engine:
-    """A new engine over an empty ``IQKIT_CACHE`` (removed on exit)."""
-
-    def __init__(self, folder: Path, root: Path) -> None:
-        self.cache = Path(tempfile.mkdtemp(dir=folder))
-        self.root = root
-
-    def __enter__(self) -> iqkit.StateEngine:
-        os.environ["IQKIT_CACHE"] = os.fspath(self.cache)
-        self.engine = iqkit.open(self.root)
-        return self.engine
-
-    def __exit__(self, *exc: object) -> None:
-        self.engine.close()
-        shutil.rmtree(self.cache, ignore_errors=True)
 
 
 def request(query: object) -> StateQueryRequest:

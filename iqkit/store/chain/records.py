@@ -358,17 +358,24 @@ _PARSED_KEPT = 8
 _PARSED_LOCK = threading.Lock()
 
 
-def read_version(objects: ObjectStore, store: str, version: int) -> ChainVersion:
-    """Version ``version`` of ``store``; ``LookupError`` naming the retained versions when
-    it is not there (never published, removed by retention, or a number no record can
-    have)."""
+def _record_bytes(objects: ObjectStore, store: str, version: int) -> tuple[str, bytes]:
+    """The key and bytes of ``version``'s record; ``LookupError`` naming the retained
+    versions when it is not there (never published, removed by retention, or a number
+    no record can have)."""
     if not 1 <= version <= MAX_CHAIN_VERSION:
         raise LookupError(no_such_version(store, version, list_versions(objects, store)))
     key = record_key(store, version)
     try:
-        raw = objects.read_bytes(key)
+        return key, objects.read_bytes(key)
     except FileNotFoundError:
         raise LookupError(no_such_version(store, version, list_versions(objects, store))) from None
+
+
+def read_version(objects: ObjectStore, store: str, version: int) -> ChainVersion:
+    """Version ``version`` of ``store``; ``LookupError`` naming the retained versions when
+    it is not there (never published, removed by retention, or a number no record can
+    have)."""
+    key, raw = _record_bytes(objects, store, version)
     memo = (store, version, hashlib.sha256(raw).digest())
     with _PARSED_LOCK:
         record = _PARSED.get(memo)
@@ -392,13 +399,7 @@ def read_version_of_partition(
     version queries of one key read, once per retained version, where parsing every
     partition's chain of every record was most of a key's history. ``LookupError`` when
     the record is not there."""
-    if not 1 <= version <= MAX_CHAIN_VERSION:
-        raise LookupError(no_such_version(store, version, list_versions(objects, store)))
-    key = record_key(store, version)
-    try:
-        raw = objects.read_bytes(key)
-    except FileNotFoundError:
-        raise LookupError(no_such_version(store, version, list_versions(objects, store))) from None
+    key, raw = _record_bytes(objects, store, version)
     try:
         data = json.loads(raw)
         chain = data["partitions"].get(str(partition))
