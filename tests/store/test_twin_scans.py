@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import iqkit
-from iqkit import PrefixScanQuery, RangeQuery, StateQueryRequest
+from iqkit import KeyQuery, PrefixScanQuery, RangeQuery, StateQueryRequest
 from iqkit.store.partitions.layers import twin_scans
 from iqkit.tables import bulk_decode, collect, store_batches
 
@@ -165,7 +165,12 @@ def test_twin_scans_equal_rocksdb_scans(tmp_path_factory, serdes, data):
             manifest = engine.manifest("s")
             if value_serde != "json-any":  # any JSON may hold what Parquet cannot
                 read_from_twins(engine, "s")
-            for query in scans(key_serde, keyspace):
+            for query in [*scans(key_serde, keyspace), None, *scans(key_serde, keyspace)]:
+                if query is None:
+                    # Again with every partition's database open: the rows then come from
+                    # it, and only a reader taking the twins whole (tables) plans them.
+                    open_databases(engine, "s", keyspace)
+                    continue
                 twins, rocks = both(lambda q=query: rows_of(engine, "s", q))
                 assert twins.keys() == rocks.keys()
                 for p in twins:
@@ -175,13 +180,26 @@ def test_twin_scans_equal_rocksdb_scans(tmp_path_factory, serdes, data):
                     continue  # which values become record fields depends on the rows read
                 tables = both(
                     lambda q=query, m=manifest: (
-                        collect(engine.query(StateQueryRequest.in_store("s").with_query(q)), m)
-                    ).table
+                        (
+                            collect(engine.query(StateQueryRequest.in_store("s").with_query(q)), m)
+                        ).table
+                    )
                 )
                 check_tables(*tables, exact=value_serde != "ordered")
             streams = both(lambda: store_batches(engine, "s").read_all())
             if value_serde != "json-any":
                 check_tables(*streams, exact=value_serde != "ordered")
+
+
+def open_databases(engine: iqkit.StateEngine, store: str, keys: list[Any]) -> None:
+    """Opens the database of every partition a key of ``keys`` belongs to (a partition's
+    first key lookup reads its files in place, the next one opens its database)."""
+    for key in keys:
+        for _ in range(2):
+            request = StateQueryRequest.in_store(store).with_query(
+                KeyQuery.with_key(key).skip_cache()
+            )
+            assert all(r.is_success for r in engine.query(request).partition_results.values())
 
 
 def read_from_twins(engine: iqkit.StateEngine, store: str) -> None:
@@ -277,3 +295,82 @@ def test_a_twin_swapped_for_a_link_after_planning_is_never_read(root, tmp_path):
         twin.symlink_to(outside)
         with pytest.raises(iqkit.IqkitError, match="link"):
             list(it)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    groups=st.lists(
+        st.tuples(
+            st.integers(0, 2),
+            st.none() | st.tuples(st.binary(max_size=2), st.binary(max_size=2)).map(sorted),
+        ),
+        max_size=8,
+    ),
+    ordered=st.booleans(),
+    lower=st.binary(max_size=2),
+    upper=st.none() | st.binary(max_size=2),
+)
+def test_a_twins_row_groups_are_found_as_one_test_per_group_finds_them(
+    groups, ordered, lower, upper
+):
+    """Planning finds a sorted twin's row groups by bisection (``_Footer.overlapping``):
+    the same groups as testing each group's key statistics against the bounds, for
+    sorted groups, unsorted ones, empty ones and ones without statistics."""
+    from iqkit.store.columnar.scan import _Footer, _overlaps
+
+    groups = [(rows, tuple(b) if b is not None else None) for rows, b in groups]
+    if ordered:  # as a twin is written: each group's keys after the previous group's
+        edges = sorted(e for _, b in groups if b is not None for e in b)
+        it = iter(edges)
+        groups = [(rows, (next(it), next(it)) if b is not None else None) for rows, b in groups]
+    footer = _Footer(pa.schema([]), None, None, groups)
+    expected = [g for g, (rows, b) in enumerate(groups) if rows and _overlaps(b, lower, upper)]
+    assert footer.overlapping(lower, upper) == expected
+
+
+def test_a_scan_beside_an_open_database_reads_it_and_leaves_the_twins_to_tables(root):
+    """Once a partition's database is open, a scan's rows come from it: without a trace
+    its twins are not even planned unless a table reader takes them (a damaged twin is
+    then never noticed by iterating), and with one the trace says where the rows come
+    from (the RocksDB iterator only where there are no twins to read: it opens only if
+    the rows are read). A table reader reads the twins; where they cannot be read, the
+    database's rows. The same rows every way."""
+    expected = [(f"k{i}", i) for i in range(1, 6)]
+    for store in ("whole", "damaged"):
+        iqkit.create_store(root, store, partitions=1, key_serde="string", value_serde="int64")
+        with iqkit.StoreWriter(root, store) as w:
+            for i in range(5):
+                w.put(f"k{i}", i)
+        with iqkit.StoreWriter(root, store) as w:
+            w.delete("k0")
+            w.put("k5", 5)
+
+    def scan(store: str) -> StateQueryRequest:
+        return StateQueryRequest.in_store(store).with_query(PrefixScanQuery.with_prefix("k"))
+
+    def table_rows(engine: iqkit.StateEngine, store: str) -> list[tuple]:
+        table = collect(engine.query(scan(store)), engine.manifest(store)).table
+        return list(zip(*(table.column(c).to_pylist() for c in ("key", "value")), strict=True))
+
+    with iqkit.open(root) as engine:
+        for store in ("whole", "damaged"):
+            open_databases(engine, store, ["k1"])
+        for twin in twin_files(root, "damaged"):
+            twin.write_bytes(b"not a parquet file")
+        # Iterated without a trace: the rows of the database; the twins are not read.
+        for store in ("whole", "damaged"):
+            assert [
+                tuple(kv) for kv in engine.query(scan(store)).partition_results[0].result
+            ] == expected
+        traced = engine.query(scan("whole").enable_execution_info()).partition_results[0]
+        assert [tuple(kv) for kv in traced.result] == expected
+        (columnar,) = [line for line in traced.execution_info if "ColumnarScan" in line]
+        assert "2 files" in columnar and "rows iterated are read from RocksDB" in columnar
+        assert not any("bounded iterator" in line for line in traced.execution_info)
+        assert table_rows(engine, "whole") == expected
+        # Damaged twins: tables take the database's rows; a trace says the twins were not read.
+        assert table_rows(engine, "damaged") == expected
+        traced = engine.query(scan("damaged").enable_execution_info()).partition_results[0]
+        assert [tuple(kv) for kv in traced.result] == expected
+        assert any("not read" in x and "cannot be read" in x for x in traced.execution_info)
+        assert any("bounded iterator" in line for line in traced.execution_info)

@@ -352,17 +352,23 @@ def plan_twin_scan(
     from ..columnar.scan import TwinScan  # pyarrow: imported once twins are read
     from ..columnar.twins import layout_of
 
-    before = cache.stats.copy()
     in_place = footers.get(_IN_PLACE) if footers is not None else None
+    before = None
     if in_place is not None:
         # A local root's twins, found in place by an earlier scan of this partition:
         # the paths are the same, and every open goes through the root again refusing
         # a link (``_opener_by_key``), so the check need not run per query.
-        paths, names, pins = in_place[0], in_place[1], []
+        paths, names, opener, layout = in_place
+        pins: list[PinnedFile] = []
     else:
+        before = cache.stats.copy()
         paths, names, pins = pin_twins(cache, objects, chain)
+        # On a local root the root's own files, opened refusing a link; pinned cache
+        # copies are opened as they are.
+        opener = None if pins else _opener_by_key(objects, paths, chain)
+        layout = layout_of(manifest)
         if footers is not None and not pins:
-            footers[_IN_PLACE] = (paths, names)
+            footers[_IN_PLACE] = (paths, names, opener, layout)
     try:
         scan = TwinScan(
             paths,
@@ -370,12 +376,10 @@ def plan_twin_scan(
             upper,
             reverse=reverse,
             names=names,
-            layout=layout_of(manifest),
+            layout=layout,
             manifest=manifest,
             footers=footers,
-            # On a local root the root's own files, opened refusing a link; pinned cache
-            # copies are opened as they are.
-            opener=None if pins else _opener_by_key(objects, paths, chain),
+            opener=opener,
         )
     except BaseException:
         for pin in pins:
@@ -388,6 +392,7 @@ def plan_twin_scan(
     for pin in pins:  # released when the scan is gone (its rows read, or dropped)
         weakref.finalize(scan, pin.release)
     if pins:  # an object root: the trace says what was fetched, as a database's open does
+        assert before is not None
         twins = counted(len(pins), "columnar twin")
         scan.fetched = f"{cache.stats.since(before).line()}; {twins} read, no database"
     return scan

@@ -248,6 +248,11 @@ class ReopenablePartition:
         if part is not None:
             part.close()
 
+    @property
+    def twinned(self) -> bool:
+        """Whether its chain has columnar twins (scans may read them)."""
+        return self._twins is not None
+
     def twin_scan(self, lower: bytes, upper: bytes | None, reverse: bool) -> Any:
         """A planned ``TwinScan`` of ``[lower, upper)``, or None (no twins)."""
         if self._twins is None:

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -81,6 +83,36 @@ class _Footer:
     layout: bytes | None
     key_from: str | None
     groups: list[tuple[int, tuple[bytes, bytes] | None]]
+    #: The groups holding rows, and their smallest and largest keys, when every such
+    #: group has bounds and each starts at or after the previous one's end (a twin is
+    #: written sorted by key, so this is the rule): groups are then found by bisection,
+    #: not one test per group (a million-row twin has 62, and every scan plans).
+    _ordered: tuple[list[int], list[bytes], list[bytes]] | None = None
+
+    def __post_init__(self) -> None:
+        held = [(g, b) for g, (rows, b) in enumerate(self.groups) if rows]
+        if any(b is None for _, b in held):
+            return
+        bounds = [b for _, b in held]
+        if all(prev[1] <= nxt[0] for prev, nxt in pairwise(bounds)):
+            self._ordered = (
+                [g for g, _ in held],
+                [b[0] for b in bounds],  # type: ignore[index]
+                [b[1] for b in bounds],  # type: ignore[index]
+            )
+
+    def overlapping(self, lower: bytes, upper: bytes | None) -> list[int]:
+        """The groups holding rows that can hold keys in ``[lower, upper)``."""
+        if self._ordered is None:
+            return [
+                g
+                for g, (rows, bounds) in enumerate(self.groups)
+                if rows and _overlaps(bounds, lower, upper)
+            ]
+        held, los, his = self._ordered
+        first = bisect_left(his, lower)  # the first group whose largest key >= lower
+        end = len(los) if upper is None else bisect_left(los, upper)  # smallest < upper
+        return held[first:end]
 
     @classmethod
     def read(cls, local: str, key_serde: Any, opener: Opener) -> _Footer:
@@ -176,11 +208,7 @@ class TwinScan:
                     footers[local] = footer
             if layout is not None and footer.layout != layout:
                 self.stale = True
-            groups = [
-                g
-                for g, (rows, bounds) in enumerate(footer.groups)
-                if rows and _overlaps(bounds, lower, upper)
-            ]
+            groups = footer.overlapping(lower, upper)
             self.groups_total += len(footer.groups)
             inside = frozenset(g for g in groups if _within(footer.groups[g][1], lower, upper))
             self.files.append(_File(name, local, footer.schema, groups, footer.key_from, inside))

@@ -501,7 +501,7 @@ class _Shaper:
     @staticmethod
     def twin_ready(value: Any) -> bool:
         """Whether ``twin_take`` of ``value`` would give its twin tables."""
-        return bool(_BULK_DECODE and isinstance(value, ScanIterator) and value.twin is not None)
+        return bool(_BULK_DECODE and isinstance(value, ScanIterator) and value.has_twin())
 
     def twin_take(self, value: KeyValueIterator[Any, Any]) -> Iterator[pa.Table] | None:
         """The tables of a scan read from columnar twins (``ScanIterator.take_twin``),

@@ -25,6 +25,7 @@ from functools import partial
 from itertools import chain, repeat
 from typing import Any
 
+from ...errors import StoreCorruptedError
 from ...query import (
     KeyQuery,
     KeyValue,
@@ -154,17 +155,33 @@ class RocksDBLayer:
         always read through it)."""
         return bool(getattr(self.partition, "is_open", True))
 
-    def twin_scan(self, lower: bytes, upper: bytes | None, reverse: bool, trace: Trace) -> Any:
+    def twinned(self) -> bool:
+        """Whether scans may read the partition's columnar twins (it has them, and twin
+        scans are on)."""
+        return _TWIN_SCANS and bool(getattr(self.partition, "twinned", False))
+
+    def twin_scan(
+        self,
+        lower: bytes,
+        upper: bytes | None,
+        reverse: bool,
+        trace: Trace,
+        *,
+        rows_from_twins: bool = True,
+    ) -> Any:
         """A planned scan of the partition's columnar twins (``store/columnar/scan.py``
         ``TwinScan``) for ``[lower, upper)``, or None when it has none (then scans read
-        RocksDB). Planning reads the twins' footers, never the database."""
+        RocksDB). Planning reads the twins' footers, never the database.
+        ``rows_from_twins``: whether iterated rows come from them too (else the trace
+        says they come from RocksDB, and only table readers read the twins)."""
         plan = getattr(self.partition, "twin_scan", None)
         if plan is None or not _TWIN_SCANS:
             return None
         t0 = _clock(trace)
         scan = plan(lower, upper, reverse)
         if scan is not None and trace.enabled:
-            trace.add("ColumnarScan", t0, f"{scan.trace_line()} of {self._where}")
+            rows = "" if rows_from_twins else "; rows iterated are read from RocksDB"
+            trace.add("ColumnarScan", t0, f"{scan.trace_line()} of {self._where}{rows}")
         return scan
 
 
@@ -255,8 +272,9 @@ class CachingLayer:
             trace.add(self.name, t0, "passed through (scans are not cached)")
         return rows
 
-    def twin_scan(self, lower: bytes, upper: bytes | None, reverse: bool, trace: Trace) -> Any:
-        return self.inner.twin_scan(lower, upper, reverse, trace)
+    def twin_scan(self, *args: Any, **kwargs: Any) -> Any:
+        """``RocksDBLayer.twin_scan`` of the partition (scans are not cached)."""
+        return self.inner.twin_scan(*args, **kwargs)
 
 
 # -- typed layers --------------------------------------------------------------------------
@@ -365,7 +383,7 @@ class ScanIterator(KeyValueIterator[Any, Any]):
     (same bounds, order and version), so it cannot disagree with the rows it skips.
     """
 
-    __slots__ = ("_rows", "_twin_scan", "decode", "key_offset", "twin")
+    __slots__ = ("_plan_twin", "_rows", "_twin_scan", "decode", "key_offset", "twin")
 
     #: Turns a list of stored ``(key, value)`` bytes into the ``KeyValue`` rows this
     #: iterator yields for them (same values, same errors).
@@ -386,8 +404,41 @@ class ScanIterator(KeyValueIterator[Any, Any]):
         it = cls.of_key_values(rows, getattr(chunks, "close", None))
         assert isinstance(it, ScanIterator)
         it._rows, it.decode, it.key_offset, it.twin = rows, convert, key_offset, None
-        it._twin_scan = None
+        it._twin_scan = it._plan_twin = None
         return it
+
+    def plan_twin_when_taken(self, plan: Callable[[], Any]) -> None:
+        """Leave the twins of this scan (read from RocksDB) to be planned by ``plan`` (a
+        ``TwinScan`` or None) only if a reader takes them (``take_twin``): a scan whose
+        rows are iterated then pays nothing for them."""
+        self._plan_twin = plan
+
+    def _plan_twin_now(self) -> None:
+        plan, self._plan_twin = self._plan_twin, None
+        if plan is None or self._rows.started or self.is_closed:
+            return
+        scan = plan()
+        if scan is None:  # no twins to read: the rows come from the database
+            return
+        tables = scan.batches()
+        rocks_close = self._on_close
+
+        def close() -> None:  # the RocksDB chunks (never started) and the twin tables
+            try:
+                if rocks_close is not None:
+                    rocks_close()
+            finally:
+                tables.close()
+
+        self._on_close = close
+        self.twin, self._twin_scan = tables, scan
+
+    def has_twin(self) -> bool:
+        """Whether ``take_twin`` would give the rows as twin tables (planning them now
+        if they were left for a reader that takes them)."""
+        if self.twin is None and self._plan_twin is not None:
+            self._plan_twin_now()
+        return self.twin is not None
 
     @classmethod
     def over_twins(
@@ -435,7 +486,7 @@ class ScanIterator(KeyValueIterator[Any, Any]):
         of the twins' columns are read (and ``__deleted``; ``__key`` too, except in row
         groups of a one-file scan that its bounds hold whole, unless ``columns`` names
         it), for a reader that needs few of them (the Spark data source)."""
-        if self.twin is None or self.take_chunks() is None:
+        if not self.has_twin() or self.take_chunks() is None:
             return None
         if columns is not None:
             self._twin_scan.columns = list(columns)  # read lazily: no table is read yet
@@ -453,6 +504,10 @@ class ScanIterator(KeyValueIterator[Any, Any]):
             return None
         rows.started = rows.taken = True
         return rows.chunks
+
+
+def _given(value: Any) -> Any:
+    return value
 
 
 #: ``KeyValue`` without NamedTuple's Python-level ``__new__`` (hot in scans):
@@ -514,13 +569,33 @@ class TypedKeyValueLayer(_TypedLayer):
         """Rows of ``[lower, upper)``: from the columnar twins when the partition has
         them (no database is opened), else from RocksDB."""
         strip = keyspace.RAW_PREFIX_LEN
-        twins = self.inner.twin_scan(lower, upper, reverse, trace)
+        base = self.inner.inner
+        exact = self.value_serde.arrow_type() is not None
+        database_open = base.twinned() and base.database_open()
+        if database_open:
+            # An open database iterates a range faster than row groups are read: the
+            # rows come from it, and the twins are planned only for a reader that takes
+            # them whole (``take_twin``: tables, SQL, Spark), not for every scan. With a
+            # trace they are planned now: a result's trace is final when it is returned,
+            # and must name what a table reader will read; its ColumnarScan line then
+            # says where iterated rows come from (the RocksDB iterator is traced only
+            # when there are no twins to read, as it opens only if the rows are read).
+            plan = partial(self._twins_beside_database, lower, upper, reverse, trace)
+            planned = plan() if trace.enabled else None
+            chunks = self.inner.scan_chunks(
+                lower, upper, reverse, _UNTRACED if planned is not None else trace
+            )
+            it = ScanIterator.over(chunks, self._kv_chunk(strip), strip)
+            if not trace.enabled:
+                it.plan_twin_when_taken(plan)
+            elif planned is not None:
+                it.plan_twin_when_taken(partial(_given, planned))
+            return it
+        # KeyValue rows from the twins where their value column is the stored value and
+        # the partition's database is not open; else from RocksDB.
+        from_twins = exact and not database_open
+        twins = self.inner.twin_scan(lower, upper, reverse, trace, rows_from_twins=from_twins)
         if twins is not None:
-            # KeyValue rows from the twins where their value column is the stored value
-            # and the partition's database is not open; else from RocksDB (an open
-            # database iterates a short range faster than a row group is read).
-            exact = self.value_serde.arrow_type() is not None
-            from_twins = exact and not self.inner.inner.database_open()
             return ScanIterator.over_twins(
                 twins,
                 self._kv_chunk(strip),
@@ -530,6 +605,19 @@ class TypedKeyValueLayer(_TypedLayer):
             )
         chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
         return ScanIterator.over(chunks, self._kv_chunk(strip), strip)
+
+    def _twins_beside_database(
+        self, lower: bytes, upper: bytes | None, reverse: bool, trace: Trace
+    ) -> Any:
+        """The planned twin scan of a partition whose database is open, or None when its
+        twins cannot be read: its tables then come from the database's rows too."""
+        t0 = _clock(trace)
+        try:
+            return self.inner.twin_scan(lower, upper, reverse, trace, rows_from_twins=False)
+        except StoreCorruptedError as exc:
+            if trace.enabled:
+                trace.add("ColumnarScan", t0, f"not read ({exc}); rows are read from RocksDB")
+            return None
 
     def _stored(self, table: Any) -> list[tuple[bytes, bytes]]:
         """A twin table's rows as the ``(key, value)`` bytes RocksDB holds: the value
