@@ -25,7 +25,7 @@ from functools import partial
 from itertools import chain, repeat
 from typing import Any
 
-from ...errors import StoreCorruptedError
+from ...errors import IqkitError
 from ...query import (
     KeyQuery,
     KeyValue,
@@ -507,6 +507,7 @@ class ScanIterator(KeyValueIterator[Any, Any]):
 
 
 def _given(value: Any) -> Any:
+    """What a plan made at once gives (``plan_twin_when_taken(partial(_given, scan))``)."""
     return value
 
 
@@ -591,16 +592,15 @@ class TypedKeyValueLayer(_TypedLayer):
             elif planned is not None:
                 it.plan_twin_when_taken(partial(_given, planned))
             return it
-        # KeyValue rows from the twins where their value column is the stored value and
-        # the partition's database is not open; else from RocksDB.
-        from_twins = exact and not database_open
-        twins = self.inner.twin_scan(lower, upper, reverse, trace, rows_from_twins=from_twins)
+        # The database is not open: KeyValue rows from the twins where their value
+        # column gives the stored value back (``exact``); else from RocksDB.
+        twins = self.inner.twin_scan(lower, upper, reverse, trace, rows_from_twins=exact)
         if twins is not None:
             return ScanIterator.over_twins(
                 twins,
                 self._kv_chunk(strip),
                 strip,
-                self._stored if from_twins else None,
+                self._stored if exact else None,
                 partial(self.inner.scan_chunks, lower, upper, reverse, _UNTRACED),
             )
         chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
@@ -610,11 +610,12 @@ class TypedKeyValueLayer(_TypedLayer):
         self, lower: bytes, upper: bytes | None, reverse: bool, trace: Trace
     ) -> Any:
         """The planned twin scan of a partition whose database is open, or None when its
-        twins cannot be read: its tables then come from the database's rows too."""
+        twins cannot be read (damaged, or not fetched from object storage): its tables
+        then come from the database's rows too, which the open database has."""
         t0 = _clock(trace)
         try:
             return self.inner.twin_scan(lower, upper, reverse, trace, rows_from_twins=False)
-        except StoreCorruptedError as exc:
+        except IqkitError as exc:
             if trace.enabled:
                 trace.add("ColumnarScan", t0, f"not read ({exc}); rows are read from RocksDB")
             return None
