@@ -30,6 +30,7 @@ import hashlib
 import os
 import re
 import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from .records import PartitionChain
 
 __all__ = [
     "ChainPartition",
+    "TwinMemo",
     "database_folder",
     "open_partition",
     "place_on_root",
@@ -331,8 +333,16 @@ def place_on_root(objects: ObjectStore, key: str) -> str:
     return f"{objects.root.text.rstrip('/')}/{key}"
 
 
-#: Where ``plan_twin_scan`` keeps a local root's twin paths in a partition's ``footers``.
-_IN_PLACE = "\x00in-place twins"
+@dataclass
+class TwinMemo:
+    """What a partition version's twin scans keep between queries (one per partition
+    version): its twins' parsed footers, the layout they must match, and on a local
+    root their paths, places and opener, found once (every open still goes through the
+    root, refusing a link)."""
+
+    footers: dict[str, Any] = field(default_factory=dict)
+    layout: bytes | None = None
+    in_place: tuple[list[str], list[str], Any] | None = None
 
 
 def plan_twin_scan(
@@ -343,7 +353,7 @@ def plan_twin_scan(
     lower: bytes,
     upper: bytes | None,
     reverse: bool,
-    footers: dict[str, Any] | None = None,
+    memo: TwinMemo | None = None,
 ) -> Any:
     """A ``TwinScan`` of ``chain``'s columnar twins (every file has one) for
     ``[lower, upper)``: read in place on a local root, else from the cache (fetched if
@@ -352,23 +362,21 @@ def plan_twin_scan(
     from ..columnar.scan import TwinScan  # pyarrow: imported once twins are read
     from ..columnar.twins import layout_of
 
-    in_place = footers.get(_IN_PLACE) if footers is not None else None
+    memo = memo or TwinMemo()
+    if memo.layout is None:
+        memo.layout = layout_of(manifest)
     before = None
-    if in_place is not None:
-        # A local root's twins, found in place by an earlier scan of this partition:
-        # the paths are the same, and every open goes through the root again refusing
-        # a link (``_opener_by_key``), so the check need not run per query.
-        paths, names, opener, layout = in_place
-        pins: list[PinnedFile] = []
+    pins: list[PinnedFile] = []
+    if memo.in_place is not None:
+        paths, names, opener = memo.in_place
     else:
         before = cache.stats.copy()
         paths, names, pins = pin_twins(cache, objects, chain)
         # On a local root the root's own files, opened refusing a link; pinned cache
         # copies are opened as they are.
         opener = None if pins else _opener_by_key(objects, paths, chain)
-        layout = layout_of(manifest)
-        if footers is not None and not pins:
-            footers[_IN_PLACE] = (paths, names, opener, layout)
+        if not pins:
+            memo.in_place = (paths, names, opener)
     try:
         scan = TwinScan(
             paths,
@@ -376,9 +384,9 @@ def plan_twin_scan(
             upper,
             reverse=reverse,
             names=names,
-            layout=layout,
+            layout=memo.layout,
             manifest=manifest,
-            footers=footers,
+            footers=memo.footers,
             opener=opener,
         )
     except BaseException:

@@ -45,6 +45,7 @@ from ..partitions.sst_reader import UnsupportedSst
 from ..versions import VersionNotRetained
 from .read import (
     ChainPartition,
+    TwinMemo,
     database_folder,
     open_partition,
     pin_twins,
@@ -634,12 +635,10 @@ class ChainSnapshot:
         cache, objects, manifest = self.cache, self.objects, self.manifest
         twins = None
         if chain.twinned:
-            footers: dict[str, Any] = {}  # parsed once per partition version
+            memo = TwinMemo()  # footers parsed once per partition version
 
             def twins(lower: bytes, upper: bytes | None, reverse: bool) -> Any:
-                return plan_twin_scan(
-                    cache, objects, chain, manifest, lower, upper, reverse, footers
-                )
+                return plan_twin_scan(cache, objects, chain, manifest, lower, upper, reverse, memo)
 
         first_read = None
         if twins is not None and objects.root.is_local:

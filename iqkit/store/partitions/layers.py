@@ -413,13 +413,9 @@ class ScanIterator(KeyValueIterator[Any, Any]):
         rows are iterated then pays nothing for them."""
         self._plan_twin = plan
 
-    def _plan_twin_now(self) -> None:
-        plan, self._plan_twin = self._plan_twin, None
-        if plan is None or self._rows.started or self.is_closed:
-            return
-        scan = plan()
-        if scan is None:  # no twins to read: the rows come from the database
-            return
+    def attach_twin(self, scan: Any) -> None:
+        """Give this scan (read from RocksDB) the planned twin scan ``scan`` (a
+        ``TwinScan``) for a reader that takes the rows as tables."""
         tables = scan.batches()
         rocks_close = self._on_close
 
@@ -436,8 +432,11 @@ class ScanIterator(KeyValueIterator[Any, Any]):
     def has_twin(self) -> bool:
         """Whether ``take_twin`` would give the rows as twin tables (planning them now
         if they were left for a reader that takes them)."""
-        if self.twin is None and self._plan_twin is not None:
-            self._plan_twin_now()
+        plan, self._plan_twin = self._plan_twin, None
+        if self.twin is None and plan is not None and not self._rows.started:
+            scan = None if self.is_closed else plan()
+            if scan is not None:  # else no twins to read: the rows come from the database
+                self.attach_twin(scan)
         return self.twin is not None
 
     @classmethod
@@ -504,11 +503,6 @@ class ScanIterator(KeyValueIterator[Any, Any]):
             return None
         rows.started = rows.taken = True
         return rows.chunks
-
-
-def _given(value: Any) -> Any:
-    """What a plan made at once gives (``plan_twin_when_taken(partial(_given, scan))``)."""
-    return value
 
 
 #: ``KeyValue`` without NamedTuple's Python-level ``__new__`` (hot in scans):
@@ -590,7 +584,7 @@ class TypedKeyValueLayer(_TypedLayer):
             if not trace.enabled:
                 it.plan_twin_when_taken(plan)
             elif planned is not None:
-                it.plan_twin_when_taken(partial(_given, planned))
+                it.attach_twin(planned)
             return it
         # The database is not open: KeyValue rows from the twins where their value
         # column gives the stored value back (``exact``); else from RocksDB.
