@@ -50,6 +50,21 @@ def panel(root: object = None, **session_options: object) -> object:
     return build_panel(root, **session_options)
 
 
+def verify(
+    root: object, stores: list[str] | str | None = None, *, repair: bool = False
+) -> object:
+    """Check every file of every retained version of ``stores`` (default: every store
+    under ``root``) against the checksums their records keep: a ``VerifyReport`` with
+    one entry per damaged file (``.ok``, ``.lines()``, ``.to_pandas()``). ``repair``
+    rebuilds a damaged columnar twin from its SST when the result is the file its record
+    describes (``python -m iqkit verify``; store/chain/verify.py)."""
+    from .store.formats import format_for
+    from .store.roots import parse_root
+
+    names = [stores] if isinstance(stores, str) else stores
+    return format_for(parse_root(root)).verify(names, repair=repair)  # type: ignore[arg-type]
+
+
 def unload_ipython_extension(ipython: object) -> None:
     from .jupyter import unload_ipython_extension as unload
 
@@ -79,5 +94,6 @@ __all__ = [
     "panel",
     "sql",
     "unload_ipython_extension",
+    "verify",
 ]
 __all__ += query.__all__  # the query model's public names (listed there once)

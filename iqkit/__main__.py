@@ -6,6 +6,7 @@ python -m iqkit get ROOT STORE KEY     a KeyQuery (KEY parsed by the key serde)
 python -m iqkit scan ROOT STORE [--prefix P] [--limit N] [--desc]
 python -m iqkit lag ROOT
 python -m iqkit migrate ROOT [STORE...]   folder-format stores into chain stores, in place
+python -m iqkit verify ROOT [STORE...] [--repair]   every retained file against its checksum
 """
 
 from __future__ import annotations
@@ -109,6 +110,16 @@ def _migrate(root: str, stores: list[str]) -> int:
     return 1 if failed else 0
 
 
+def _verify(root: str, stores: list[str], repair: bool) -> int:
+    """One line per damaged file and a summary; exit 1 when anything is damaged."""
+    from . import verify
+
+    report = verify(root, stores or None, repair=repair)
+    for line in report.lines():  # type: ignore[attr-defined]
+        print(line, flush=True)
+    return 0 if report.ok else 1  # type: ignore[attr-defined]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m iqkit", description="Query iqkit state stores."
@@ -147,6 +158,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     migrate.add_argument("root")
     migrate.add_argument("stores", nargs="*", metavar="STORE", help="default: every store")
+    check = sub.add_parser(
+        "verify",
+        help="check every file of every retained version against its checksum",
+        description=(
+            "Check every file of every retained version (manifest, version records, SSTs, "
+            "columnar twins) against the sizes and checksums the records keep, locally or "
+            "on object storage. One line per damaged file, then a summary; exit code 1 "
+            "when anything is damaged. --repair rebuilds a damaged columnar twin from its "
+            "SST when the rebuilt file is the one its record describes."
+        ),
+    )
+    check.add_argument("root")
+    check.add_argument("stores", nargs="*", metavar="STORE", help="default: every store")
+    check.add_argument(
+        "--repair", action="store_true", help="rebuild damaged columnar twins from their SSTs"
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
@@ -163,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _scan(args.root, args.store, args.prefix, args.limit, args.desc)
         if args.command == "migrate":
             return _migrate(args.root, args.stores)
+        if args.command == "verify":
+            return _verify(args.root, args.stores, args.repair)
         return _lag(args.root)
     except (IqkitError, ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -108,3 +108,14 @@ def s3_root(s3_endpoint, monkeypatch, tmp_path) -> str:
     aws_env(monkeypatch, s3_endpoint)
     monkeypatch.setenv("IQKIT_CACHE", os.fspath(tmp_path / "iqkit-cache"))
     return f"s3://{new_bucket(s3_endpoint)}/stores"
+
+
+@pytest.fixture(autouse=True)
+def _no_damage_known_from_other_tests() -> Iterator[None]:
+    """Each test starts with no file known damaged (store/integrity.py keeps what a
+    process found damaged for the process's life; tests share worker processes)."""
+    from iqkit.store.integrity import KNOWN_DAMAGE
+
+    KNOWN_DAMAGE.clear()
+    yield
+    KNOWN_DAMAGE.clear()

@@ -339,9 +339,7 @@ def _parallelism(df: DataFrame) -> int:
     return max(1, df.sparkSession.sparkContext.defaultParallelism)
 
 
-def _one_per_partition(
-    spec: Any, rows: list[Any], plan: ColumnPlan, store: str
-) -> list[Any]:
+def _one_per_partition(spec: Any, rows: list[Any], plan: ColumnPlan, store: str) -> list[Any]:
     staged: dict[int, Any] = {}
     for r in rows:
         if r["partition"] in staged:

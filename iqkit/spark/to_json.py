@@ -136,9 +136,7 @@ def _float_pieces(col: pa.Array) -> list[Any]:
     texts, plains = out.to_pylist(), plain.to_pylist()
     digits = text.to_pylist()
     rows = zip(texts, plains, digits, strict=True)
-    return [
-        pa.array([t if ok is not False else _java_number(d) for t, ok, d in rows], pa.string())
-    ]
+    return [pa.array([t if ok is not False else _java_number(d) for t, ok, d in rows], pa.string())]
 
 
 _POINT_ZERO = ".0"
@@ -214,7 +212,8 @@ def _texter(t: pa.DataType) -> Callable[[Any], str]:
         # Spark's to_json leaves null struct fields out (ignoreNullFields), at every level.
         def struct_text(v: dict[str, Any]) -> str:
             fields = (
-                name_text + text(v[name]) for name, name_text, text in members
+                name_text + text(v[name])
+                for name, name_text, text in members
                 if v.get(name) is not None
             )
             return "{" + ",".join(fields) + "}"

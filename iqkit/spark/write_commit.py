@@ -124,9 +124,7 @@ def remove_job_fragments(
     remove_fragments(job, fragments, keep=keep, unpublished=not keep)
 
 
-def _window_size(
-    job: WriteJob, fmt: StoreFormat, messages: list[IqkitCommitMessage]
-) -> int | None:
+def _window_size(job: WriteJob, fmt: StoreFormat, messages: list[IqkitCommitMessage]) -> int | None:
     """The window size the tasks saw (one size, and the existing store's): only known
     once they read the rows."""
     sizes = [m.window_sizes for m in messages if m.window_sizes is not None]

@@ -60,9 +60,7 @@ class TwinView:
         self.version = files.version
         self.sql = sql
         self._files: TwinFiles | None = files
-        self.where = {
-            f.path: (p, f.name) for p, chain in files.partitions.items() for f in chain
-        }
+        self.where = {f.path: (p, f.name) for p, chain in files.partitions.items() for f in chain}
 
     def failure(self, message: str) -> str | None:
         """``message`` (a DuckDB error) as one line naming the partition, when it names
@@ -82,9 +80,7 @@ class TwinView:
             files.release()
 
 
-def twin_view(
-    con: duckdb.DuckDBPyConnection, store: str, files: TwinFiles
-) -> TwinView | None:
+def twin_view(con: duckdb.DuckDBPyConnection, store: str, files: TwinFiles) -> TwinView | None:
     """The view of ``files`` (module docstring), or None when they cannot be read as one
     by name and type (``twin_columns``): the store's rows are read then. Releases
     ``files`` unless it returns a view holding them."""

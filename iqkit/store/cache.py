@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import IqkitError, StoreCorruptedError, StoreIOError
+from .integrity import checksum_fd
 from .names import (
     CACHE_DBS_DIR,
     CACHE_EVICTING_PREFIX,
@@ -466,8 +467,11 @@ class FileCache:
         root_id = hashlib.sha256(objects.root.url.encode()).hexdigest()[:20]
         return self.objects_dir / root_id / check_key(key)
 
-    def pin(self, objects: ObjectStore, key: str) -> PinnedFile:
-        """``key`` as a local file, fetched if missing, pinned until released."""
+    def pin(self, objects: ObjectStore, key: str, *, checksum: str | None = None) -> PinnedFile:
+        """``key`` as a local file, fetched if missing, pinned until released;
+        ``checksum``: what its record says its bytes hash to (integrity.py), checked on a
+        copy fetched now before it is used (a copy that does not match is removed and
+        ``StoreCorruptedError`` names the root's file)."""
         path = self.path_of(objects, key)
         fetched = False
         while True:
@@ -494,6 +498,16 @@ class FileCache:
                 continue
             os.close(fd)  # evicted between open and lock: fetch it again
         size = os.fstat(fd).st_size
+        if fetched and checksum is not None and checksum_fd(fd) != checksum:
+            # Checked once pinned (an eviction cannot remove it under the check), before
+            # anything reads it: a bad copy is removed, so the next read fetches again.
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            os.close(fd)
+            raise StoreCorruptedError(
+                f"{objects.where(key)} is damaged: the bytes fetched do not match the "
+                f"checksum its version record gives"
+            )
         if fetched:
             self.added(size)  # after pinning, so the file just fetched cannot be the victim
         else:

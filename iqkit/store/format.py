@@ -324,6 +324,15 @@ class StoreFormat(ABC):
     def latest_published(self, store: str) -> PublishedVersion | None:
         """``store``'s latest version record (None: nothing published, or no store)."""
 
+    def verify(self, stores: list[str] | None, *, repair: bool = False) -> Any:
+        """Check every file of every retained version of ``stores`` (default: all) against
+        its checksum (``iqkit.verify``); a report with one entry per damaged file. A
+        format that keeps no checksums of its own refuses in one line."""
+        raise IqkitError(
+            f"{self.root.text}: verify checks iqkit's own stores; this is a {self.name} "
+            f"root, whose files its readers check as they read them"
+        )
+
     # -- writing ---------------------------------------------------------------------------
     def ensure_store(
         self,

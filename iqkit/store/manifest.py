@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import StoreCorruptedError, StoreExistsError
 from .encoding.partitioners import get_partitioner
 from .encoding.serdes import get_serde
+from .integrity import seal_json, unseal_json
 from .kinds import StoreKind
 from .names import FORMAT_VERSION, FORMAT_VERSIONS
 
@@ -82,11 +83,14 @@ class StoreManifest:
             raise ValueError(f"store {self.name!r}: retention must be >= 1, got {self.retention!r}")
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
+        """The manifest's text, sealed with its checksum (integrity.py)."""
+        return seal_json(json.dumps(asdict(self), indent=2, sort_keys=True))
 
     @classmethod
     def from_json(cls, text: str) -> StoreManifest:
         data = json.loads(text)
+        if isinstance(data, dict):
+            data.pop("checksum", None)  # checked by ``parse`` (integrity.unseal_json)
         if data.get("format_version") not in FORMAT_VERSIONS:
             known = " and ".join(map(str, FORMAT_VERSIONS))
             raise StoreCorruptedError(
@@ -100,7 +104,10 @@ class StoreManifest:
         """``text`` (the manifest of ``store``, read from ``where``) as a manifest;
         ``StoreCorruptedError`` naming ``where`` when it cannot be."""
         try:
-            return cls.from_json(text)
+            raw = unseal_json(text.encode(), where=str(where))
+            return cls.from_json(raw.decode())
+        except StoreCorruptedError as exc:
+            raise StoreCorruptedError(f"store {store!r}: unreadable manifest: {exc}") from None
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             raise StoreCorruptedError(
                 f"store {store!r}: unreadable manifest {where}: {exc}"

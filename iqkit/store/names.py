@@ -73,6 +73,8 @@ def twin_key(sst_key: str) -> str:
     """The key of an SST's columnar twin: the SST's, ``.sst`` replaced by ``.parquet``."""
     base = sst_key[: -len(_SST_SUFFIX)] if sst_key.endswith(_SST_SUFFIX) else sst_key
     return base + TWIN_SUFFIX
+
+
 #: In the local cache: ``dbs/<root id>/<store>/<p>/<version>-<chain hash>/`` is a
 #: partition chain ingested into a RocksDB folder (built once, reused by later opens).
 CACHE_DBS_DIR = "dbs"

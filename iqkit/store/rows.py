@@ -563,8 +563,11 @@ def _walker(t: DdlType) -> Any:
     if name == "decimal":
         # ``type(v) is int``: a JSON true is a bool, which Python counts as an int.
         return lambda v: (
-            decimal.Decimal(v) if type(v) is int
-            else v if isinstance(v, decimal.Decimal) else _floats(v)
+            decimal.Decimal(v)
+            if type(v) is int
+            else v
+            if isinstance(v, decimal.Decimal)
+            else _floats(v)
         )
     if name == "array" and _has_decimal(t[1]):
         item = _walker(t[1])

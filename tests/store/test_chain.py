@@ -492,11 +492,20 @@ def _sha(path: Path) -> str:
 def test_a_record_is_plain_json(objects, cache):
     v1 = commit_version(objects, STORE, None, {2: [(key(1), b"a")]}, cache=cache)
     data = json.loads(objects.read_bytes(record_key(STORE, 1)))
-    assert sorted(data) == ["created_at", "metadata", "partitions", "source_end", "version"]
+    assert sorted(data) == [
+        "checksum",
+        "created_at",
+        "metadata",
+        "partitions",
+        "source_end",
+        "version",
+    ]
     assert data["partitions"]["2"]["files"][0] == {
         "name": v1.partitions[2].files[0].name,
         "size": v1.partitions[2].files[0].size,
+        "checksum": v1.partitions[2].files[0].checksum,
     }
+    assert data["checksum"].startswith("xxh3_128:")
     assert data["partitions"]["2"]["commit"]["version"] == 1
 
 

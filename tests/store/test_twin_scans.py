@@ -333,8 +333,8 @@ def test_a_scan_beside_an_open_database_reads_it_and_leaves_the_twins_to_tables(
     its twins are not even planned unless a table reader takes them (a damaged twin is
     then never noticed by iterating), and with one the trace says where the rows come
     from (the RocksDB iterator only where there are no twins to read: it opens only if
-    the rows are read). A table reader reads the twins; where they cannot be read, the
-    database's rows. The same rows every way."""
+    the rows are read). A table reader reads the twins, and a damaged twin it finds is
+    the partition's verdict. The same rows every way."""
     expected = [(f"k{i}", i) for i in range(1, 6)]
     for store in ("whole", "damaged"):
         iqkit.create_store(root, store, partitions=1, key_serde="string", value_serde="int64")
@@ -368,9 +368,15 @@ def test_a_scan_beside_an_open_database_reads_it_and_leaves_the_twins_to_tables(
         assert "2 files" in columnar and "rows iterated are read from RocksDB" in columnar
         assert not any("bounded iterator" in line for line in traced.execution_info)
         assert table_rows(engine, "whole") == expected
-        # Damaged twins: tables take the database's rows; a trace says the twins were not read.
-        assert table_rows(engine, "damaged") == expected
+        # Damaged twins: a table reader plans them and finds the damage, which is the
+        # partition's verdict from then on (store/integrity.py: the database beside
+        # them must not hide it), in every shape.
+        with pytest.raises(iqkit.StoreCorruptedError, match=r"\.parquet is damaged"):
+            table_rows(engine, "damaged")
         traced = engine.query(scan("damaged").enable_execution_info()).partition_results[0]
-        assert [tuple(kv) for kv in traced.result] == expected
-        assert any("not read" in x and "cannot be read" in x for x in traced.execution_info)
-        assert any("bounded iterator" in line for line in traced.execution_info)
+        assert traced.failure_reason.name == "STORE_EXCEPTION"
+        assert ".parquet is damaged" in traced.failure_message
+        key = engine.query(
+            StateQueryRequest.in_store("damaged").with_query(KeyQuery.with_key("k1"))
+        )
+        assert ".parquet is damaged" in key.partition_results[0].failure_message

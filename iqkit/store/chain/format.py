@@ -28,6 +28,7 @@ from .stores import (
     ensure_chain_store,
     read_chain_manifest,
 )
+from .verify import VerifyReport, verify_chain_stores
 
 __all__ = ["ChainFormat"]
 
@@ -72,6 +73,9 @@ class ChainFormat(StoreFormat):
         except UnknownStoreError:
             return None
         return latest_version(self.objects, store)
+
+    def verify(self, stores: list[str] | None, *, repair: bool = False) -> VerifyReport:
+        return verify_chain_stores(self.objects, stores, repair=repair)
 
     def _ensure_store(
         self, manifest: StoreManifest, *, settings: tuple[str, ...], asked: str, create: bool

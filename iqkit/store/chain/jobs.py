@@ -48,6 +48,7 @@ from ...errors import (
 from ...query.position import Position
 from ..cache import FileCache
 from ..format import JOB_MODES, check_job_mode
+from ..integrity import checksum_file
 from ..manifest import StoreManifest
 from ..names import CHAIN_RECORDS_DIR, CHAIN_SST_DIR, MANIFEST_FILE, twin_key
 from ..objects import ObjectStore, open_objects
@@ -465,13 +466,15 @@ def upload_runs(
     uploaded = []
     for partition, sst in runs:
         key = sst_key(spec.store, partition, spec.planned_version)
+        checksum = checksum_file(sst)  # of the bytes uploaded (integrity.py)
         objects.put_immutable(key, sst)
         twin = twin_key(os.fspath(sst))  # its columnar twin, when the task wrote one
-        twin_size = None
+        twin_size = twin_checksum = None
         if os.path.exists(twin):
+            twin_checksum = checksum_file(twin)
             objects.put_immutable(twin_key(key), twin)
             twin_size = os.path.getsize(twin)
-        uploaded.append(ChainFile(key, os.path.getsize(sst), twin_size))
+        uploaded.append(ChainFile(key, os.path.getsize(sst), twin_size, checksum, twin_checksum))
     return uploaded
 
 

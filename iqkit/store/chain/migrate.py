@@ -49,6 +49,7 @@ from ...errors import (
     UnknownStoreError,
 )
 from ...query.request import validate_store_name
+from ..integrity import checksum_file, seal_json
 from ..manifest import StoreManifest
 from ..names import (
     CHAIN_FORMAT_VERSION,
@@ -183,7 +184,9 @@ def _read_manifest(store: str, folder: Path) -> dict[str, Any]:
 def _chain_manifest(store: str, folder: Path, data: dict[str, Any]) -> str:
     """The manifest's text as a chain store's (format 2), all its settings kept;
     checked to be a manifest this iqkit reads."""
-    text = json.dumps({**data, "format_version": CHAIN_FORMAT_VERSION}, indent=2, sort_keys=True)
+    text = seal_json(
+        json.dumps({**data, "format_version": CHAIN_FORMAT_VERSION}, indent=2, sort_keys=True)
+    )
     StoreManifest.parse(text, store, folder / MANIFEST_FILE)
     return text
 
@@ -284,10 +287,13 @@ def _write_partition_sst(
     finally:
         rocks.close_quietly(db)
     key = sst_key(store, partition, version)
+    checksum = checksum_file(local)  # of the bytes uploaded (integrity.py)
     objects.put_immutable(key, local)
     size = local.stat().st_size
     local.unlink()
-    chain = PartitionChain(files=(ChainFile(key, size),), commit=commit, written_by=version)
+    chain = PartitionChain(
+        files=(ChainFile(key, size, checksum=checksum),), commit=commit, written_by=version
+    )
     chain.commit_record()  # a commit record the chain reader cannot parse is damage
     return chain
 

@@ -30,23 +30,29 @@ import hashlib
 import os
 import re
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...errors import IqkitError, StoreCorruptedError, StoreIOError
 from ..cache import CacheStats, FileCache, PinnedFile, counted, is_disk_full
+from ..integrity import KNOWN_DAMAGE, check_file
 from ..manifest import StoreManifest
 from ..names import CACHE_DBS_DIR, CHAIN_SST_DIR
 from ..objects import ObjectStore, check_key
 from ..partitions import rocks
 from ..partitions.builds import CachedDatabasePartition, KeptOpen, build_in_cache
 from ..partitions.sst_reader import MISSING, SstFile
-from .records import PartitionChain
+from .records import ChainFile, PartitionChain
 
 __all__ = [
     "ChainPartition",
     "TwinMemo",
+    "check_known_damage",
+    "check_sst",
+    "damage_key",
+    "check_twins",
     "database_folder",
     "open_partition",
     "place_on_root",
@@ -209,13 +215,18 @@ def _open_partition(
             # A local root: its immutable files are read where they are (a copy in the
             # cache would only double the disk used). The database built from them holds
             # its own hard links, so it outlives retention removing one; nothing here
-            # writes to them.
+            # writes to them. A build checks each for its size first (RocksDB checks its
+            # blocks as it reads them; a database already built holds its own links of
+            # the files as they were checked then, and outlives retention removing them).
             sources = [p for p in local if p is not None]
+            if database is None:
+                for f, path in zip(chain.files, sources, strict=True):
+                    check_sst(objects, f, path, whole=False)
         else:
             for f in chain.files:
                 if database is not None and not cache.path_of(objects, f.name).exists():
                     continue  # evicted, but the database holds its own link: no fetch
-                pin = cache.pin(objects, f.name)
+                pin = pin_checked(cache, objects, f.name, f.size, f.checksum)
                 pins.append(pin)
                 sources.append(pin.path)
         built = False
@@ -319,9 +330,16 @@ def read_key_in_place(objects: ObjectStore, chain: PartitionChain, key: bytes) -
     """``key``'s value in ``chain`` (a local root's), read from its SST files themselves,
     newest first, without a database (``sst_reader``; each file opened through no link
     and closed after). ``UnsupportedSst`` when a file is not one the reader knows."""
+    for f in chain.files:
+        check_sst(objects, f, objects.local_file(f.name), whole=False)
     for f in reversed(chain.files):
+        place = place_on_root(objects, f.name)
         with objects.open_local_file(f.name) as fh:
-            value = SstFile(fh).get(key)
+            try:
+                value = SstFile(fh, name=place).get(key)
+            except StoreCorruptedError as exc:  # a block's checksum: the file is damaged
+                KNOWN_DAMAGE.mark(place, objects.local_file(f.name), str(exc))
+                raise
         if value is not MISSING:
             return value  # type: ignore[return-value]
     return None
@@ -424,11 +442,13 @@ def pin_twins(
     pins: list[PinnedFile] = []
     if len(local) == len(keys) and all(p is not None for p in local):
         paths = [os.fspath(p) for p in local if p is not None]
+        check_twins(objects, chain.files, paths)
     else:
         try:
-            for k in keys:
-                assert k is not None
-                pins.append(cache.pin(objects, k))
+            for f in chain.files:
+                assert f.twin_name is not None and f.twin is not None
+                pins.append(pin_checked(cache, objects, f.twin_name, f.twin, f.twin_checksum))
+            check_twins(objects, chain.files, [os.fspath(p.path) for p in pins])
         except BaseException:
             for pin in pins:
                 pin.release()
@@ -436,3 +456,67 @@ def pin_twins(
         paths = [os.fspath(p.path) for p in pins]
     names = [place_on_root(objects, k) for k in keys if k is not None]
     return paths, names, pins
+
+
+def damage_key(where: str, chain: PartitionChain) -> str:
+    """What ``KNOWN_DAMAGE`` calls a partition version found damaged by a reader that
+    could not say which file (RocksDB, mid-read): its place and the chain's version."""
+    return f"{where} (the chain of version {chain.written_by})"
+
+
+def check_known_damage(objects: ObjectStore, chain: PartitionChain, where: str) -> None:
+    """Raise the damage this process found earlier in a file of ``chain`` (or in the
+    partition version as a whole), so every query shape of the partition fails the same
+    way whichever copy it would read (integrity.py)."""
+    if not KNOWN_DAMAGE.any:
+        return
+    for f in chain.files:
+        for key in f.object_keys():
+            KNOWN_DAMAGE.check(place_on_root(objects, key), objects.local_file(key))
+    KNOWN_DAMAGE.check(damage_key(where, chain), None)
+
+
+def check_sst(
+    objects: ObjectStore, f: ChainFile, path: str | os.PathLike[str] | None, *, whole: bool
+) -> None:
+    """Check the SST ``f`` at ``path`` (integrity.py): its size, and with ``whole`` its
+    checksum. ``StoreCorruptedError`` naming its place on the root when damaged."""
+    if path is None:
+        return  # not a local file: checked when fetched (pin_checked)
+    check_file(path, place_on_root(objects, f.name), size=f.size, checksum=f.checksum, whole=whole)
+
+
+def check_twins(objects: ObjectStore, files: Sequence[ChainFile], paths: Sequence[str]) -> None:
+    """Check the twins of ``files`` (a chain's) at ``paths`` whole before a Parquet
+    reader sees them, and on a local root the SSTs beside them too (integrity.py: a
+    twin never serves a partition whose SST is damaged; on object storage an SST is
+    checked when fetched)."""
+    for f, path in zip(files, paths, strict=True):
+        assert f.twin_name is not None and f.twin is not None
+        check_file(
+            path,
+            place_on_root(objects, f.twin_name),
+            size=f.twin,
+            checksum=f.twin_checksum,
+            whole=True,
+        )
+    if objects.root.is_local:
+        for f in files:
+            check_sst(objects, f, objects.local_file(f.name), whole=True)
+
+
+def pin_checked(
+    cache: FileCache, objects: ObjectStore, key: str, size: int, checksum: str | None
+) -> PinnedFile:
+    """``cache.pin`` of a chain file, checked against its record: a copy fetched now is
+    hashed before it is used, a copy already cached checked for its size; a damaged copy
+    is discarded (the next read fetches it again) and its partition fails naming the
+    root's file."""
+    pin = cache.pin(objects, key, checksum=checksum)
+    try:
+        check_file(pin.path, place_on_root(objects, key), size=size, checksum=checksum, whole=False)
+    except BaseException:
+        pin.release()
+        cache.discard(objects, [key])
+        raise
+    return pin

@@ -42,6 +42,7 @@ from ...errors import (
     VersionLimitError,
 )
 from ...query.position import Position
+from ..integrity import is_checksum, seal_json, unseal_json
 from ..names import CHAIN_RECORD_DIGITS, CHAIN_RECORDS_DIR, CHAIN_SST_DIR, twin_key
 from ..objects import ObjectStore, check_key
 from ..partitions.partition import parse_commit_record
@@ -80,11 +81,20 @@ ROWS_AT_MOST = "rows_at_most"
 class ChainFile:
     """One immutable SST of a chain: its key on the root and its size in bytes, and the
     size of its columnar twin (``store/columnar/twin.py``; its key is ``twin_key(name)``)
-    when it has one (None: written by an earlier iqkit, or a window store's)."""
+    when it has one (None: written by an earlier iqkit, or a window store's); each with
+    its checksum (``store/integrity.py``; None: written before files carried one)."""
 
     name: str
     size: int
     twin: int | None = None
+    checksum: str | None = None
+    twin_checksum: str | None = None
+
+    @property
+    def twin_readable(self) -> bool:
+        """Whether it has a twin a Parquet reader may be handed: one with a checksum to
+        check first (integrity.py: a twin without one is read through RocksDB)."""
+        return self.twin is not None and self.twin_checksum is not None
 
     @property
     def twin_name(self) -> str | None:
@@ -98,9 +108,21 @@ class ChainFile:
 
 def _file_json(f: ChainFile) -> dict[str, Any]:
     data: dict[str, Any] = {"name": f.name, "size": f.size}
+    if f.checksum is not None:
+        data["checksum"] = f.checksum
     if f.twin is not None:
         data["twin"] = f.twin
+        if f.twin_checksum is not None:
+            data["twin_checksum"] = f.twin_checksum
     return data
+
+
+def _checksum_json(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not is_checksum(value):
+        raise ValueError(f"not a checksum: {str(value)[:60]!r}")
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -125,8 +147,9 @@ class PartitionChain:
 
     @property
     def twinned(self) -> bool:
-        """Whether every file has a twin (scans may then read the twins alone)."""
-        return all(f.twin is not None for f in self.files)
+        """Whether every file has a twin with a checksum (scans may then read the twins
+        alone; a twin with none is never handed to a Parquet reader, integrity.py)."""
+        return all(f.twin_readable for f in self.files)
 
     def object_keys(self) -> set[str]:
         """Every key on the root the chain needs: its SSTs and their twins."""
@@ -163,6 +186,8 @@ class PartitionChain:
                     str(f["name"]),
                     int(f["size"]),
                     None if f.get("twin") is None else int(f["twin"]),
+                    _checksum_json(f.get("checksum")),
+                    _checksum_json(f.get("twin_checksum")),
                 )
                 for f in data["files"]
             ),
@@ -193,16 +218,19 @@ class ChainVersion:
         return {k for chain in self.partitions.values() for k in chain.object_keys()}
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "version": self.version,
-                "partitions": {str(p): c.to_json() for p, c in sorted(self.partitions.items())},
-                "created_at": self.created_at,
-                "source_end": _position_map_to_json(self.source_end),
-                "metadata": self.metadata,
-            },
-            indent=1,
-            sort_keys=True,
+        """The record's text, sealed with its checksum (integrity.py)."""
+        return seal_json(
+            json.dumps(
+                {
+                    "version": self.version,
+                    "partitions": {str(p): c.to_json() for p, c in sorted(self.partitions.items())},
+                    "created_at": self.created_at,
+                    "source_end": _position_map_to_json(self.source_end),
+                    "metadata": self.metadata,
+                },
+                indent=1,
+                sort_keys=True,
+            )
         )
 
     @classmethod
@@ -210,9 +238,7 @@ class ChainVersion:
         data = json.loads(text)
         return cls(
             version=int(data["version"]),
-            partitions={
-                int(p): PartitionChain.from_json(e) for p, e in data["partitions"].items()
-            },
+            partitions={int(p): PartitionChain.from_json(e) for p, e in data["partitions"].items()},
             created_at=float(data.get("created_at", 0.0)),
             source_end=_position_map_from_json(data.get("source_end")),
             metadata=dict(data.get("metadata") or {}),
@@ -222,8 +248,9 @@ class ChainVersion:
     def parse(cls, text: str | bytes, version: int, where: str) -> Self:
         """The record of ``version`` read from ``where``: ``StoreCorruptedError`` when it
         cannot be parsed or names another version."""
+        raw = text.encode() if isinstance(text, str) else text
         try:
-            record = cls.from_json(text)
+            record = cls.from_json(unseal_record(raw, where))
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise StoreCorruptedError(f"{where} is damaged: {exc}") from exc
         if record.version != version:
@@ -242,6 +269,12 @@ class ChainVersion:
                     f"{partitions} (0..{partitions - 1})"
                 )
         return self
+
+
+def unseal_record(raw: bytes, where: str) -> bytes:
+    """A record's bytes, its checksum checked (integrity.py); ``StoreCorruptedError``
+    naming ``where`` when they do not match it."""
+    return unseal_json(raw, where=where)
 
 
 def _position_map_to_json(m: dict[str, dict[int, int]] | None) -> Any:
@@ -401,7 +434,7 @@ def read_version_of_partition(
     the record is not there."""
     key, raw = _record_bytes(objects, store, version)
     try:
-        data = json.loads(raw)
+        data = json.loads(unseal_record(raw, objects.where(key)))
         chain = data["partitions"].get(str(partition))
         record = ChainVersion(
             version=int(data["version"]),

@@ -29,12 +29,13 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
-from ...errors import IqkitError
+from ...errors import IqkitError, StoreCorruptedError
 from ...query.position import Position
 from ..cache import FileCache
 from ..format import MAX_OPEN_PARTITIONS, OpenPartition, TwinFile, TwinFiles, empty_partition
+from ..integrity import KNOWN_DAMAGE
 from ..names import CHAIN_SST_DIR
 from ..objects import ObjectStore
 from ..partitions.layers import ReadCache, build_layers
@@ -46,6 +47,8 @@ from ..versions import VersionNotRetained
 from .read import (
     ChainPartition,
     TwinMemo,
+    check_known_damage,
+    damage_key,
     database_folder,
     open_partition,
     pin_twins,
@@ -208,6 +211,8 @@ class ReopenablePartition:
         self.memory_bytes = 0
         self.written_by_version = chain.written_by
         self.location = where
+        #: What ``KNOWN_DAMAGE`` calls this partition version (``read.damage_key``).
+        self.damage: str | None = damage_key(where, chain)
 
     def open(self) -> ChainPartition | MemoryPartition:
         """The open partition (opened now if it was not); raises ``IqkitError`` when it
@@ -275,6 +280,8 @@ class ReopenablePartition:
             if first is not None and not self._opened_once and not self._closed:
                 try:
                     value = first(key)
+                except StoreCorruptedError:
+                    raise  # damage (integrity.py): never read from another copy instead
                 except (UnsupportedSst, OSError, IqkitError):
                     # Not a file the reader knows, or one it cannot read: the database
                     # reads it (and a damaged or missing file fails there, by its name).
@@ -284,12 +291,28 @@ class ReopenablePartition:
                         if self.on_open is not None:
                             self.on_open(FIRST_READ_LINE)
                         return value  # type: ignore[return-value]
-            return self.open().get(key)
+            try:
+                return self.open().get(key)
+            except StoreCorruptedError as exc:
+                self._damaged(exc)
         self._bound._lru.move_to_end(id(self))  # OpenChains.used, one call less per key
-        return part.get(key)
+        try:
+            return part.get(key)
+        except StoreCorruptedError as exc:
+            self._damaged(exc)
 
     def multi_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        return self.open().multi_get(keys)
+        try:
+            return self.open().multi_get(keys)
+        except StoreCorruptedError as exc:
+            self._damaged(exc)
+
+    def _damaged(self, exc: StoreCorruptedError) -> NoReturn:
+        """Remember that this partition version is damaged (integrity.py: its other
+        query shapes then fail the same way, whichever copy they read), and re-raise."""
+        if self.damage is not None:
+            KNOWN_DAMAGE.mark(self.damage, None, str(exc).splitlines()[0])
+        raise exc
 
     def scan_chunks(
         self, lower: bytes, upper: bytes | None, *, reverse: bool = False
@@ -306,7 +329,10 @@ class ReopenablePartition:
     def _scan(
         self, lower: bytes, upper: bytes | None, reverse: bool
     ) -> Iterator[list[tuple[bytes, bytes]]]:
-        part = self.open()
+        try:
+            part = self.open()
+        except StoreCorruptedError as exc:
+            self._damaged(exc)
         self._scans += 1
         try:
             if isinstance(part, MemoryPartition):
@@ -314,6 +340,8 @@ class ReopenablePartition:
                     yield from _as_rocks_chunks(rows)
             else:
                 yield from part.scan_chunks(lower, upper, reverse=reverse)
+        except StoreCorruptedError as exc:
+            self._damaged(exc)
         finally:
             self._scans -= 1
 
@@ -582,14 +610,24 @@ class ChainSnapshot:
         return record
 
     def version_walk(self, p: int, records: Mapping[int, Any]) -> Any:
-        """Partition ``p`` across ``records`` (store/chain/versions.py)."""
+        """Partition ``p`` across ``records`` (store/chain/versions.py); a file of theirs
+        this process found damaged fails it at once (integrity.py)."""
+        if KNOWN_DAMAGE.any:
+            where = place_on_root(self.objects, f"{self.name}/{CHAIN_SST_DIR}/{p}")
+            for record in records.values():
+                chain = record.partitions.get(p)
+                if chain is not None:
+                    check_known_damage(self.objects, chain, where)
         return ChainVersionWalk(self, p, dict(records))
 
     def hot_partition(self, p: int) -> OpenPartition | None:
         """Partition ``p`` of the served version when a query already opened it through
         ``partition`` (else ``None``): the key-lookup path's one dict lookup. It may have
         been closed since to stay under the bound; reading it opens it again, and a
-        failure to do so raises ``IqkitError`` (the caller then takes ``partition``)."""
+        failure to do so raises ``IqkitError`` (the caller then takes ``partition``).
+        None once this process found any file damaged: ``partition`` checks that."""
+        if KNOWN_DAMAGE.any:
+            return None
         return self._hot.get(p)
 
     def _partition(self, record: ChainVersion | None, p: int) -> OpenPartition:
@@ -598,6 +636,9 @@ class ChainSnapshot:
                 self._empty = empty_partition(self.manifest)
             return self._empty
         chain = record.partitions[p]
+        if KNOWN_DAMAGE.any:
+            where = place_on_root(self.objects, f"{self.name}/{CHAIN_SST_DIR}/{p}")
+            check_known_damage(self.objects, chain, where)
         key = (p, tuple(f.name for f in chain.files))
         entry = self._open.get(key)
         if entry is not None:
@@ -703,6 +744,8 @@ class ChainSnapshot:
                 if PartitionChain.holds_no_rows(chain.commit_record()):
                     continue
                 try:
+                    where = place_on_root(self.objects, f"{self.name}/{CHAIN_SST_DIR}/{p}")
+                    check_known_damage(self.objects, chain, where)
                     paths, names, pinned = pin_twins(self.cache, self.objects, chain)
                 except IqkitError as exc:
                     raise type(exc)(f"partition {p}: {exc}") from None

@@ -28,11 +28,12 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-from ...errors import IqkitError
+from ...errors import IqkitError, StoreCorruptedError
+from ..integrity import KNOWN_DAMAGE
 from ..partitions.builds import LayeredDatabase
 from ..partitions.sst_reader import MISSING, SstFile, UnsupportedSst
-from .read import place_on_root, plan_twin_scan
-from .records import ChainVersion, PartitionChain
+from .read import check_sst, pin_checked, place_on_root, plan_twin_scan
+from .records import ChainFile, ChainVersion, PartitionChain
 
 __all__ = ["KEPT_DATABASES", "ChainVersionWalk", "LayeredDatabases"]
 
@@ -43,6 +44,33 @@ KEPT_DATABASES = 32
 #: SST files a reader keeps open for single-key reads (a descriptor each): a history of
 #: 100 versions reads about 110.
 KEPT_SST_FILES = 128
+
+
+class _Checked:
+    """An ``SstFile`` whose damage found mid-read (a block's checksum) is remembered for
+    the process (integrity.py), so the partition's other query shapes fail the same way."""
+
+    __slots__ = ("_path", "_place", "_sst")
+
+    def __init__(self, sst: SstFile, place: str, path: Any) -> None:
+        self._sst, self._place, self._path = sst, place, path
+
+    def get(self, key: bytes) -> object:
+        try:
+            return self._sst.get(key)
+        except StoreCorruptedError as exc:
+            KNOWN_DAMAGE.mark(self._place, self._path, str(exc))
+            raise
+
+    def items(self) -> Iterator[tuple[bytes, bytes | None]]:
+        try:
+            yield from self._sst.items()
+        except StoreCorruptedError as exc:
+            KNOWN_DAMAGE.mark(self._place, self._path, str(exc))
+            raise
+
+    def close(self) -> None:
+        self._sst.close()
 
 
 def _extends(older: PartitionChain | None, newer: PartitionChain | None) -> bool:
@@ -85,33 +113,42 @@ class LayeredDatabases:
         #: SST files open for single-key reads (``sst``), least recently used first.
         self._ssts: OrderedDict[str, tuple[SstFile, Any]] = OrderedDict()
 
-    def sst(self, name: str) -> SstFile:
-        """The chain file ``name`` open for ``sst_reader`` reads (kept, up to
-        ``KEPT_SST_FILES``): in place on a local root, through no link; else the cache's
-        copy, pinned while open. ``UnsupportedSst`` when the reader does not know it."""
+    def sst(self, f: ChainFile) -> SstFile:
+        """The chain file ``f`` open for ``sst_reader`` reads (kept, up to
+        ``KEPT_SST_FILES``): in place on a local root, through no link, checked for its
+        size; else the cache's copy, pinned while open (checked when fetched).
+        ``UnsupportedSst`` when the reader does not know it; ``StoreCorruptedError``
+        (remembered: integrity.py) when it is damaged."""
+        name = f.name
         kept = self._ssts.get(name)
         if kept is not None:
             self._ssts.move_to_end(name)
             return kept[0]
         objects = self._snapshot.objects
+        place = place_on_root(objects, name)
         holds = contextlib.ExitStack()
         try:
             if objects.root.is_local:  # in place, opened through no link
+                check_sst(objects, f, objects.local_file(name), whole=False)
                 fh = holds.enter_context(objects.open_local_file(name))
             else:
-                pin = self._snapshot.cache.pin(objects, name)
+                pin = pin_checked(self._snapshot.cache, objects, name, f.size, f.checksum)
                 holds.callback(pin.release)
                 fh = open(pin.path, "rb")  # noqa: SIM115 (closed with the SstFile)
-            sst = SstFile(fh)
+            sst = _Checked(SstFile(fh, name=place), place, objects.local_file(name))
+        except StoreCorruptedError as exc:
+            holds.close()
+            KNOWN_DAMAGE.mark(place, objects.local_file(name), str(exc))
+            raise
         except BaseException:
             holds.close()
             raise
-        self._ssts[name] = (sst, holds)
+        self._ssts[name] = (sst, holds)  # type: ignore[assignment]
         while len(self._ssts) > KEPT_SST_FILES:
             _name, (old, old_holds) = self._ssts.popitem(last=False)
             old.close()
             old_holds.close()
-        return sst
+        return sst  # type: ignore[return-value]
 
     def acquire(self, p: int, layers: list[list[Any]]) -> tuple[_Kept, int]:
         """A database holding ``layers`` (lists of ``ChainFile``s) as its first layers,
@@ -146,9 +183,13 @@ class LayeredDatabases:
         self._shrink()
 
     def _sources(self, entry: _Kept, files: list[Any]) -> list[tuple[Any, str]]:
+        """``files`` as local paths for a layered database, each checked for its size
+        (RocksDB checks their blocks as it reads them; integrity.py)."""
         objects, cache = self._snapshot.objects, self._snapshot.cache
         names = [f.name for f in files]
         paths = entry.holds.enter_context(cache.sources(objects, names))
+        for f, path in zip(files, paths, strict=True):
+            check_sst(objects, f, path, whole=False)
         return [(path, place_on_root(objects, n)) for path, n in zip(paths, names, strict=True)]
 
     def _open(self, names: list[tuple[str, ...]], layers: list[list[Any]]) -> _Kept:
@@ -268,7 +309,7 @@ class ChainVersionWalk:
         if not self._files_unreadable:
             try:
                 for f in reversed(chain.files):
-                    value = self._file_value(f.name, key)
+                    value = self._file_value(f, key)
                     if value is not MISSING:
                         return value  # type: ignore[return-value]
                 return None
@@ -277,18 +318,19 @@ class ChainVersionWalk:
         segment = self._segments[version]
         return self._database(segment).get(segment.layer_of[version], key)
 
-    def _file_value(self, name: str, key: bytes) -> object:
+    def _file_value(self, f: ChainFile, key: bytes) -> object:
+        name = f.name
         found = self._values.get((name, key), _UNREAD)
         if found is _UNREAD:
             sst = self._ssts.get(name)
             if sst is None:
-                sst = self._ssts[name] = self._open_sst(name)
+                sst = self._ssts[name] = self._open_sst(f)
             found = self._values[(name, key)] = sst.get(key)
             self._read_keys += 1
         return found
 
-    def _open_sst(self, name: str) -> SstFile:
-        return self._snapshot.layered.sst(name)  # type: ignore[no-any-return]
+    def _open_sst(self, f: ChainFile) -> SstFile:
+        return self._snapshot.layered.sst(f)  # type: ignore[no-any-return]
 
     def get_many(self, version: int, keys: list[bytes]) -> list[bytes | None]:
         written = self._written.get(version)
@@ -319,7 +361,7 @@ class ChainVersionWalk:
         try:
             rows: dict[bytes, bytes | None] = {}
             for f in added:  # in commit order: a later file's row wins
-                rows.update(self._snapshot.layered.sst(f.name).items())
+                rows.update(self._snapshot.layered.sst(f).items())
         except UnsupportedSst:
             return self._written_keys_from_twins(version, chain, added, lower, upper)
         self._from_deltas += 1
@@ -332,7 +374,7 @@ class ChainVersionWalk:
     ) -> list[bytes] | None:
         """``written_keys`` from the files' columnar twins (``__key`` and ``__deleted``),
         for files the SST reader does not know; None (compare) without twins."""
-        if any(f.twin is None for f in added):
+        if not all(f.twin_readable for f in added):
             self._compared.append(version)
             return None
         snapshot = self._snapshot

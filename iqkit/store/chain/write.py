@@ -50,6 +50,7 @@ from typing import Any
 from ...errors import ObjectMissingError
 from ...query.position import Position
 from ..cache import FileCache
+from ..integrity import checksum_file
 from ..manifest import StoreManifest
 from ..names import CHAIN_SST_DIR, CHAIN_WORK_PREFIX, COMMIT_KEY, META_PREFIX, twin_key
 from ..objects import ObjectStore
@@ -57,7 +58,7 @@ from ..partitions import rocks
 from ..partitions.builds import build_database
 from ..partitions.partition import encode_commit_record
 from ..sorted_rows import ArrowRows
-from .read import place_on_root
+from .read import check_twins, place_on_root
 from .records import (
     ROWS_AT_MOST,
     ChainFile,
@@ -320,12 +321,14 @@ def commit_partition(
                     twin = None
         del rows
         key = sst_key(store, partition, version)
+        checksum = checksum_file(upload)  # of the bytes uploaded (integrity.py)
         objects.put_immutable(key, upload)
-        twin_size = None
+        twin_size = twin_checksum = None
         if twin is not None and twin.exists():
+            twin_checksum = checksum_file(twin)
             objects.put_immutable(twin_key(key), twin)
             twin_size = twin.stat().st_size
-        new = ChainFile(key, upload.stat().st_size, twin_size)
+        new = ChainFile(key, upload.stat().st_size, twin_size, checksum, twin_checksum)
     return PartitionChain(files=(*kept, new), commit=commit, written_by=version)
 
 
@@ -355,10 +358,12 @@ def _compact(
             from ..columnar import twins  # pyarrow: imported by writers only
 
             assert manifest is not None
-            if all(f.twin is not None for f in files):
+            if all(f.twin_readable for f in files):
                 rocks.write_sst(base, rocks.scan(db, b"", None))
                 keys = [f.twin_name for f in files]
                 with cache.sources(objects, [k for k in keys if k]) as twin_paths:
+                    # checked whole before pyarrow reads them (integrity.py)
+                    check_twins(objects, files, [os.fspath(p) for p in twin_paths])
                     made = twins.try_write(
                         twins.write_merged_twin, twin, manifest, twin_paths, delta_rows
                     )

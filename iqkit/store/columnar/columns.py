@@ -107,8 +107,7 @@ def _footer(p: int, f: TwinFile) -> pq.FileMetaData:
     key = KEY_BYTES if derived is None else derived.decode()
     if key not in names or DELETED not in names:
         raise StoreCorruptedError(
-            f"partition {p}: columnar twin {f.name} cannot be read: "
-            f"no {key} or {DELETED} column"
+            f"partition {p}: columnar twin {f.name} cannot be read: no {key} or {DELETED} column"
         )
     return meta
 

@@ -30,7 +30,6 @@ done only where it provably gives what the row path gives (``_json_records`` and
 engine's own decoder, so values, types and errors never depend on which path ran.
 """
 
-
 from __future__ import annotations
 
 import contextlib
@@ -208,9 +207,7 @@ def _leaves(array: pa.Array) -> Iterator[pa.Array]:
         yield array
 
 
-def _read_json(
-    data: bytes, schema: pa.Schema | None = None, unexpected: str = "infer"
-) -> pa.Table:
+def _read_json(data: bytes, schema: pa.Schema | None = None, unexpected: str = "infer") -> pa.Table:
     """``data`` (JSON objects, one per line) read by ``pyarrow.json`` as one block on one
     thread. Quirk: with several blocks on several threads, the order of the columns
     depends on which block is done first, while it must be the order fields are first
@@ -668,7 +665,6 @@ def _assemble(chunks: list[dict[str, _Column]]) -> pa.Table:
     return pa.Table.from_batches(
         [pa.RecordBatch.from_arrays(a, schema=schema) for a in arrays], schema=schema
     )
-
 
 
 def _keys_and_values(segments: Sequence[tuple[int, Sequence[Any]]]) -> tuple[list, list]:

@@ -84,7 +84,6 @@ _DOUBLE = struct.Struct(">d")
 _pack_f64, _unpack_f64 = _DOUBLE.pack, _DOUBLE.unpack
 
 
-
 # Java's Double.doubleToLongBits collapses every NaN to this one bit pattern.
 _JAVA_NAN = bytes.fromhex("7ff8000000000000")
 

@@ -25,7 +25,7 @@ from functools import partial
 from itertools import chain, repeat
 from typing import Any
 
-from ...errors import IqkitError
+from ...errors import IqkitError, StoreCorruptedError
 from ...query import (
     KeyQuery,
     KeyValue,
@@ -604,11 +604,15 @@ class TypedKeyValueLayer(_TypedLayer):
         self, lower: bytes, upper: bytes | None, reverse: bool, trace: Trace
     ) -> Any:
         """The planned twin scan of a partition whose database is open, or None when its
-        twins cannot be read (damaged, or not fetched from object storage): its tables
-        then come from the database's rows too, which the open database has."""
+        twins cannot be fetched from object storage: its tables then come from the
+        database's rows too, which the open database has. A damaged twin is the
+        partition's verdict (``StoreCorruptedError``, store/integrity.py): the database
+        beside it must not hide it."""
         t0 = _clock(trace)
         try:
             return self.inner.twin_scan(lower, upper, reverse, trace, rows_from_twins=False)
+        except StoreCorruptedError:
+            raise
         except IqkitError as exc:
             if trace.enabled:
                 trace.add("ColumnarScan", t0, f"not read ({exc}); rows are read from RocksDB")

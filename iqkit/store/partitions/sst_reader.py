@@ -136,8 +136,10 @@ class SstFile:
     through no link), for reads (module docstring); ``UnsupportedSst`` when it is not one
     this reader knows. ``close`` closes ``fh``."""
 
-    def __init__(self, fh: BinaryIO) -> None:
+    def __init__(self, fh: BinaryIO, *, name: str | None = None) -> None:
         self._fh = fh
+        #: The file's place on its root, for messages (None: unnamed).
+        self.name = name
         try:
             self._open()
         except (UnsupportedSst, OSError):
