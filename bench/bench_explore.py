@@ -37,9 +37,10 @@ once (aggregates value by value, scans and joins by row count and key set).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
-import math
 import importlib
+import math
 import os
 import pstats
 import shutil
@@ -140,9 +141,8 @@ class cold_engine:
         os.environ["IQKIT_CACHE"] = os.fspath(self.cache)
         # Cold as a new process is: no file known whole yet (store/integrity.py; absent
         # from the code before checksums, which this bench is run against in A/B).
-        forget = getattr(importlib.import_module("iqkit.store.integrity"), "forget_verified", None)
-        if forget is not None:
-            forget()
+        with contextlib.suppress(ImportError):
+            importlib.import_module("iqkit.store.integrity").forget_verified()
         self.engine = iqkit.open(self.root)
         return self.engine
 

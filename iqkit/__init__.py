@@ -62,7 +62,9 @@ def verify(
     from .store.roots import parse_root
 
     names = [stores] if isinstance(stores, str) else stores
-    return format_for(parse_root(root)).verify(names, repair=repair)  # type: ignore[arg-type]
+    storage = format_for(parse_root(root))  # type: ignore[arg-type]
+    storage.check_root()  # a missing root folder is one line, as opening one is
+    return storage.verify(names, repair=repair)
 
 
 def unload_ipython_extension(ipython: object) -> None:

@@ -310,3 +310,29 @@ def test_the_cli_runs_as_a_module(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("no damage found")
+
+
+def test_a_copy_fetched_from_object_storage_is_checked_before_it_is_used(s3_root, tmp_path):
+    """A file damaged on the object store (same size): its fetched copy fails the
+    check, its partition fails naming the root's file, and no copy of it stays in the
+    cache; verify finds it there too (fetching privately, never into the cache)."""
+    import fsspec
+
+    make_store(s3_root)
+    fs = fsspec.filesystem("s3")
+    bucket_root = s3_root.removeprefix("s3://")
+    (twin,) = [p for p in fs.find(f"{bucket_root}/t/sst/0") if p.endswith(".parquet")][:1]
+    good = fs.cat_file(twin)
+    fs.pipe_file(twin, bytes((b + 1) % 256 for b in good))
+    with iqkit.open(s3_root) as engine:
+        r = engine.query(StateQueryRequest.in_store("t").with_query(RangeQuery.with_no_bounds()))
+    failed = r.partition_results[0]
+    assert failed.failure_reason.name == "STORE_EXCEPTION"
+    assert twin.rsplit("/", 1)[1] in failed.failure_message
+    assert "bytes fetched do not match" in failed.failure_message
+    assert r.partition_results[1].is_success
+    cached = list(Path(os.environ["IQKIT_CACHE"]).rglob(twin.rsplit("/", 1)[1]))
+    assert cached == []
+    report = iqkit.verify(s3_root)
+    assert [Path(d.file).name for d in report.damaged] == [twin.rsplit("/", 1)[1]]
+    assert not list(Path(os.environ["IQKIT_CACHE"]).rglob("*.sst"))  # verify cached nothing

@@ -19,9 +19,12 @@ The format, as RocksDB writes it:
   (4), 24 bytes of padding, the format version (4) and the table magic number (8). The
   metaindex block lies just before the footer, less a block trailer.
 * Every block is followed by a 5-byte trailer: its compression type (0 none, 1 Snappy,
-  whose raw format carries its own length) and a checksum (not verified here: the
-  chain's files are immutable and named by what wrote them; a damaged one fails to parse
-  or falls back).
+  whose raw format carries its own length) and a checksum, verified here before the
+  block is used, as RocksDB verifies it (kXXH3 with format version 6's context modifier):
+  a mismatch is ``StoreCorruptedError`` naming the file (damage is never read another
+  way). Damage to the footer either fails a block's check (its base context checksum,
+  the metaindex's size) or makes the file one this reader refuses, which RocksDB then
+  reads and checks, footer checksum included.
 * A block is a run of entries, then ``num_restarts`` little-endian uint32 offsets of the
   entries that start with no shared key prefix, then ``num_restarts`` itself (its high
   bits flag a hash index or separated values, neither of which iqkit writes). An entry
@@ -42,6 +45,10 @@ import struct
 from collections.abc import Iterator
 from typing import BinaryIO
 
+from xxhash import xxh3_64_intdigest as _xxh3
+
+from ...errors import StoreCorruptedError
+
 __all__ = ["MISSING", "SstFile", "UnsupportedSst"]
 
 #: What ``SstFile.get`` returns for a key the file does not hold (a tombstone is None).
@@ -59,6 +66,11 @@ _TYPE_DELETION, _TYPE_VALUE, _TYPE_SINGLE_DELETION = 0, 1, 7
 #: Bytes read at once from a file's end when it is opened.
 _TAIL_BYTES = 64 * 1024
 _UINT32 = struct.Struct("<I")
+#: The footer's checksum type iqkit's files use (RocksDB's kXXH3), and what RocksDB
+#: mixes the block's last (compression type) byte in with.
+_CHECKSUM_XXH3 = 4
+_XXH3_LAST_BYTE = 0x6B9083D9
+_MASK32 = 0xFFFFFFFF
 _UINT64 = struct.Struct("<Q")
 
 
@@ -140,9 +152,10 @@ class SstFile:
         self._fh = fh
         #: The file's place on its root, for messages (None: unnamed).
         self.name = name
+        self._base_context = 0
         try:
             self._open()
-        except (UnsupportedSst, OSError):
+        except (UnsupportedSst, StoreCorruptedError, OSError):
             self._fh.close()
             raise
         except (ValueError, IndexError, struct.error) as exc:
@@ -162,6 +175,18 @@ class SstFile:
     def _block(self, offset: int, size: int) -> bytes:
         raw = self._read(offset, size + _TRAILER)
         kind = raw[size]
+        # The trailer's checksum, exactly as RocksDB checks it (kXXH3, format version 6):
+        # the low 32 bits of XXH3-64 of the block's bytes, the compression-type byte
+        # mixed in, plus a modifier of the file's base context checksum and the block's
+        # offset. A mismatch is damage, never a reason to read the file another way.
+        stored = _UINT32.unpack_from(raw, size + 1)[0]
+        computed = (_xxh3(memoryview(raw)[:size]) & _MASK32) ^ ((kind * _XXH3_LAST_BYTE) & _MASK32)
+        computed = (computed + self._modifier(offset)) & _MASK32
+        if computed != stored:
+            raise StoreCorruptedError(
+                f"{self.name or 'an SST file'} is damaged: its block at offset {offset} "
+                f"({size} bytes) fails its checksum"
+            )
         if kind == _NO_COMPRESSION:
             return raw[:size]
         if kind == _SNAPPY:
@@ -191,6 +216,9 @@ class SstFile:
             raise UnsupportedSst(f"format version {version}")
         if _UINT64.unpack_from(footer, 33)[0] != 0:
             raise UnsupportedSst("a future feature in the footer")
+        if footer[0] != _CHECKSUM_XXH3:
+            raise UnsupportedSst(f"checksum type {footer[0]}")
+        self._base_context = _UINT32.unpack_from(footer, 9)[0]
         meta_size = _UINT32.unpack_from(footer, 13)[0]
         meta = _Block(self._block(footer_offset - _TRAILER - meta_size, meta_size))
         handles = {}
@@ -220,6 +248,14 @@ class SstFile:
             raise UnsupportedSst("a comparator other than bytewise")
         self._index = _Block(self._block(*handles[b"rocksdb.index"]))
         self._restarts = frozenset(self._index.restarts)
+
+    def _modifier(self, offset: int) -> int:
+        """RocksDB's ``ChecksumModifierForContext``: 0 when the file has no base context
+        checksum, else the base xor the offset's two 32-bit halves added."""
+        base = self._base_context
+        if base == 0:
+            return 0
+        return (base ^ (((offset & _MASK32) + (offset >> 32)) & _MASK32)) & _MASK32
 
     # -- the index ------------------------------------------------------------------------
     def _restart_key(self, restart: int) -> bytes:
