@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ...errors import IqkitError
 from ..objects import ObjectStore
 from . import hdfs_files, rocksdb_files
 from .layout import OperatorStore, batch_metadata, state_folder
@@ -323,8 +324,16 @@ class StateReader:
         self, store: OperatorStore, version: int, work_dir: str | os.PathLike[str]
     ) -> Iterator[tuple[Any, ...]]:
         """Decoded key rows of ``version``, partition after partition (a window store's
-        window size is read off its first window)."""
+        window size is read off its first window). A partition whose files cannot be
+        read is passed over (its own queries fail, naming the file): a damaged partition
+        must not fail the whole store; when none can be read, the first one's error."""
+        first_error: IqkitError | None = None
         for p in range(store.partitions):
-            files = self.version_files(store, p, version)
-            for key_row, _ in self.state_rows(store, version, files, work_dir):
-                yield key_row
+            try:
+                files = self.version_files(store, p, version)
+                for key_row, _ in self.state_rows(store, version, files, work_dir):
+                    yield key_row
+            except IqkitError as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error

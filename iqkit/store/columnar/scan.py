@@ -74,6 +74,13 @@ def _native(fh: BinaryIO) -> str | BinaryIO:
     return f"{_FD_FOLDER}/{fh.fileno()}" if os.path.isdir(_FD_FOLDER) else fh
 
 
+def _parquet(fh: BinaryIO) -> pq.ParquetFile:
+    """The open twin ``fh`` for reading row groups. Every page's CRC32 is checked where
+    its header has one (twins.write_twin writes them; older twins have none and are read
+    unchecked): a flipped bit in a page is an error (``_damage``), not wrong rows."""
+    return pq.ParquetFile(_native(fh), page_checksum_verification=True)
+
+
 @dataclass
 class _Footer:
     """What planning needs of a twin's footer, parsed once: its schema, layout, the
@@ -260,7 +267,7 @@ class TwinScan:
             if parquet is not None:
                 table = parquet.read_row_groups(groups, columns=names, use_threads=False)
             else:
-                with self._open(f.local) as fh, pq.ParquetFile(_native(fh)) as opened:
+                with self._open(f.local) as fh, _parquet(fh) as opened:
                     table = opened.read_row_groups(groups, columns=names, use_threads=False)
             if f.key_from is None or not keys:
                 return table
@@ -290,7 +297,7 @@ class TwinScan:
             with contextlib.ExitStack() as held:
                 with _damage(f.path):
                     fh = held.enter_context(self._open(f.local))
-                    parquet = held.enter_context(pq.ParquetFile(_native(fh)))
+                    parquet = held.enter_context(_parquet(fh))
                 for g in order:
                     if self.closed:
                         return

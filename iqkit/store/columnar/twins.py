@@ -225,7 +225,10 @@ def write_twin(path: str | os.PathLike[str], table: pa.Table) -> int:
     """Write ``table`` (``twin_table``'s) as Parquet at ``path``; its size in bytes.
 
     zstd; ``__key`` unencoded by dictionary (keys are unique) and with statistics (row
-    groups are skipped by them); ``ROW_GROUP_ROWS`` rows per row group."""
+    groups are skipped by them); ``ROW_GROUP_ROWS`` rows per row group; a CRC32 in every
+    page header, which iqkit's pyarrow reads verify (``columnar.scan``): a damaged page
+    is an error there, not wrong rows. The footer has no CRC (the chain record's
+    checksum of the whole file covers it)."""
     delta = [
         f.name for f in table.schema
         if (f.name == KEY_BYTES or f.name.encode() == (table.schema.metadata or {}).get(KEY_FROM))
@@ -242,6 +245,7 @@ def write_twin(path: str | os.PathLike[str], table: pa.Table) -> int:
         use_dictionary=[c for c in table.column_names if c not in delta and _repeats(table, c)],
         column_encoding=dict.fromkeys(delta, "DELTA_BYTE_ARRAY") or None,
         write_statistics=True,
+        write_page_checksum=True,
         # Quirk: by default nested lists are written with Parquet's child name
         # "element", and read back so: the columns would not equal a scan's ("item").
         use_compliant_nested_type=False,
