@@ -4,6 +4,7 @@
     .venv/bin/python bench/probe_twin_abort.py --all              # every bit of the twin
     .venv/bin/python bench/probe_twin_abort.py --flips 500 --readers duckdb,read_table
     .venv/bin/python bench/probe_twin_abort.py --region size_statistics   # every bit there
+    .venv/bin/python bench/probe_twin_abort.py --flip 1656:0      # one flip (byte:bit)
     .venv/bin/python bench/probe_twin_abort.py --cost 1000000     # what page CRCs cost
     .venv/bin/python bench/probe_twin_abort.py --replay out/abort-*.parquet   # one input
 
@@ -557,7 +558,12 @@ def main() -> None:
     ap.add_argument("--readers", default=",".join(DEFAULT_READERS))
     ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2))))
     ap.add_argument("--timeout", type=float, default=30.0)
-    ap.add_argument("--out", default="probe-twin-abort", help="folder for the report")
+    ap.add_argument(
+        "--out",
+        default=os.path.join(tempfile.gettempdir(), "probe-twin-abort"),
+        help="folder for the report and the inputs that killed a reader",
+    )
+    ap.add_argument("--flip", action="append", metavar="BYTE:BIT", help="flip just these")
     ap.add_argument("--region", help="flip only bytes whose region name holds this text")
     ap.add_argument("--cost", type=int, metavar="ROWS", help="time page CRCs on a twin")
     ap.add_argument("--repeat", type=int, default=7, help="timings per case (--cost)")
@@ -608,7 +614,9 @@ def main() -> None:
             f"columns {facts['columns']}"
         )
         bits = len(data) * 8
-        if args.region:
+        if args.flip:
+            flips = [(int(o), int(b)) for o, b in (f.split(":") for f in args.flip)]
+        elif args.region:
             hit = [o for o in range(len(data)) if args.region in where(spans, o)]
             flips = [(o, b) for o in hit for b in range(8)]
         elif args.all:
