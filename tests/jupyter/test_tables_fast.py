@@ -137,7 +137,9 @@ def write_bytes_as(root: Path, name: str, rows, *, value_serde: str = "json", **
 def rewrite_manifest(root: Path, name: str, **changes) -> None:
     """Change settings in ``name``'s manifest on disk (what no iqkit writer does)."""
     path = root / name / "manifest.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+    data = json.loads(path.read_text())
+    data.pop("checksum")  # written by hand: no checksum (store/integrity.py)
+    path.write_text(json.dumps({**data, **changes}))
 
 
 # -- the bulk path is taken where it should be -------------------------------------------------

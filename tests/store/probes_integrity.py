@@ -572,7 +572,7 @@ class Report:
                 )
         return "\n".join(lines)
 
-    def text(self, examples: int = 3) -> str:
+    def text(self, examples: int = 2) -> str:
         n = len(self.results)
         out = [
             f"{n} damages in {self.seconds:.0f} s ({self.workers} children at a time; "
@@ -594,12 +594,13 @@ class Report:
                 f"  {n:5d}  {kind:8s} {shape:9s} {verdict}"
                 for (kind, shape, verdict), n in sorted(self.bad_verdicts.items())
             ]
-        shown: Counter = Counter()
+        shown: Counter = Counter()  # examples of each bad verdict, per file kind and shape
         for r in self.results:
             for shape, o in r.shapes.items():
-                if o.outcome in ("same", "clean") or shown[(r.damage.kind, o.outcome)] >= examples:
+                which = (r.damage.kind, shape, o.verdict.split("\n")[0])
+                if o.outcome in ("same", "clean") or shown[which] >= examples:
                     continue
-                shown[(r.damage.kind, o.outcome)] += 1
+                shown[which] += 1
                 out += ["", f"--- {o.verdict} in shape {shape}: {r.damage.label()}"]
                 out += [_cut(line) for line in o.details[:4]]
         return "\n".join(out)
