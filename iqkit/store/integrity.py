@@ -38,9 +38,11 @@ a Parquet reader (scans read RocksDB instead, docs/DECISIONS.md "Integrity").
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
+from collections.abc import Iterator
 from typing import NoReturn
 
 import xxhash
@@ -50,6 +52,7 @@ from ..errors import StoreCorruptedError
 __all__ = [
     "ALGORITHM",
     "KNOWN_DAMAGE",
+    "FileRef",
     "KnownDamage",
     "check_file",
     "checksum_bytes",
@@ -58,6 +61,7 @@ __all__ = [
     "damaged",
     "forget_verified",
     "is_checksum",
+    "remembering",
     "seal_json",
     "unseal_json",
 ]
@@ -167,13 +171,13 @@ class KnownDamage:
         #: attribute load (no call).
         self.any = False
 
-    def mark(self, place: str, path: str | os.PathLike[str] | None, message: str) -> None:
+    def mark(self, place: str, path: FileRef | None, message: str) -> None:
         identity = _identity(path) if path is not None else None
         with self._lock:
             self._found[place] = (identity, message)
             self.any = True
 
-    def check(self, place: str, path: str | os.PathLike[str] | None) -> None:
+    def check(self, place: str, path: FileRef | None) -> None:
         """Raise the damage found in ``place`` earlier, unless the file changed since."""
         found = self._found.get(place)
         if found is None:
@@ -195,6 +199,18 @@ class KnownDamage:
 #: The process's record of damaged files (module docstring).
 KNOWN_DAMAGE = KnownDamage()
 
+
+@contextlib.contextmanager
+def remembering(place: str, path: FileRef | None) -> Iterator[None]:
+    """Damage a reader finds inside the block (a block's checksum, RocksDB's report) is
+    remembered as ``place``'s (``KNOWN_DAMAGE``), then raised on: the one way a read
+    that finds damage makes it the partition's verdict."""
+    try:
+        yield
+    except StoreCorruptedError as exc:
+        KNOWN_DAMAGE.mark(place, path, str(exc).splitlines()[0])
+        raise
+
 #: Files found whole, by identity and checksum (module docstring).
 _VERIFIED: set[tuple[object, ...]] = set()
 _VERIFIED_LOCK = threading.Lock()
@@ -202,15 +218,24 @@ _VERIFIED_LOCK = threading.Lock()
 _VERIFIED_KEPT = 200_000
 
 
-def _identity(path: str | os.PathLike[str]) -> tuple[int, ...] | None:
+#: A file as these checks take it: its path, or a descriptor open on it (a reader that
+#: has it open already checks it without opening it again).
+FileRef = str | os.PathLike[str] | int
+
+
+def _stat(file: FileRef) -> os.stat_result:
+    return os.fstat(file) if isinstance(file, int) else os.stat(file, follow_symlinks=False)
+
+
+def _identity(path: FileRef) -> tuple[int, ...] | None:
     try:
-        st = os.stat(path, follow_symlinks=False)
+        st = _stat(path)
     except OSError:
         return None
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def damaged(place: str, path: str | os.PathLike[str] | None, what: str) -> NoReturn:
+def damaged(place: str, path: FileRef | None, what: str) -> NoReturn:
     """Record ``place`` (a file's place on the root) as damaged and raise its one line."""
     message = f"{place} is damaged: {what}"
     KNOWN_DAMAGE.mark(place, path, message)
@@ -218,7 +243,7 @@ def damaged(place: str, path: str | os.PathLike[str] | None, what: str) -> NoRet
 
 
 def check_file(
-    path: str | os.PathLike[str],
+    path: FileRef,
     place: str,
     *,
     size: int,
@@ -231,7 +256,7 @@ def check_file(
     damage: ``StoreCorruptedError`` (``damaged``)."""
     KNOWN_DAMAGE.check(place, path)
     try:
-        st = os.stat(path)
+        st = _stat(path)
     except FileNotFoundError:
         damaged(place, None, "the file is missing")
     if st.st_size != size:
@@ -241,7 +266,7 @@ def check_file(
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, checksum)
     if key in _VERIFIED:
         return
-    actual = checksum_file(path)
+    actual = checksum_fd(path) if isinstance(path, int) else checksum_file(path)
     if actual != checksum:
         damaged(
             place,

@@ -37,7 +37,7 @@ from typing import Any
 
 from ...errors import IqkitError, StoreCorruptedError, StoreIOError
 from ..cache import CacheStats, FileCache, PinnedFile, counted, is_disk_full
-from ..integrity import KNOWN_DAMAGE, check_file
+from ..integrity import KNOWN_DAMAGE, FileRef, check_file, remembering
 from ..manifest import StoreManifest
 from ..names import CACHE_DBS_DIR, CHAIN_SST_DIR
 from ..objects import ObjectStore, check_key
@@ -51,8 +51,8 @@ __all__ = [
     "TwinMemo",
     "check_known_damage",
     "check_sst",
-    "damage_key",
     "check_twins",
+    "damage_key",
     "database_folder",
     "open_partition",
     "place_on_root",
@@ -330,16 +330,12 @@ def read_key_in_place(objects: ObjectStore, chain: PartitionChain, key: bytes) -
     """``key``'s value in ``chain`` (a local root's), read from its SST files themselves,
     newest first, without a database (``sst_reader``; each file opened through no link
     and closed after). ``UnsupportedSst`` when a file is not one the reader knows."""
-    for f in chain.files:
-        check_sst(objects, f, objects.local_file(f.name), whole=False)
     for f in reversed(chain.files):
         place = place_on_root(objects, f.name)
-        with objects.open_local_file(f.name) as fh:
-            try:
-                value = SstFile(fh, name=place).get(key)
-            except StoreCorruptedError as exc:  # a block's checksum: the file is damaged
-                KNOWN_DAMAGE.mark(place, objects.local_file(f.name), str(exc))
-                raise
+        # Each file checked for its size as it is opened, its blocks as they are read.
+        with objects.open_local_file(f.name) as fh, remembering(place, fh.fileno()):
+            check_sst(objects, f, fh.fileno(), whole=False)
+            value = SstFile(fh, name=place).get(key)
         if value is not MISSING:
             return value  # type: ignore[return-value]
     return None
@@ -476,11 +472,10 @@ def check_known_damage(objects: ObjectStore, chain: PartitionChain, where: str) 
     KNOWN_DAMAGE.check(damage_key(where, chain), None)
 
 
-def check_sst(
-    objects: ObjectStore, f: ChainFile, path: str | os.PathLike[str] | None, *, whole: bool
-) -> None:
-    """Check the SST ``f`` at ``path`` (integrity.py): its size, and with ``whole`` its
-    checksum. ``StoreCorruptedError`` naming its place on the root when damaged."""
+def check_sst(objects: ObjectStore, f: ChainFile, path: FileRef | None, *, whole: bool) -> None:
+    """Check the SST ``f`` at ``path`` (or open as that descriptor; integrity.py): its
+    size, and with ``whole`` its checksum. ``StoreCorruptedError`` naming its place on
+    the root when damaged."""
     if path is None:
         return  # not a local file: checked when fetched (pin_checked)
     check_file(path, place_on_root(objects, f.name), size=f.size, checksum=f.checksum, whole=whole)

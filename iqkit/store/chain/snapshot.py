@@ -35,7 +35,7 @@ from ...errors import IqkitError, StoreCorruptedError
 from ...query.position import Position
 from ..cache import FileCache
 from ..format import MAX_OPEN_PARTITIONS, OpenPartition, TwinFile, TwinFiles, empty_partition
-from ..integrity import KNOWN_DAMAGE
+from ..integrity import KNOWN_DAMAGE, remembering
 from ..names import CHAIN_SST_DIR
 from ..objects import ObjectStore
 from ..partitions.layers import ReadCache, build_layers
@@ -212,7 +212,7 @@ class ReopenablePartition:
         self.written_by_version = chain.written_by
         self.location = where
         #: What ``KNOWN_DAMAGE`` calls this partition version (``read.damage_key``).
-        self.damage: str | None = damage_key(where, chain)
+        self.damage = damage_key(where, chain)
 
     def open(self) -> ChainPartition | MemoryPartition:
         """The open partition (opened now if it was not); raises ``IqkitError`` when it
@@ -310,9 +310,8 @@ class ReopenablePartition:
     def _damaged(self, exc: StoreCorruptedError) -> NoReturn:
         """Remember that this partition version is damaged (integrity.py: its other
         query shapes then fail the same way, whichever copy they read), and re-raise."""
-        if self.damage is not None:
-            KNOWN_DAMAGE.mark(self.damage, None, str(exc).splitlines()[0])
-        raise exc
+        with remembering(self.damage, None):
+            raise exc
 
     def scan_chunks(
         self, lower: bytes, upper: bytes | None, *, reverse: bool = False
@@ -613,12 +612,15 @@ class ChainSnapshot:
         """Partition ``p`` across ``records`` (store/chain/versions.py); a file of theirs
         this process found damaged fails it at once (integrity.py)."""
         if KNOWN_DAMAGE.any:
-            where = place_on_root(self.objects, f"{self.name}/{CHAIN_SST_DIR}/{p}")
             for record in records.values():
                 chain = record.partitions.get(p)
                 if chain is not None:
-                    check_known_damage(self.objects, chain, where)
+                    check_known_damage(self.objects, chain, self._where(p))
         return ChainVersionWalk(self, p, dict(records))
+
+    def _where(self, p: int) -> str:
+        """Partition ``p``'s place on the root (messages, traces, ``KNOWN_DAMAGE``)."""
+        return place_on_root(self.objects, f"{self.name}/{CHAIN_SST_DIR}/{p}")
 
     def hot_partition(self, p: int) -> OpenPartition | None:
         """Partition ``p`` of the served version when a query already opened it through
@@ -637,8 +639,7 @@ class ChainSnapshot:
             return self._empty
         chain = record.partitions[p]
         if KNOWN_DAMAGE.any:
-            where = place_on_root(self.objects, f"{self.name}/{CHAIN_SST_DIR}/{p}")
-            check_known_damage(self.objects, chain, where)
+            check_known_damage(self.objects, chain, self._where(p))
         key = (p, tuple(f.name for f in chain.files))
         entry = self._open.get(key)
         if entry is not None:
@@ -667,7 +668,7 @@ class ChainSnapshot:
             empty = MemoryPartition(
                 written_by_version=chain.written_by,
                 position=commit.get("position"),
-                location=place_on_root(self.objects, f"{self.name}/{CHAIN_SST_DIR}/{p}"),
+                location=self._where(p),
             )
             entry = OpenPartition(empty, build_layers(self.manifest, empty, ReadCache()))
             entry.fetched = KNOWN_EMPTY
@@ -697,7 +698,7 @@ class ChainSnapshot:
             lambda: open_partition(cache, objects, self.name, p, chain),
             chain,
             self.bound,
-            place_on_root(objects, f"{self.name}/{CHAIN_SST_DIR}/{p}"),
+            self._where(p),
             twins,
             first_read,
         )
@@ -744,8 +745,7 @@ class ChainSnapshot:
                 if PartitionChain.holds_no_rows(chain.commit_record()):
                     continue
                 try:
-                    where = place_on_root(self.objects, f"{self.name}/{CHAIN_SST_DIR}/{p}")
-                    check_known_damage(self.objects, chain, where)
+                    check_known_damage(self.objects, chain, self._where(p))
                     paths, names, pinned = pin_twins(self.cache, self.objects, chain)
                 except IqkitError as exc:
                     raise type(exc)(f"partition {p}: {exc}") from None

@@ -175,11 +175,9 @@ def _verify_store(
                 entry[1].append(version)
     for name, (p, versions, f) in sorted(listed.items()):
         wrong = _check(objects, name, f.size, f.checksum, report, scratch)
+        sst_ok = wrong is None
         if wrong:
             damage(p, tuple(versions), name, wrong)
-            sst_ok = False
-        else:
-            sst_ok = True
         twin = f.twin_name
         if twin is None or f.twin is None:
             continue

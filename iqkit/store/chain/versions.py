@@ -28,8 +28,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-from ...errors import IqkitError, StoreCorruptedError
-from ..integrity import KNOWN_DAMAGE
+from ...errors import IqkitError
+from ..integrity import remembering
 from ..partitions.builds import LayeredDatabase
 from ..partitions.sst_reader import MISSING, SstFile, UnsupportedSst
 from .read import check_sst, pin_checked, place_on_root, plan_twin_scan
@@ -48,7 +48,8 @@ KEPT_SST_FILES = 128
 
 class _Checked:
     """An ``SstFile`` whose damage found mid-read (a block's checksum) is remembered for
-    the process (integrity.py), so the partition's other query shapes fail the same way."""
+    the process (``integrity.remembering``), so the partition's other query shapes fail
+    the same way."""
 
     __slots__ = ("_path", "_place", "_sst")
 
@@ -56,18 +57,12 @@ class _Checked:
         self._sst, self._place, self._path = sst, place, path
 
     def get(self, key: bytes) -> object:
-        try:
+        with remembering(self._place, self._path):
             return self._sst.get(key)
-        except StoreCorruptedError as exc:
-            KNOWN_DAMAGE.mark(self._place, self._path, str(exc))
-            raise
 
     def items(self) -> Iterator[tuple[bytes, bytes | None]]:
-        try:
+        with remembering(self._place, self._path):
             yield from self._sst.items()
-        except StoreCorruptedError as exc:
-            KNOWN_DAMAGE.mark(self._place, self._path, str(exc))
-            raise
 
     def close(self) -> None:
         self._sst.close()
@@ -129,17 +124,14 @@ class LayeredDatabases:
         holds = contextlib.ExitStack()
         try:
             if objects.root.is_local:  # in place, opened through no link
-                check_sst(objects, f, objects.local_file(name), whole=False)
                 fh = holds.enter_context(objects.open_local_file(name))
+                check_sst(objects, f, fh.fileno(), whole=False)
             else:
                 pin = pin_checked(self._snapshot.cache, objects, name, f.size, f.checksum)
                 holds.callback(pin.release)
                 fh = open(pin.path, "rb")  # noqa: SIM115 (closed with the SstFile)
-            sst = _Checked(SstFile(fh, name=place), place, objects.local_file(name))
-        except StoreCorruptedError as exc:
-            holds.close()
-            KNOWN_DAMAGE.mark(place, objects.local_file(name), str(exc))
-            raise
+            with remembering(place, fh.fileno()):
+                sst = _Checked(SstFile(fh, name=place), place, fh.fileno())  # open while kept
         except BaseException:
             holds.close()
             raise
