@@ -80,8 +80,9 @@ def checksum_bytes(data: bytes | memoryview) -> str:
 
 
 def checksum_file(path: str | os.PathLike[str]) -> str:
-    """The checksum of the file at ``path`` (read in chunks: any size)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    """The checksum of the file at ``path`` (read in chunks: any size; a link at
+    ``path`` is refused, never followed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         return checksum_fd(fd)
     finally:

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from ...errors import IqkitError, ObjectMissingError, UnknownStoreError
-from ..integrity import checksum_file
+from ..integrity import checksum_fd, checksum_file
 from ..manifest import StoreManifest
 from ..objects import ObjectStore
 from .records import ChainFile, list_versions, read_version, record_key
@@ -210,15 +210,15 @@ def _check(
     """What is wrong with the file ``key`` (None: nothing)."""
     report.files += 1
     try:
-        with _local_copy(objects, key, scratch) as path:
-            actual = os.stat(path).st_size
+        with _local_copy(objects, key, scratch) as fh:
+            actual = os.fstat(fh.fileno()).st_size
             report.bytes += actual
             if actual != size:
                 return f"it has {actual} bytes, and its version record says {size}"
             if checksum is None:
                 report.unchecked += 1
                 return None
-            if checksum_file(path) != checksum:
+            if checksum_fd(fh.fileno()) != checksum:
                 return "its checksum does not match its version record"
     except (FileNotFoundError, ObjectMissingError):
         return "the file is missing"
@@ -228,17 +228,18 @@ def _check(
 
 
 @contextlib.contextmanager
-def _local_copy(objects: ObjectStore, key: str, scratch: Path) -> Iterator[str]:
-    """``key`` as a local file for the block: the root's own on a local root (reached
-    through no link), else a fresh download into ``scratch``, removed after."""
-    local = objects.local_file(key)
-    if local is not None:
-        yield os.fspath(local)
+def _local_copy(objects: ObjectStore, key: str, scratch: Path) -> Iterator[BinaryIO]:
+    """``key`` open for reading for the block: the root's own file on a local root
+    (reached through no link), else a fresh download into ``scratch``, removed after."""
+    if objects.root.is_local:
+        with objects.open_local_file(key) as fh:
+            yield fh
         return
     target = scratch / "file"
     try:
         objects.download(key, target)
-        yield os.fspath(target)
+        with open(target, "rb") as fh:
+            yield fh
     finally:
         with contextlib.suppress(FileNotFoundError):
             target.unlink()
@@ -257,21 +258,18 @@ def _rebuild_twin(
     try:
         with (
             _local_copy(objects, f.name, scratch) as sst,
-            SstFile(open(sst, "rb"), name=objects.where(f.name)) as reader,
+            SstFile(sst, name=objects.where(f.name)) as reader,
         ):
             rows = list(reader.items())  # twin_table skips iqkit's reserved keys
         twins.write_twin_of_rows(rebuilt, manifest, rows)
         if checksum_file(rebuilt) != f.twin_checksum:
             why = "rebuilt from its SST, it differs from the one recorded"
             return f"{wrong} (not repaired: {why})", False
-        local = objects.local_file(f.twin_name)
-        if local is not None:
-            tmp = Path(f"{os.fspath(local)}.repair")
-            shutil.copyfile(rebuilt, tmp)
-            os.replace(tmp, local)
-        else:
-            objects.delete(f.twin_name)
-            objects.put_immutable(f.twin_name, rebuilt)
+        # Through the root's own writes on either kind of root (locally: a temporary file
+        # made in a folder opened through no link, then moved into place), so a link
+        # planted beside the twin is never written through.
+        objects.delete(f.twin_name)
+        objects.put_immutable(f.twin_name, rebuilt)
         return wrong, True
     except (UnsupportedSst, OSError, IqkitError, ValueError) as exc:
         return f"{wrong} (not repaired: {_what(exc)})", False
