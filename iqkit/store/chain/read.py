@@ -30,14 +30,14 @@ import hashlib
 import os
 import re
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...errors import IqkitError, StoreCorruptedError, StoreIOError
 from ..cache import CacheStats, FileCache, PinnedFile, counted, is_disk_full
-from ..integrity import KNOWN_DAMAGE, FileRef, check_file, remembering
+from ..integrity import KNOWN_DAMAGE, FileRef, check_file, damaged, remembering
 from ..manifest import StoreManifest
 from ..names import CACHE_DBS_DIR, CHAIN_SST_DIR
 from ..objects import ObjectStore, check_key
@@ -305,7 +305,7 @@ def _as_on_root(
     maps to one (``names``, by inode), else the partition's place on the root — never
     the cache's folders."""
     text = str(exc)
-    if any(root_name in text for root_name in names.values()):
+    if text.startswith(f"{where}/") or any(root_name in text for root_name in names.values()):
         # Already named as the root has it (a build's ingest names the file it read).
         first = text.splitlines()[0]
         return exc if first == text else StoreCorruptedError(first)
@@ -333,8 +333,7 @@ def read_key_in_place(objects: ObjectStore, chain: PartitionChain, key: bytes) -
     for f in reversed(chain.files):
         place = place_on_root(objects, f.name)
         # Each file checked for its size as it is opened, its blocks as they are read.
-        with objects.open_local_file(f.name) as fh, remembering(place, fh.fileno()):
-            check_sst(objects, f, fh.fileno(), whole=False)
+        with open_sst_in_place(objects, f) as fh, remembering(place, fh.fileno()):
             value = SstFile(fh, name=place).get(key)
         if value is not MISSING:
             return value  # type: ignore[return-value]
@@ -470,6 +469,20 @@ def check_known_damage(objects: ObjectStore, chain: PartitionChain, where: str) 
         for key in f.object_keys():
             KNOWN_DAMAGE.check(place_on_root(objects, key), objects.local_file(key))
     KNOWN_DAMAGE.check(damage_key(where, chain), None)
+
+
+@contextlib.contextmanager
+def open_sst_in_place(objects: ObjectStore, f: ChainFile) -> Iterator[Any]:
+    """The SST ``f`` of a local root open for the block, through no link, checked for
+    its size on the descriptor opened (one open per file). A missing file is damage
+    named by its place on the root, as ``check_sst`` names it."""
+    with contextlib.ExitStack() as holds:
+        try:
+            fh = holds.enter_context(objects.open_local_file(f.name))
+        except FileNotFoundError:
+            damaged(place_on_root(objects, f.name), None, "the file is missing")
+        check_sst(objects, f, fh.fileno(), whole=False)
+        yield fh
 
 
 def check_sst(objects: ObjectStore, f: ChainFile, path: FileRef | None, *, whole: bool) -> None:

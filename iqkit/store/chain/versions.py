@@ -32,7 +32,7 @@ from ...errors import IqkitError
 from ..integrity import remembering
 from ..partitions.builds import LayeredDatabase
 from ..partitions.sst_reader import MISSING, SstFile, UnsupportedSst
-from .read import check_sst, pin_checked, place_on_root, plan_twin_scan
+from .read import check_sst, open_sst_in_place, pin_checked, place_on_root, plan_twin_scan
 from .records import ChainFile, ChainVersion, PartitionChain
 
 __all__ = ["KEPT_DATABASES", "ChainVersionWalk", "LayeredDatabases"]
@@ -124,8 +124,7 @@ class LayeredDatabases:
         holds = contextlib.ExitStack()
         try:
             if objects.root.is_local:  # in place, opened through no link
-                fh = holds.enter_context(objects.open_local_file(name))
-                check_sst(objects, f, fh.fileno(), whole=False)
+                fh = holds.enter_context(open_sst_in_place(objects, f))
             else:
                 pin = pin_checked(self._snapshot.cache, objects, name, f.size, f.checksum)
                 holds.callback(pin.release)
