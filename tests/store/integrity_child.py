@@ -598,6 +598,19 @@ def shape_ckpt_sql(r: Reader) -> Answers:
     return out
 
 
+def shape_verify(r: Reader) -> Answers:
+    """``iqkit.verify`` over the root: ("ok", "no damage"), or ("damaged", the files it
+    names, its lines). Its verdict is ``verify_verdict``'s: it must find the damage."""
+    try:
+        report = iqkit.verify(r.root)
+    except Exception as exc:
+        return {"verify": ("", raised(exc))}
+    if report.ok:
+        return {"verify": ("", ("ok", "no damage"))}
+    files = sorted({d.file for d in report.damaged})
+    return {"verify": ("", ("damaged", files, "\n".join(report.lines())))}
+
+
 SHAPES: dict[str, Callable[[Reader], Answers]] = {
     "key": shape_key,
     "multi": shape_multi,
@@ -609,6 +622,7 @@ SHAPES: dict[str, Callable[[Reader], Answers]] = {
     "sql": shape_sql,
     "iq": shape_iq,
     "panel": shape_panel,
+    "verify": shape_verify,
     "ckpt scan": shape_ckpt_scan,
     "ckpt key": shape_ckpt_key,
     "ckpt versions": shape_ckpt_versions,
@@ -705,9 +719,37 @@ def first_difference(exp: Any, got: Any) -> str:
     return f"at char {at}: expected …{a[lo:hi]}… got …{b[lo:hi]}…"
 
 
+def verify_verdict(expected: Answers, got: Answers, damage: dict) -> tuple[str, list[str]]:
+    """``verify`` must name the damaged file (``clean``: found), or, for a damage that
+    changed no byte, find nothing (``same``); missing it, naming another file or a
+    traceback is ``WRONG``. A damaged manifest may instead stop it with one clean line
+    naming the manifest (an iqkit error)."""
+    exp, got_a = expected["verify"][1], got.get("verify", ("", None))[1]
+    where = damage["file"]
+    if not damage["changed"]:
+        verdict = "same" if got_a == exp else "WRONG:verify reports an unchanged file"
+    elif got_a is None or got_a[0] == "ok":
+        verdict = "WRONG:verify missed the damage"
+    elif got_a[0] == "damaged":
+        named = any(f.endswith(where) for f in got_a[1])
+        others = [f for f in got_a[1] if not f.endswith(where)]
+        verdict = (
+            "WRONG:verify named another file" if others
+            else "clean" if named else "WRONG:verify missed the damage"
+        )  # fmt: skip
+    elif got_a[0] == "raised" and got_a[3] and damage["kind"] == "manifest":
+        verdict = failure_verdict(got_a[2], damage["store"], damage)
+    else:
+        verdict = "WRONG:traceback" if got_a[0] == "raised" else f"WRONG:{got_a[0]}"
+    details = [] if verdict == "same" else [f"{verdict} [verify] got {short(got_a, 800)}"]
+    return verdict, details
+
+
 def classify(shape: str, expected: Answers, got: Answers, damage: dict) -> tuple[str, list[str]]:
     """The shape's verdict (its worst item's: WRONG over clean over same) and a line per
     item that is not the same, expected vs got."""
+    if shape == "verify":
+        return verify_verdict(expected, got, damage)
     worst, details = "same", []
     for label in sorted(set(expected) | set(got)):
         if label not in expected:

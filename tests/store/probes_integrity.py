@@ -105,6 +105,8 @@ class Damage:
     partitions: int = 0
     touched: list[int] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
+    #: False for a damage that left the file's bytes as they were (a page already zero).
+    changed: bool = True
 
     def label(self) -> str:
         return f"damage {self.index} (seed {self.seed}): {self.kind} {self.file}: {self.where}"
@@ -115,6 +117,9 @@ class Damage:
             "partitions": self.partitions,
             "touched": self.touched,
             "names": self.names,
+            "kind": self.kind,
+            "file": self.file,
+            "changed": self.changed,
         }
 
 
@@ -139,7 +144,7 @@ class Layout:
         return [""]
 
     def shapes(self, heavy: bool) -> tuple[str, ...]:
-        return ic.ENGINE_SHAPES + (HEAVY if heavy else ())
+        return (*ic.ENGINE_SHAPES, "verify", *(HEAVY if heavy else ()))
 
     def all_shapes(self) -> tuple[str, ...]:
         return tuple(s for s in ic.SHAPES if not s.startswith("ckpt"))
@@ -264,6 +269,7 @@ def make_damage(copy: Path, d: Damage, layout: Layout) -> None:
     rng = random.Random(d.seed)
     path = rng.choice(layout.files(copy, d.kind))
     data = bytearray(path.read_bytes())
+    original = bytes(data)
     size = len(data)
     if d.how == "bit flip":
         at, bit = rng.randrange(size), rng.randrange(8)
@@ -279,6 +285,7 @@ def make_damage(copy: Path, d: Damage, layout: Layout) -> None:
         end = min(size, (page + 1) * PAGE)
         data[page * PAGE : end] = bytes(end - page * PAGE)
         d.where = f"page {page} zeroed (bytes {page * PAGE}-{end - 1} of {size})"
+    d.changed = bytes(data) != original
     path.write_bytes(bytes(data))
     rel = path.relative_to(copy)
     d.file = rel.as_posix()
@@ -521,6 +528,8 @@ class Report:
     shape_seconds: Counter = field(default_factory=Counter)
     extra_lines: list[str] = field(default_factory=list)
     kinds: tuple[str, ...] = KINDS
+    #: (kind, "found" | "missed" | "unchanged") -> damages, from the verify shape
+    verify: Counter = field(default_factory=Counter)
 
     def add(self, result: DamageResult) -> None:
         self.results.append(result)
@@ -535,6 +544,20 @@ class Report:
                 self.bad_verdicts[(d.kind, shape, o.verdict.split("\n")[0])] += 1
             worst = max(worst, o.outcome, key=OUTCOMES.index)
         self.counts[(d.kind, d.how, f"damage {worst}")] += 1
+        v = result.shapes.get("verify")
+        if v is not None:
+            found = "unchanged" if not d.changed else "found" if v.outcome == "clean" else "missed"
+            self.verify[(d.kind, found)] += 1
+
+    def verify_line(self) -> str:
+        """What ``iqkit.verify`` found of the damages, per file kind."""
+        per_kind = []
+        for kind in self.kinds:
+            found, missed, same = (self.verify[(kind, w)] for w in ("found", "missed", "unchanged"))
+            if found + missed + same:
+                unchanged = f" ({same} left the bytes as they were)" if same else ""
+                per_kind.append(f"{kind} {found} of {found + missed}{unchanged}")
+        return "iqkit.verify named the damaged file: " + "; ".join(per_kind) if per_kind else ""
 
     def add_external(self, kind: str, how: str, shape: str, verdict: str, seconds: float) -> None:
         """A shape run outside the children (Spark's reads, in the test)."""
@@ -586,6 +609,7 @@ class Report:
                 f"{s} {self.shape_runs[s]}× {self.shape_seconds[s] / self.shape_runs[s]:.2f} s"
                 for s in self.shape_runs
             ),
+            *filter(None, [self.verify_line()]),
             *self.extra_lines,
         ]
         if self.bad_verdicts:
@@ -630,6 +654,7 @@ def outcome_of(report: Report, what: str) -> Outcome:
             f"{report.seconds / max(1, report.damages()):.2f} s of wall time per damage "
             f"({report.workers} children at a time)",
             "shape runs: " + ", ".join(f"{s} {n}" for s, n in report.shape_runs.items()),
+            *filter(None, [report.verify_line()]),
         ],
     )
 
@@ -645,8 +670,8 @@ LONG_HEAVY_EVERY = 10
     "copy of a key-value store with 5 versions and a window store: a random bit flipped, a "
     "truncation, a zeroed 4 KiB page; each runs every query shape (key, multi-key, range, "
     "prefix, window, versions, changes; SQL, %iq in an IPython shell and the panel on one "
-    f"damage in {LONG_HEAVY_EVERY}) in a child process with a fresh cache; each answer must "
-    "be the undamaged one or a one-line failure naming the file of the partitions it "
+    f"damage in {LONG_HEAVY_EVERY}; iqkit.verify) in a child process with a fresh cache; each "
+    "answer must be the undamaged one or a one-line failure naming the file of the partitions it "
     f"touches, with no child killed by a signal and no shape over {SHAPE_TIMEOUT:.0f} s",
     unit="damages per file kind",
     fast=2,
