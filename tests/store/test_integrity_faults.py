@@ -4,9 +4,10 @@ reliability``; ``integrity_child.py`` the stores, the query shapes and the verdi
 
 Per file kind (SST, columnar twin, version record, manifest), ``SHORT_PER_KIND`` damages
 (a bit flipped, a truncation, a zeroed 4 KiB page, in turn), each run through every
-engine shape and ``iqkit.verify`` (which must name the damaged file) in a child process; SQL, ``%iq`` and the panel on one damage in
-``SHORT_HEAVY_EVERY``; Spark's ``format("iqkit")`` on ``SPARK_PER_KIND`` more damaged
-copies per kind, on the tests' one local session. Every answer must be the undamaged one
+engine shape and ``iqkit.verify`` (which must name the damaged file) in a child
+process; SQL, ``%iq`` and the panel on one damage in ``SHORT_HEAVY_EVERY``; Spark's
+``format("iqkit")`` on ``SPARK_PER_KIND`` more damaged copies per kind, on the tests'
+one local session. Every answer must be the undamaged one
 or a one-line failure naming the file, of the partitions the damage touches; no child
 killed by a signal, no hang, no traceback. The table of outcomes is printed (``-s``).
 ``IQKIT_FAULT_SEED`` replays a run.
