@@ -124,6 +124,12 @@ def seal_json(text: str) -> str:
     return f'{{\n{indent}"checksum": "{checksum_bytes(text.encode())}",\n{text[2:]}'
 
 
+def is_sealed(raw: bytes) -> bool:
+    """Whether ``raw`` carries a checksum line (``seal_json``); an unsealed text is an
+    earlier iqkit's, one written by hand, or a sealed one whose member name was damaged."""
+    return _SEALED.match(raw) is not None
+
+
 def unseal_json(raw: bytes, *, where: str) -> bytes:
     """The JSON text ``seal_json`` sealed, checked: ``StoreCorruptedError`` naming
     ``where`` when its checksum line is damaged or does not match the rest.

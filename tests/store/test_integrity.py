@@ -336,3 +336,46 @@ def test_a_copy_fetched_from_object_storage_is_checked_before_it_is_used(s3_root
     report = iqkit.verify(s3_root)
     assert [Path(d.file).name for d in report.damaged] == [twin.rsplit("/", 1)[1]]
     assert not list(Path(os.environ["IQKIT_CACHE"]).rglob("*.sst"))  # verify cached nothing
+
+
+def test_a_damaged_block_found_in_a_built_database_names_the_roots_file(tmp_path):
+    """A block a first lookup did not read, found damaged once the partition's database
+    is built (in the cache or a build's scratch folder), is named by the root's file, not
+    by the database's own name for it (fault injection found these)."""
+    iqkit.create_store(tmp_path, "b", partitions=1, key_serde="string", value_serde="json")
+    with iqkit.StoreWriter(tmp_path, "b") as w:  # several 4 KiB blocks of data
+        for i in range(400):
+            w.put(f"k{i:04d}", {"s": f"{i:04d}-" + "x" * (40 + i % 50)})
+    with iqkit.StoreWriter(tmp_path, "b") as w:  # a delta: the chain has two files
+        w.put("k0399", {"s": "new"})
+    base = sorted((tmp_path / "b" / "sst" / "0").glob("*.sst"))[0]
+    data = bytearray(base.read_bytes())
+    data[len(data) * 2 // 5] ^= 0x10  # a middle data block: not the first or last keys
+    base.write_bytes(bytes(data))
+    with iqkit.open(tmp_path) as engine:
+        first = engine.query(StateQueryRequest.in_store("b").with_query(KeyQuery.with_key("k0399")))
+        assert first.partition_results[0].is_success  # read in place, from the delta
+        every = MultiKeyQuery.with_keys([f"k{i:04d}" for i in range(400)])
+        r = engine.query(StateQueryRequest.in_store("b").with_query(every))
+        failed = r.partition_results[0]
+        assert failed.failure_reason == iqkit.FailureReason.STORE_EXCEPTION
+        assert base.name in failed.failure_message, failed.failure_message
+        assert "iqkit-build" not in failed.failure_message
+        assert "\n" not in failed.failure_message
+
+
+def test_verify_names_a_record_whose_checksum_line_lost_its_name(tmp_path):
+    """A flipped bit in the word ``checksum`` leaves a record readers read right (every
+    other byte is as written), yet it is damage ``verify`` must report: its files carry
+    checksums, so the iqkit that wrote it sealed it (the long fault run found two)."""
+    make_store(tmp_path)
+    record = sorted((tmp_path / "t" / "chain").glob("*.json"))[-1]
+    raw = record.read_bytes()
+    assert raw.startswith(b'{\n "checksum"')
+    record.write_bytes(raw.replace(b'"checksum"', b'"chEcksum"', 1))
+    report = iqkit.verify(tmp_path)
+    assert [d.file.endswith(f"t/chain/{record.name}") for d in report.damaged] == [True]
+    assert "checksum line" in report.damaged[0].what
+    with iqkit.open(tmp_path) as engine:
+        r = engine.query(StateQueryRequest.in_store("t").with_query(KeyQuery.with_key("k001")))
+        assert r.only_partition_result().result == {"price": 9.5, "qty": 1, "tag": "new"}

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ...errors import IqkitError, ObjectMissingError, UnknownStoreError
-from ..integrity import checksum_fd, checksum_file
+from ..integrity import checksum_fd, checksum_file, is_sealed
 from ..manifest import StoreManifest
 from ..objects import ObjectStore
 from .records import ChainFile, list_versions, read_version, record_key
@@ -169,6 +169,12 @@ def _verify_store(
             continue
         report.versions += 1
         report.files += 1
+        carries = any(f.checksum for chain in record.partitions.values() for f in chain.files)
+        if carries and not is_sealed(objects.read_bytes(record_key(store, version))):
+            # Its files carry checksums, so the iqkit that wrote it sealed it too: the
+            # checksum line's name was damaged (readers read it right: all else is as
+            # written), which a reader's unseal cannot tell from an earlier iqkit's text.
+            damage(None, (version,), record_key(store, version), "its checksum line is damaged")
         for p, chain in record.partitions.items():
             for f in chain.files:
                 entry = listed.setdefault(f.name, (p, [], f))

@@ -183,6 +183,11 @@ class RocksDBPartition:
             self.close()
             raise
 
+    def _error(self, exc: BaseException) -> Exception:
+        """``exc`` (raised by a read of the database) as iqkit's error; a subclass that
+        knows what the database's files are on its root names them (chain.read)."""
+        return rocks.classify(exc, self.location)
+
     @property
     def _open_db(self) -> rocks.Rdict:
         if self._db is None:
@@ -196,7 +201,7 @@ class RocksDBPartition:
         try:
             return db.get(key)
         except Exception as exc:
-            raise rocks.classify(exc, self.location) from exc
+            raise self._error(exc) from exc
 
     def multi_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
         if not keys:
@@ -204,7 +209,7 @@ class RocksDBPartition:
         try:
             return self._open_db.get(list(keys))
         except Exception as exc:
-            raise rocks.classify(exc, self.location) from exc
+            raise self._error(exc) from exc
 
     def scan_chunks(
         self, lower: bytes, upper: bytes | None, *, reverse: bool = False
@@ -219,7 +224,7 @@ class RocksDBPartition:
         except GeneratorExit:
             raise
         except Exception as exc:
-            raise rocks.classify(exc, self.location) from exc
+            raise self._error(exc) from exc
 
     @property
     def open_iterators(self) -> int:
@@ -234,7 +239,7 @@ class RocksDBPartition:
         try:
             return int(self._open_db.property_int_value("rocksdb.estimate-num-keys") or 0)
         except Exception as exc:
-            raise rocks.classify(exc, self.location) from exc
+            raise self._error(exc) from exc
 
     def close(self) -> None:
         self._scans.end_all(self.location)  # rocksdict iterators go before the database
