@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ...errors import IqkitError
 from ..encoding import keyspace
 from ..encoding.partitioners import SparkHashPartitioner
 from ..encoding.serdes import JsonSerde, get_serde
@@ -61,7 +62,7 @@ WINDOW_COLUMN = "window"
 _DDL = {"integer": "int", "long": "bigint", "short": "smallint", "byte": "tinyint"}
 
 
-class UnsupportedStateError(ValueError):
+class UnsupportedStateError(IqkitError, ValueError):
     """A state store iqkit cannot serve (yet): one line naming what is not supported."""
 
 

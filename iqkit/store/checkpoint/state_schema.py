@@ -304,7 +304,25 @@ def _struct(text: str) -> dict[str, Any]:
     parsed = json.loads(text)
     if not isinstance(parsed, dict) or parsed.get("type") != "struct":
         raise ValueError(f"not a StructType: {text[:100]}")
+    _check_fields(parsed)
     return parsed
+
+
+def _check_fields(struct_type: dict[str, Any]) -> None:
+    """``ValueError`` unless every field of ``struct_type`` (and of the structs nested in
+    it) has a name and a type, as Spark writes them: a schema file carries no checksum,
+    and a damaged member name would otherwise surface later as a ``KeyError``."""
+    fields = struct_type.get("fields")
+    if not isinstance(fields, list):
+        raise ValueError("a StructType without a list of fields")
+    for f in fields:
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or "type" not in f:
+            raise ValueError(f"a field without a name or a type: {str(f)[:100]}")
+        kind = f["type"]
+        if not isinstance(kind, str | dict):
+            raise ValueError(f"field {f['name']!r} has no type Spark writes")
+        if isinstance(kind, dict) and kind.get("type") == "struct":
+            _check_fields(kind)
 
 
 def _version(line: str, source: str, known: tuple[int, ...]) -> int:
