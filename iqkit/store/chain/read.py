@@ -107,7 +107,7 @@ class ChainPartition(CachedDatabasePartition):
         where: str = "",
         note: str | None = None,
         db: rocks.Rdict | None = None,
-        places: list[str] | None = None,
+        places: list[str],
     ) -> None:
         #: Whether it reads the database its build kept open (rocksdict's read-write
         #: handle: a few more descriptors, its write-ahead log, MANIFEST and lock).
@@ -128,15 +128,15 @@ class ChainPartition(CachedDatabasePartition):
         #: Why the cache is not the folder configured (``FileCache.note``), else None.
         self.note = note
         #: The chain's files by their place on the root, oldest first (read errors).
-        self._places = places or [f.name for f in chain.files]
+        self._places = places
 
     def _error(self, exc: BaseException) -> Exception:
         """A read's error naming the chain file RocksDB names, as the root has it (the
         database's own folder, in the cache or a build's scratch folder, differs per
         reader and per run; fault injection found block checksum failures named so)."""
         error = super()._error(exc)
-        if isinstance(error, StoreCorruptedError):
-            return _read_error_on_root(error, self.chain, self._places)
+        if isinstance(error, StoreCorruptedError) and self._db is not None:
+            return _read_error_on_root(error, self._db.path(), self._places)
         return error
 
     def trace_line(self) -> str:
@@ -287,32 +287,33 @@ def _open_partition(
         raise named from exc
 
 
-#: A table file RocksDB names in its error text: its folder and its number.
-_TABLE_FILE = re.compile(r"(/\S*?)/?(\d+)\.sst\b")
+#: A table file RocksDB names in its error text: its number.
+_TABLE_FILE = re.compile(r"\S*?(\d+)\.sst\b")
 
 
 def _read_error_on_root(
-    error: StoreCorruptedError, chain: PartitionChain, places: list[str]
+    error: StoreCorruptedError, database: str, places: list[str]
 ) -> StoreCorruptedError:
     """``error`` (RocksDB found damage while reading a built database) naming the chain
     file it read, as the root has it. A build ingests the chain's files oldest first and
     RocksDB numbers each ingested file above the last, so while the database holds one
     table file per chain file (nothing compacted them) the n-th lowest number is the n-th
-    chain file; otherwise the message keeps RocksDB's own words."""
+    chain file; otherwise the message keeps RocksDB's own words. Only the open
+    database's own folder (``database``) is listed, never a path taken from the text."""
     text = str(error).splitlines()[0]
     if any(place in text for place in places):
         return error
     match = _TABLE_FILE.search(text)
     if match is None:
         return error
-    folder, number = match.group(1), int(match.group(2))
+    number = int(match.group(1))
     try:
         numbers = sorted(
-            int(n[:-4]) for n in os.listdir(folder) if n[:-4].isdigit() and n.endswith(".sst")
+            int(n[:-4]) for n in os.listdir(database) if n[:-4].isdigit() and n.endswith(".sst")
         )
     except OSError:
         return error
-    if len(numbers) != len(chain.files) or number not in numbers:
+    if len(numbers) != len(places) or number not in numbers:
         return error
     place = places[numbers.index(number)]
     detail = text.split(": ", 1)[-1].replace(f" in {match.group(0)}", "")
