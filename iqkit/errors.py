@@ -8,7 +8,7 @@ partition-level problems are reported as failed ``QueryResult``s, never raised
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 
 class IqkitError(Exception):
@@ -18,18 +18,33 @@ class IqkitError(Exception):
 class UnknownStoreError(IqkitError, KeyError):
     """A request named a store that does not exist under the engine's root."""
 
-    def __init__(self, name: str, known: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        known: Iterable[str] = (),
+        *,
+        where: str = "",
+        notes: Mapping[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.known = sorted(known)
+        #: Where the stores were looked for, as the user wrote it ("" to leave it out).
+        self.where = where
+        #: A known store's note, shown after its name in the listing (why it may not be
+        #: the store the user expects: an operator a damaged metadata file names).
+        self.notes = dict(notes or {})
         super().__init__(name)
 
     def __str__(self) -> str:
         msg = f"unknown store {self.name!r}"
+        if self.where:
+            msg += f" in {self.where}"
         close = difflib.get_close_matches(self.name, self.known, n=1)
         if close:
             msg += f"; did you mean {close[0]!r}?"
         elif self.known:
-            msg += f"; stores: {', '.join(self.known)}"
+            listed = (f"{n} ({self.notes[n]})" if n in self.notes else n for n in self.known)
+            msg += f"; stores: {', '.join(listed)}"
         else:
             msg += "; there are no stores yet"
         return msg

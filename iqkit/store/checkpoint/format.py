@@ -85,10 +85,9 @@ class CheckpointFormat(StoreFormat):
         stores = self._operator_stores()
         store = stores.get(name)
         if store is None:
-            listing = ", ".join(sorted(stores)) or "none: the query keeps no state"
-            raise UnknownStoreError(
-                f"no store {name!r} in the checkpoint at {self.root.text} (stores: {listing})"
-            )
+            notes = {n: s.note for n, s in stores.items() if s.note}
+            where = f"the checkpoint at {self.root.text}"
+            raise UnknownStoreError(name, stores, where=where, notes=notes)
         return store
 
     def store_names(self) -> list[str]:

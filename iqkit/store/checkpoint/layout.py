@@ -110,12 +110,31 @@ class OperatorStore:
         return f"state/{self.operator_id}"
 
     @property
+    def known_operator(self) -> bool:
+        """Whether iqkit knows the operator's name (a newer Spark's operator, or a damaged
+        metadata file, names one it does not: Spark's metadata files carry no checksum)."""
+        return self.operator_name in _FRIENDLY
+
+    @property
     def not_supported(self) -> str | None:
         """Why iqkit does not serve this store yet (one line), or ``None``."""
+        if not self.known_operator:
+            return (
+                f"not supported yet: {self.operator.source} names the operator "
+                f"{self.operator_name!r}, which iqkit does not know (store {self.name!r})"
+            )
         what = _NOT_SUPPORTED.get(self.operator_name)
         if what is None:
             return None
         return f"not supported yet: {self.operator_name} ({what}), store {self.name!r}"
+
+    @property
+    def note(self) -> str:
+        """What a list of stores says of this one ("" for nothing): for an unknown
+        operator, the file that names it (what a user asking for another store needs)."""
+        if self.known_operator:
+            return ""
+        return f"an operator iqkit does not know, as {self.operator.source} names it"
 
 
 def is_checkpoint(objects: ObjectStore) -> bool:

@@ -59,6 +59,7 @@ from ..names import (
 __all__ = [
     "Rdict",
     "WriteBatch",
+    "check_table_file",
     "classify",
     "close_quietly",
     "database_exists",
@@ -387,6 +388,41 @@ def ingest(
         for f in files:
             text = text.replace(f": {f}", "").replace(f, where)
         raise classify(Exception(text), where) from exc
+
+
+def check_table_file(path: str | os.PathLike[str]) -> None:
+    """Read the table file ``path`` alone, every block of it; raise ``StoreCorruptedError``
+    when RocksDB cannot.
+
+    Why: a database's error does not always name the table file at fault (damage in a
+    file's properties block is reported as "properties unsorted" against the MANIFEST).
+    A file written by a database (not ``SstFileWriter``) cannot be ingested (quirk:
+    "External file version not found"), so a copy is given to RocksDB's repair in a
+    scratch folder, which builds a MANIFEST around the files it can read and moves the
+    others to ``lost/``; the rebuilt database is then scanned. No shared block cache: it
+    could serve blocks of an undamaged file with the same identity."""
+    name = os.path.basename(os.fspath(path))
+    with tempfile.TemporaryDirectory(prefix="iqkit-table-check-") as scratch:
+        shutil.copyfile(path, os.path.join(scratch, name))
+        opts = Options(raw_mode=True)
+        table = BlockBasedOptions()
+        table.disable_cache()
+        opts.set_block_based_table_factory(table)
+        db = None
+        try:
+            Rdict.repair(scratch, opts)
+            if not os.path.isfile(os.path.join(scratch, name)):
+                raise StoreCorruptedError(f"RocksDB cannot read the table file {name}")
+            db = Rdict(scratch, opts, access_type=AccessType.read_only())
+            chunks = scan_chunks(db, b"", None)  # checks how the scan ended
+            try:
+                deque(chunks, maxlen=0)
+            finally:
+                chunks.close()
+        except Exception as exc:  # rocksdict raises plain Exception
+            raise classify(exc, name) from exc
+        finally:
+            close_quietly(db)
 
 
 def close_quietly(db: Rdict | None) -> None:

@@ -241,6 +241,30 @@ def test_a_batch_without_a_commit_is_not_served(agg_checkpoint, tmp_path):
         assert engine.version("aggregate") == 2
 
 
+def test_an_operator_name_iqkit_does_not_know_is_refused_naming_the_metadata_file(
+    agg_checkpoint, tmp_path
+):
+    # A newer Spark's operator, or a damaged byte: Spark's metadata files carry no checksum.
+    import shutil
+
+    copy = tmp_path / "ckpt"
+    shutil.copytree(agg_checkpoint, copy)
+    metadata = copy / "state/0/_metadata/metadata"
+    (copy / "state/0/_metadata/.metadata.crc").unlink(missing_ok=True)
+    text = metadata.read_bytes()
+    assert b'"stateStoreSave"' in text
+    metadata.write_bytes(text.replace(b'"stateStoreSave"', b'"stateSuoreSave"'))
+    with iqkit.open(os.fspath(copy)) as engine:
+        assert engine.store_names() == ["stateSuoreSave"]
+        for store in ("aggregate", "stateSuoreSave"):
+            request = StateQueryRequest.in_store(store).with_query(KeyQuery.with_key("alice"))
+            with pytest.raises(iqkit.errors.IqkitError) as error:
+                engine.query(request)
+            message = str(error.value)
+            assert "state/0/_metadata/metadata" in message and "stateSuoreSave" in message
+            assert "\n" not in message
+
+
 def test_writes_to_a_checkpoint_are_refused_and_change_nothing(agg_checkpoint):
     before = sorted(os.walk(agg_checkpoint))
     with (

@@ -245,7 +245,13 @@ def snapshot_ssts(checkpoint: Path, partition: int, version: int) -> list[Path]:
     ("damage", "kind"),
     # A flipped byte is looked for in a checkpoint read nowhere before: RocksDB's block
     # cache, shared by the process, would serve the blocks of the undamaged original.
-    [("missing", "agg"), ("cut-short", "agg"), ("flipped-bytes", "dedup-watermark")],
+    # A damaged properties block: RocksDB blames the MANIFEST ("properties unsorted").
+    [
+        ("missing", "agg"),
+        ("cut-short", "agg"),
+        ("flipped-bytes", "dedup-watermark"),
+        ("damaged-properties", "agg"),
+    ],
 )
 def test_a_damaged_sst_raises_naming_it(spark, checkpoints, tmp_path, damage, kind):
     copy = damaged_copy(checkpoints("rocksdb", kind), tmp_path)
@@ -257,6 +263,10 @@ def test_a_damaged_sst_raises_naming_it(spark, checkpoints, tmp_path, damage, ki
         sst.unlink()
     elif damage == "cut-short":
         sst.write_bytes(sst.read_bytes()[:-100])
+    elif damage == "damaged-properties":  # the length of the key that shares its start
+        data = bytearray(sst.read_bytes())
+        data[data.index(b"filter_entries") - 3] ^= 0x01
+        sst.write_bytes(bytes(data))
     else:  # inside the first data block, at the start of the file
         data = bytearray(sst.read_bytes())
         for position in range(8, 40):
