@@ -11,28 +11,26 @@ state after batch ``v - 1``):
 - ``<v>.delta``: the changes batch ``v - 1`` made;
 - ``<v>.snapshot``: every live key at ``v``, written now and then by the maintenance task.
 
-Both are lz4-java block streams of records ``[key size: int32 BE][key][value size: int32
-BE][value]``; a value size of -1 removes the key (deltas only) and a key size of -1 ends
-the records. Keys and values are UnsafeRow bytes (``unsafe_row.RowDecoder`` decodes them).
-A block stream is blocks of ``["LZ4Block"][token: method << 4 | (log2(block size) - 10),
-1 byte][compressed size][original size][checksum]`` (three int32 LE) and the payload; the
-method is 1 (stored as is) or 2 (lz4); the checksum is xxHash32 (seed 0x9747B28C) of the
-original bytes, masked to its low 28 bits; an empty stored block ends the stream.
+Both are streams of Spark's state codec (lz4 by default; lzf, snappy or zstd: ``codecs``
+undoes each) of records ``[key size: int32 BE][key][value size: int32 BE][value]``; a
+value size of -1 removes the key (deltas only) and a key size of -1 ends the records.
+Keys and values are UnsafeRow bytes (``unsafe_row.RowDecoder`` decodes them).
 
 Version ``v`` is the newest snapshot at or below ``v`` plus each delta after it, in order
 (a version with both files is read from its snapshot, as Spark does). ``load_state`` gives
 it as a dict; ``load_records`` gives the files' records column-wise, in replay order
-(``state_records``), for decoding in bulk. Every byte read is
-checked: each block's checksum, the stream's end mark, the record framing, and, where
-Hadoop wrote one (its local file system does; object stores get none), the
-``.<name>.crc`` file beside a state file (CRC-32 of each 512-byte chunk, by default).
-Anything wrong, a file missing, cut short or damaged, raises ``StateFileError`` naming the
-file: never rows from it.
+(``state_records``), for decoding in bulk. Every byte read is checked: where Hadoop
+wrote one (its local file system does; object stores get none), against the
+``.<name>.crc`` file beside a state file (CRC-32 of each 512-byte chunk, by default);
+then as far as its codec allows (lz4: each block's checksum and the stream's end mark;
+lzf, snappy and Spark's zstd carry no checksum: ``codecs``); then the record framing, to
+the end record. Anything found wrong, a file missing, cut short or damaged, raises
+``StateFileError`` naming the file: never rows from it.
 
 With ``spark.sql.streaming.stateStore.rowChecksum.enabled`` Spark puts a 4-byte CRC32-C
 before each value, and before a removed key; ``row_checksums=True`` strips it. It is not
-recomputed: the block checksums already cover the same bytes, and CRC32-C has no fast
-implementation in Python's standard library.
+recomputed: the lz4 block checksums (and Hadoop's) already cover the same bytes, and
+CRC32-C has no fast implementation in Python's standard library.
 """
 
 from __future__ import annotations
@@ -40,13 +38,13 @@ from __future__ import annotations
 import re
 import struct
 import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import IqkitError, ObjectMissingError
+from ...errors import ObjectMissingError
 from ..objects import ObjectStore
+from .codecs import StateFileError, decompress_state_file
 from .state_records import StateRecords
 
 __all__ = [
@@ -54,7 +52,6 @@ __all__ = [
     "StateFileError",
     "apply_delta",
     "check_hadoop_crc",
-    "decompress_lz4_stream",
     "delta_records",
     "delta_version",
     "list_files",
@@ -65,26 +62,9 @@ __all__ = [
 ]
 
 
-class StateFileError(IqkitError):
-    """A state file of a checkpoint is missing, cut short or damaged; the message is one
-    line naming the file and what is wrong with it."""
-
-
 _STATE_FILE = re.compile(r"(\d+)\.(delta|snapshot)")
 _INT32_BE = struct.Struct(">i")
-_LZ4_MAGIC = b"LZ4Block"
-_LZ4_HEADER = struct.Struct("<8sBiii")  # magic, token, compressed size, size, checksum
-_METHOD_RAW = 0x10
-_METHOD_LZ4 = 0x20
-_XXHASH_SEED = 0x9747B28C
-_CHECKSUM_MASK = 0x0FFFFFFF
 _HADOOP_CRC_MAGIC = b"crc\x00"
-#: Other codecs Spark can be told to use for state files, known by their first bytes.
-_OTHER_CODECS = {
-    b"\x28\xb5\x2f\xfd": "zstd",
-    b"\x82SNAPPY\x00": "snappy",
-    b"ZV": "lzf",
-}
 
 
 @dataclass(frozen=True)
@@ -260,7 +240,7 @@ def _read_records(objects: ObjectStore, files: PartitionFiles, key: str) -> byte
     crc_name = f".{name}.crc"
     if crc_name in files.crc_files:
         check_hadoop_crc(objects, f"{folder}/{crc_name}", raw, objects.where(key))
-    return decompress_lz4_stream(raw, objects.where(key))
+    return decompress_state_file(raw, objects.where(key))
 
 
 def check_hadoop_crc(objects: ObjectStore, crc_key: str, raw: bytes, where: str) -> None:
@@ -286,62 +266,6 @@ def check_hadoop_crc(objects: ObjectStore, crc_key: str, raw: bytes, where: str)
                 f"{where}: bytes {index * chunk}-{min(len(raw), (index + 1) * chunk) - 1} "
                 "do not match its Hadoop checksum file (damaged)"
             )
-
-
-def decompress_lz4_stream(raw: bytes, where: str) -> bytes:
-    """The original bytes of the lz4-java block stream ``raw``, each block's checksum
-    verified; ``StateFileError`` for anything else."""
-    from lz4.block import LZ4BlockError, decompress
-
-    if not raw.startswith(_LZ4_MAGIC):
-        codec = next((name for magic, name in _OTHER_CODECS.items() if raw.startswith(magic)), "")
-        if codec:
-            raise StateFileError(
-                f"{where}: compressed with {codec}; not supported yet (only lz4, Spark's "
-                "default spark.sql.streaming.stateStore.compression.codec)"
-            )
-        what = "empty" if not raw else "not an lz4 block stream"
-        raise StateFileError(f"{where}: {what} (it should start with {_LZ4_MAGIC.decode()})")
-    blocks: list[bytes] = []
-    checksums: list[int] = []
-    position = 0
-    while True:
-        if position + _LZ4_HEADER.size > len(raw):
-            raise StateFileError(f"{where}: cut short at byte {len(raw)} (no end mark)")
-        magic, token, packed, size, checksum = _LZ4_HEADER.unpack_from(raw, position)
-        method, block_size = token & 0xF0, 1 << ((token & 0x0F) + 10)
-        if (
-            magic != _LZ4_MAGIC
-            or method not in (_METHOD_RAW, _METHOD_LZ4)
-            or not 0 <= size <= block_size
-            or packed < 0
-            or (method == _METHOD_RAW and packed != size)
-        ):
-            raise StateFileError(f"{where}: damaged block header at byte {position}")
-        position += _LZ4_HEADER.size
-        if size == 0:  # the end mark
-            if packed or checksum:
-                raise StateFileError(f"{where}: damaged end mark at byte {position}")
-            break
-        payload = raw[position : position + packed]
-        if len(payload) < packed:
-            raise StateFileError(f"{where}: cut short at byte {len(raw)} (inside a block)")
-        position += packed
-        if method == _METHOD_LZ4:
-            try:
-                payload = decompress(payload, uncompressed_size=size)
-            except LZ4BlockError as exc:
-                raise StateFileError(f"{where}: damaged lz4 block ending at {position}") from exc
-            if len(payload) != size:
-                raise StateFileError(f"{where}: damaged lz4 block ending at {position}")
-        blocks.append(payload)
-        checksums.append(checksum)
-    if position != len(raw):
-        raise StateFileError(f"{where}: {len(raw) - position} bytes after the end mark")
-    for index, actual in enumerate(_xxhash32_masked(blocks)):
-        if actual != checksums[index]:
-            raise StateFileError(f"{where}: block {index} fails its checksum (damaged)")
-    return b"".join(blocks)
 
 
 @dataclass(frozen=True, eq=False)  # numpy arrays: identity, not ==
@@ -461,12 +385,3 @@ def _replay(files: list[_Framed]) -> StateRecords:
         value_starts, np.concatenate([f.value_lengths for f in files]),
         removed if removed.any() else None,
     )  # fmt: skip
-
-
-# -- xxHash32, the checksum of lz4-java's blocks -----------------------------------------
-def _xxhash32_masked(blocks: Sequence[bytes]) -> list[int]:
-    """Each block's xxHash32 with lz4-java's seed, masked as lz4-java stores it (the
-    ``xxhash`` package's C implementation: about 30x the pure-Python one it replaced)."""
-    from xxhash import xxh32_intdigest
-
-    return [xxh32_intdigest(block, _XXHASH_SEED) & _CHECKSUM_MASK for block in blocks]

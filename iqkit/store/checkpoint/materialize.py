@@ -36,10 +36,12 @@ from ..names import CACHE_BUILDING_PREFIX, COMMIT_KEY
 from ..objects import ObjectStore, check_key
 from ..partitions import rocks
 from ..partitions.builds import CachedDatabasePartition, build_in_cache, remove_stale_builds
+from .codecs import StateFileError
 from .layout import OperatorStore
 from .providers import StateReader, VersionFiles
 from .shape import StateShape
 from .state_records import StateRows
+from .unsafe_row import RowDecodeError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -160,7 +162,14 @@ def open_partition(
             return StoredColumns(head, *columns)
         return itertools.chain(head, shape.store_rows(state))
 
-    part = open_state_partition(cache, folder, version, rows, where, building=building)
+    try:
+        part = open_state_partition(cache, folder, version, rows, where, building=building)
+    except RowDecodeError as exc:
+        # Bytes that came through a codec without a checksum (snappy, lzf, Spark's zstd)
+        # and framed as records, but are no row of the schema: a damaged file, named.
+        raise StateFileError(
+            f"{where}: a row of {', '.join(files.keys)} does not decode (damaged?): {exc}"
+        ) from None
     part.base_version = base_version[0] if base_version else None
     return part
 

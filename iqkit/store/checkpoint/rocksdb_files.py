@@ -16,7 +16,8 @@ The partition's folder is ``state/<operator id>/<partition>`` (for the store nam
   stored once under ``SSTs/`` with a unique name and shared by every version that lists
   it. Without changelog checkpointing every version has one, written at commit.
 - ``<v>.changelog`` (changelog checkpointing only): the puts and deletes batch ``v - 1``
-  made, in the lz4-java block stream the default provider's files use (``hdfs_files``).
+  made, compressed as the default provider's files are (``hdfs_files``): Spark's state
+  codec, lz4 by default (``codecs``).
   Snapshots are then written now and then by the maintenance task, every
   ``spark.sql.streaming.stateStore.minDeltasForSnapshot`` versions.
 
@@ -38,11 +39,11 @@ one version byte (0), then the row. With
 ``spark.sql.streaming.stateStore.rowChecksum.enabled`` a value is ``[CRC32-C: int32
 LE][length of the rest: int32 LE]`` and then the encoded row, and a changelog's delete
 record has the key's CRC32-C (4 bytes) before the key; ``row_checksums=True`` strips both
-(not recomputed: the lz4 and RocksDB block checksums cover the same bytes, and CRC32-C has
-no fast implementation in Python's standard library). Keys encoded for prefix or range
-scans (a session window's store) and transformWithState's column families (a 2-byte
-family id before each key, listed in the snapshot's ``columnFamilyMapping``) are refused
-in one line.
+(not recomputed: the lz4 and RocksDB block checksums, and Hadoop's, cover the same
+bytes, and CRC32-C has no fast implementation in Python's standard library). Keys
+encoded for prefix or range scans (a session window's store) and transformWithState's
+column families (a 2-byte family id before each key, listed in the snapshot's
+``columnFamilyMapping``) are refused in one line.
 
 Checkpoint format v2 (``spark.sql.streaming.stateStore.checkpointFormatVersion=2``: 1 by
 default in PySpark 4.3; Real-Time Mode queries need 2) names each file
@@ -53,11 +54,13 @@ lineage names the files of the versions before it. Spark then also writes a chec
 of its own, ``<name>.crc``, beside each (JSON: ``algorithm`` CRC32C, ``value``,
 ``mainFileSize``): its size is checked.
 
-Every byte read is checked: Hadoop's ``.<name>.crc`` beside a zip or changelog where it
-exists (local and HDFS checkpoints), the zip's own CRC-32 of each entry, the lz4 blocks'
-checksums, the record framing, each SST's size against the snapshot's metadata, and
-RocksDB's block checksums while scanning. Anything wrong, a file missing, cut short or
-damaged, raises ``StateFileError`` naming the file: never rows from it.
+Everything read is checked: Hadoop's ``.<name>.crc`` beside a zip or changelog where it
+exists (local and HDFS checkpoints), the zip's own CRC-32 of each entry, a changelog's
+compression as far as its codec allows (``codecs``: lz4 blocks carry checksums, the
+other codecs' streams none), the record framing to the end record, each SST's size
+against the snapshot's metadata, and RocksDB's block checksums while scanning. Anything
+found wrong, a file missing, cut short or damaged, raises ``StateFileError`` naming the
+file: never rows from it.
 """
 
 from __future__ import annotations
@@ -78,7 +81,8 @@ from typing import Any
 from ...errors import IqkitError, ObjectMissingError
 from ..objects import NotPlainFileError, ObjectStore, link_plain_file
 from ..partitions import rocks
-from .hdfs_files import StateFileError, check_hadoop_crc, decompress_lz4_stream
+from .codecs import StateFileError, decompress_state_file
+from .hdfs_files import check_hadoop_crc
 from .shape import UnsupportedStateError
 
 __all__ = [
@@ -407,7 +411,7 @@ def _read_checked(objects: ObjectStore, files: PartitionFiles, key: str) -> byte
 
 def _changelog_records(raw: bytes, where: str) -> tuple[memoryview, int]:
     """(the decompressed changelog, where its records start), the header checked."""
-    data = memoryview(decompress_lz4_stream(raw, where))
+    data = memoryview(decompress_state_file(raw, where))
     version, start = _changelog_format(data)
     if version in (2, 4):
         raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")

@@ -40,7 +40,7 @@ from typing import Any
 
 from ...errors import ObjectMissingError
 from ..objects import ObjectStore
-from .hdfs_files import StateFileError
+from .codecs import StateFileError
 
 __all__ = [
     "ColumnFamilySchema",
