@@ -5,6 +5,8 @@ query, and leave failures to the general path, which makes them the partition's 
 
 from __future__ import annotations
 
+import os
+
 import iqkit
 from iqkit import KeyQuery, StateQueryRequest
 
@@ -120,9 +122,13 @@ def _walk(engine: iqkit.StateEngine, request: StateQueryRequest) -> list[tuple[s
 
     calls: list[tuple[str, str]] = []
 
+    # Relative to the package's own folder: a checkout may itself sit in a folder
+    # called iqkit (a fresh clone does), so "/iqkit/" may appear twice in a path.
+    package = os.path.dirname(os.path.abspath(iqkit.__file__)) + os.sep
+
     def module_of(frame) -> str | None:
-        name = frame.f_code.co_filename.replace("\\", "/")
-        return name.split("/iqkit/", 1)[1] if "/iqkit/" in name else None
+        name = frame.f_code.co_filename
+        return name[len(package) :].replace("\\", "/") if name.startswith(package) else None
 
     def profile(frame, event, arg):
         if event == "call":
