@@ -21,13 +21,14 @@ from .layout import OperatorStore, batch_metadata, state_folder
 from .shape import UnsupportedStateError
 from .state_records import StateRecords, StateRows
 from .state_schema import StoreSchema, read_store_schema
-from .unsafe_row import RowDecoder
+from .unsafe_row import RowDecoder, UnsupportedStateTypeError
 
 __all__ = [
     "HDFS_PROVIDER",
     "ROCKSDB_PROVIDER",
     "StateReader",
     "VersionFiles",
+    "newest_offsets_batch",
     "provider_of",
     "recorded_conf",
 ]
@@ -40,14 +41,20 @@ _ROW_CHECKSUMS = "spark.sql.streaming.stateStore.rowChecksum.enabled"
 _SHORT = {HDFS_PROVIDER: "hdfs", ROCKSDB_PROVIDER: "rocksdb"}
 
 
+def newest_offsets_batch(objects: ObjectStore) -> int | None:
+    """The newest batch with an offsets log file; ``None`` before the first batch."""
+    batches = [int(k.rsplit("/", 1)[-1]) for k in objects.list("offsets")
+               if k.rsplit("/", 1)[-1].isdigit()]  # fmt: skip
+    return max(batches) if batches else None
+
+
 def recorded_conf(objects: ObjectStore) -> dict[str, str]:
     """The SQL settings the checkpoint's newest batch recorded (the ones a query keeps
     for life: provider, codec, row checksums); empty before the first batch."""
-    batches = [int(k.rsplit("/", 1)[-1]) for k in objects.list("offsets")
-               if k.rsplit("/", 1)[-1].isdigit()]  # fmt: skip
-    if not batches:
+    batch = newest_offsets_batch(objects)
+    if batch is None:
         return {}
-    conf = batch_metadata(objects, max(batches)).get("conf") or {}
+    conf = batch_metadata(objects, batch).get("conf") or {}
     return {str(k): str(v) for k, v in conf.items()} if isinstance(conf, dict) else {}
 
 
@@ -192,8 +199,12 @@ class StateReader:
         self.row_checksums = conf.get(_ROW_CHECKSUMS, "false").strip().lower() == "true"
         files = _PROVIDERS.get(self.provider)
         if files is None:
+            # A newer provider, or a damaged offsets file (Spark's logs carry no
+            # checksum): the message names the file that says so.
+            batch = newest_offsets_batch(objects)
+            named = f" ({objects.where(f'offsets/{batch}')} names it)" if batch is not None else ""
             raise UnsupportedStateError(
-                f"not supported yet: state written by {self.provider.rsplit('.', 1)[-1]}"
+                f"not supported yet: state written by {self.provider.rsplit('.', 1)[-1]}{named}"
             )
         self._files = files
         self.provider_name = files.name
@@ -210,6 +221,14 @@ class StateReader:
                     f"not supported yet: RocksDB state keyed for prefix scans ({store.name}: "
                     f"{schema.num_cols_prefix_key} prefix key columns)"
                 )
+            try:
+                keys = RowDecoder(dict(schema.key_schema))
+                decoders = (keys, RowDecoder(dict(schema.value_schema)))
+            except UnsupportedStateTypeError as exc:
+                # A newer type, or a damaged schema file (Spark's carry no checksum): the
+                # message names the file.
+                raise UnsupportedStateTypeError(f"{exc} (in {schema.source})") from None
+            self._decoders[store.name] = decoders
             self._schemas[store.name] = schema
         return schema
 
@@ -219,11 +238,8 @@ class StateReader:
         return dict(schema.key_schema), dict(schema.value_schema)
 
     def _decoders_of(self, store: OperatorStore) -> tuple[RowDecoder, RowDecoder]:
-        pair = self._decoders.get(store.name)
-        if pair is None:
-            key_schema, value_schema = self.schemas(store)
-            pair = self._decoders[store.name] = (RowDecoder(key_schema), RowDecoder(value_schema))
-        return pair
+        self._schema(store)  # reads the schema and makes its decoders, once
+        return self._decoders[store.name]
 
     def version_files(self, store: OperatorStore, partition: int, version: int) -> VersionFiles:
         """The state files partition ``partition`` of ``store`` is rebuilt from at

@@ -265,6 +265,37 @@ def test_an_operator_name_iqkit_does_not_know_is_refused_naming_the_metadata_fil
             assert "\n" not in message
 
 
+@pytest.mark.parametrize(
+    ("damaged", "before", "after"),
+    [
+        # A column type iqkit does not know, in the state schema file.
+        ("state/0/0/_metadata/schema", b'"type":"long"', b'"type":"lonf"'),
+        # A provider class iqkit does not know, in the newest offsets log file.
+        ("offsets/2", b"HDFSBackedStateStoreProvider", b"HDFSBackedStateStoreProvidev"),
+    ],
+)
+def test_a_type_or_provider_iqkit_does_not_know_is_refused_naming_the_file(
+    agg_checkpoint, tmp_path, damaged, before, after
+):
+    # A newer Spark's, or a damaged byte: Spark's schema files and logs carry no checksum.
+    import shutil
+
+    copy = tmp_path / "ckpt"
+    shutil.copytree(agg_checkpoint, copy)
+    path = copy / damaged
+    path.with_name(f".{path.name}.crc").unlink(missing_ok=True)
+    text = path.read_bytes()
+    assert before in text
+    path.write_bytes(text.replace(before, after))
+    with iqkit.open(os.fspath(copy)) as engine:
+        request = StateQueryRequest.in_store("aggregate").with_query(KeyQuery.with_key("alice"))
+        with pytest.raises(iqkit.errors.IqkitError) as error:
+            engine.query(request)
+    message = str(error.value)
+    assert message.startswith("not supported yet") and damaged in message, message
+    assert "\n" not in message
+
+
 def test_writes_to_a_checkpoint_are_refused_and_change_nothing(agg_checkpoint):
     before = sorted(os.walk(agg_checkpoint))
     with (
