@@ -645,10 +645,11 @@ def _damaged_sst(folder: str, sst_keys: Mapping[str, str]) -> str | None:
     Why: RocksDB reads each table file's properties block when it opens the database,
     and some damage there ("properties unsorted") is reported against the MANIFEST, a
     file of the zip whose bytes its CRC-32 has already vouched for. Only on the way to an
-    error: it costs nothing when all is well."""
+    error: it costs nothing when all is well. Each is read in the scratch folder the
+    snapshot was restored in (``folder``'s parent), never outside it."""
     for local, sst in sorted(sst_keys.items()):
         try:
-            rocks.check_table_file(os.path.join(folder, local))
+            rocks.check_table_file(os.path.join(folder, local), scratch_dir=os.path.dirname(folder))
         except IqkitError:
             return sst
     return None

@@ -390,9 +390,11 @@ def ingest(
         raise classify(Exception(text), where) from exc
 
 
-def check_table_file(path: str | os.PathLike[str]) -> None:
-    """Read the table file ``path`` alone, every block of it; raise ``StoreCorruptedError``
-    when RocksDB cannot.
+def check_table_file(
+    path: str | os.PathLike[str], *, scratch_dir: str | os.PathLike[str]
+) -> None:
+    """Read the table file ``path`` alone, every block of it, in a folder made (and
+    removed) in ``scratch_dir``; raise ``StoreCorruptedError`` when RocksDB cannot.
 
     Why: a database's error does not always name the table file at fault (damage in a
     file's properties block is reported as "properties unsorted" against the MANIFEST).
@@ -402,7 +404,7 @@ def check_table_file(path: str | os.PathLike[str]) -> None:
     others to ``lost/``; the rebuilt database is then scanned. No shared block cache: it
     could serve blocks of an undamaged file with the same identity."""
     name = os.path.basename(os.fspath(path))
-    with tempfile.TemporaryDirectory(prefix="iqkit-table-check-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="iqkit-table-check-", dir=scratch_dir) as scratch:
         shutil.copyfile(path, os.path.join(scratch, name))
         opts = Options(raw_mode=True)
         table = BlockBasedOptions()
