@@ -87,7 +87,7 @@ def test_a_checkpoint_with_one_aggregation_has_one_store(agg_checkpoint):
 
 
 #: Batches per operator: new keys, updates of old ones, and removed keys (a watermark that
-#: moves past old windows and old ids; a negative amount, which ``jobs.running_total``
+#: moves past old windows and old ids; a negative amount, which ``spark_jobs.running_total_fn``
 #: takes as "forget this user").
 DEDUP_BATCHES = [
     [{"id": 1, "user": "a", "ts": _ts(1)}, {"id": 2, "user": "b", "ts": _ts(2)}],
