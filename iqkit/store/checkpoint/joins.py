@@ -19,9 +19,11 @@ What Spark keeps, per side (``left`` / ``right``) and state partition:
 
 Where: formats 1 and 2 keep each internal store as a store of its own, in
 ``state/<op>/<partition>/<store name>/`` (HDFS-backed or RocksDB), listed by the
-operator's metadata. Format 3 (Spark 4.1+, RocksDB only) keeps the four as column
-families of the operator's one ``default`` RocksDB store (``rocksdb_files``), named as
-the stores were, their schemas in the ``_stateSchema`` file the v2 metadata names.
+operator's metadata (with checkpoint format v2, ``rocksdb_files`` finds each store's
+file ids in the commit log, one per store in the metadata's order). Format 3 (Spark
+4.1+, RocksDB only) keeps the four as column families of the operator's one ``default``
+RocksDB store (``rocksdb_files``), named as the stores were, their schemas in the
+``_stateSchema`` file the v2 metadata names.
 Format 4 (keys with event times, lists of rows per key) is refused in one line.
 
 What iqkit serves: a side is keyed by the join key (one column its value, several a

@@ -127,6 +127,8 @@ def test_every_version_and_partition_of_each_side_is_what_spark_reads(cell):
             shaped = _read(op, "joinSide", side)
             raw = _read(op, "storeName", f"{side}-keyWithIndexToValue")
             raw_batches = {b["stateVersion"]: b for b in raw["batches"]}
+            counted = _read(op, "storeName", f"{side}-keyToNumValues")
+            counts = {b["stateVersion"]: b for b in counted["batches"]}
             rows_seen = 0
             for batch in shaped["batches"]:
                 version = batch["stateVersion"]
@@ -154,6 +156,12 @@ def test_every_version_and_partition_of_each_side_is_what_spark_reads(cell):
                     for key, values in mine.items():
                         by_index = indexed[key]
                         assert values == [by_index[i] for i in range(len(values))], (store, key)
+                    # As many rows as keyToNumValues counts.
+                    number = {
+                        _key(row["key"]): row["value"]["value"]
+                        for row in counts[version]["partitions"][p]
+                    }
+                    assert {k: len(v) for k, v in mine.items()} == number
             assert rows_seen > 0, store
 
 
