@@ -19,6 +19,7 @@ from ..format import StoreFormat
 from ..manifest import StoreManifest
 from ..objects import open_objects
 from ..roots import StoreRoot
+from .joins import JoinSideReader, is_join_side, open_side
 from .layout import OperatorStore, is_checkpoint, operator_stores
 from .materialize import scratch_folder
 from .providers import StateReader
@@ -41,6 +42,8 @@ class CheckpointFormat(StoreFormat):
         self._stores: dict[str, OperatorStore] | None = None
         self._reader: StateReader | None = None
         self._shapes: dict[str, StateShape] = {}
+        #: Each join side's reader (``joins``), made with its shape.
+        self._sides: dict[str, JoinSideReader] = {}
         self._manifests: dict[str, StoreManifest] = {}
         #: The reader's file cache (``IQKIT_CACHE``), made at its first snapshot: where
         #: replayed state versions are kept as databases (``materialize``).
@@ -95,10 +98,19 @@ class CheckpointFormat(StoreFormat):
 
     def _shape(self, store: OperatorStore) -> StateShape:
         shape = self._shapes.get(store.name)
-        if shape is None:
+        if shape is None and is_join_side(store):
+            self._sides[store.name], shape = open_side(self._state_reader(), store)
+            self._shapes[store.name] = shape
+        elif shape is None:
             key_schema, value_schema = self._state_reader().schemas(store)
             shape = self._shapes[store.name] = StateShape(key_schema, value_schema)
         return shape
+
+    def _reader_for(self, store: OperatorStore) -> StateReader:
+        """What reads ``store``'s state: a join side's own reader, else the checkpoint's."""
+        self._shape(store)
+        side = self._sides.get(store.name)
+        return side if side is not None else self._state_reader()  # type: ignore[return-value]
 
     def read_manifest(self, store: str) -> StoreManifest:
         manifest = self._manifests.get(store)
@@ -129,7 +141,7 @@ class CheckpointFormat(StoreFormat):
             found,
             manifest,
             self._shape(found),
-            self._state_reader(),
+            self._reader_for(found),
             self._reader_cache(),
             pinned,
         )

@@ -6,7 +6,9 @@ batch read), ``commits/<batch>`` (present once the batch is done) and, for a sta
 query, ``state/<operator id>/`` with one folder per state partition. Each operator keeps
 one store (``default``) or several (a stream-stream join's four); its
 ``_metadata/metadata`` names the operator and lists its stores with their partition
-counts.
+counts. An operator may be served as parts other than the stores it lists: a
+stream-stream join as its two sides, ``left`` and ``right``, each read from the
+operator's internal stores by ``joins``.
 
 Versions: Spark's state version N is the state after batch N - 1, and only a committed
 batch counts (``commits/<N - 1>`` exists). A batch still running has written no commit,
@@ -20,9 +22,11 @@ Store names (written in the README too):
   join), ``transform`` (``transformWithState``); an operator iqkit does not know keeps
   Spark's own operator name;
 * a checkpoint with a single store names it just that (``aggregate``);
-* otherwise every name ends with ``-<operator id>`` (``aggregate-0``, ``dedup-1``), and a
-  store other than an operator's ``default`` adds ``.<store name>``
-  (``join-2.left-keyToNumValues``).
+* a checkpoint with a single operator serving several stores names each
+  ``<operator>.<store name>`` (``join.left``, ``join.right``);
+* otherwise every name has ``-<operator id>`` after the operator's (``aggregate-0``,
+  ``dedup-1``), and a store other than an operator's ``default`` adds ``.<store name>``
+  (``join-2.left``).
 
 The names depend only on the checkpoint's own operator metadata, so they are the same in
 every process and every session that opens it.
@@ -65,12 +69,15 @@ _FRIENDLY = {
     "sessionWindowStateStoreSaveExec": "sessions",
 }
 
+#: Operators served as parts other than the stores their metadata lists (module
+#: docstring): a stream-stream join's two sides.
+_PARTS = {"symmetricHashJoin": ("left", "right")}
+
 #: Stateful operators whose state iqkit does not serve yet, and what users call them: their
 #: stores are listed, and reading one is refused in one line, never served as rows whose
-#: meaning iqkit does not know (a join's four bookkeeping stores, transformWithState's
-#: column families, session windows' merged sessions).
+#: meaning iqkit does not know (transformWithState's column families, session windows'
+#: merged sessions).
 _NOT_SUPPORTED = {
-    "symmetricHashJoin": "a stream-stream join",
     "transformWithStateExec": "transformWithState",
     "transformWithStateInPandasExec": "transformWithStateInPandas",
     "sessionWindowStateStoreSaveExec": "session windows",
@@ -173,16 +180,27 @@ def operator_stores(objects: ObjectStore) -> list[OperatorStore]:
     found: list[tuple[OperatorMetadata, StoreInfo]] = []
     for op in ids:
         metadata = read_operator_metadata(objects, f"state/{op}")
-        found.extend((metadata, info) for info in metadata.stores)
+        found.extend((metadata, info) for info in _served(metadata))
     single = len(found) == 1
+    one_operator = len(ids) == 1
     stores = []
     for metadata, info in found:
         base = _FRIENDLY.get(metadata.operator_name, metadata.operator_name)
-        name = base if single else f"{base}-{metadata.operator_id}"
+        name = base if one_operator else f"{base}-{metadata.operator_id}"
         if not single and info.name != DEFAULT_STORE:
             name = f"{name}.{info.name}"
         stores.append(OperatorStore(name, metadata, info))
     return stores
+
+
+def _served(metadata: OperatorMetadata) -> tuple[StoreInfo, ...]:
+    """The stores ``metadata``'s operator is served as: its parts (``_PARTS``), each with
+    the partitions of the operator's first store, else the stores it lists."""
+    parts = _PARTS.get(metadata.operator_name)
+    if parts is None or not metadata.stores:
+        return metadata.stores
+    first = metadata.stores[0]
+    return tuple(StoreInfo(part, 0, first.num_partitions) for part in parts)
 
 
 #: The offsets log's header line; the batch's metadata (watermark, trigger time, the

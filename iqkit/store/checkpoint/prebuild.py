@@ -182,6 +182,7 @@ def _serve() -> None:
     import pyarrow as pa
 
     from ..objects import open_objects
+    from .joins import is_join_side, open_side
     from .layout import operator_stores
     from .materialize import open_partition
     from .providers import StateReader
@@ -207,7 +208,10 @@ def _serve() -> None:
             objects = open_objects(request["root"])
             reader = StateReader(objects)
             (store,) = [s for s in operator_stores(objects) if s.name == request["store"]]
-            shape = StateShape(*reader.schemas(store))
+            if is_join_side(store):
+                reader, shape = open_side(reader, store)  # type: ignore[assignment]
+            else:
+                shape = StateShape(*reader.schemas(store))
             cache = FileCache(request["cache"], limit=request["limit"])
             part = open_partition(
                 reader, shape, store, cache, request["version"], request["partition"],

@@ -31,8 +31,11 @@ Changelog records (after the decompression): format 1 has no header; it is recor
 key and a key size of -1 ends the file, exactly the default provider's framing. Format 3
 is format 1 after two ``writeUTF`` texts (a 2-byte big-endian length, then the bytes):
 ``"v3"`` and the lineage, a JSON list of ``{"version", "checkpointUniqueId"}`` from the
-newest snapshot to ``v - 1``. Formats 2 and 4 (a record-type byte before each record)
-are written only for stores in several column families.
+newest snapshot to ``v - 1``. Format 2 is written for a store in several column families:
+``writeUTF("v2")``, then records that each start with a type byte: 0x01 a put
+(``[key size][key][value size][value]``), 0x10 a delete (``[key size][key][-1]``), 0x11
+a merge (a list state's append: transformWithState), 0x00 the end. Format 4 is format 2
+with a lineage text (checkpoint format v2): not read yet.
 
 Keys and values in the database and in changelogs are Spark's encoding of an UnsafeRow:
 one version byte (0), then the row. With
@@ -41,9 +44,14 @@ LE][length of the rest: int32 LE]`` and then the encoded row, and a changelog's 
 record has the key's CRC32-C (4 bytes) before the key; ``row_checksums=True`` strips both
 (not recomputed: the lz4 and RocksDB block checksums, and Hadoop's, cover the same
 bytes, and CRC32-C has no fast implementation in Python's standard library). Keys
-encoded for prefix or range scans (a session window's store) and transformWithState's
-column families (a 2-byte family id before each key, listed in the snapshot's
-``columnFamilyMapping``) are refused in one line.
+encoded for prefix or range scans (a session window's store) are refused in one line.
+
+Column families (transformWithState, join state formats 3 and 4): Spark keeps every
+family in RocksDB's one physical family, each key led by its family's 2-byte id (little
+endian), before the version byte; the snapshot's metadata maps names to ids
+(``columnFamilyMapping``). Read only when the caller asks for them (``families=True``):
+the keys then keep the 2-byte id before the row (``family_ids`` says whose); other
+callers are refused in one line, never given keys they would take for rows.
 
 Checkpoint format v2 (``spark.sql.streaming.stateStore.checkpointFormatVersion=2``: 1 by
 default in PySpark 4.3; Real-Time Mode queries need 2) names each file
@@ -84,12 +92,14 @@ from ..partitions import rocks
 from .codecs import StateFileError, decompress_state_file
 from .hdfs_files import check_hadoop_crc
 from .shape import UnsupportedStateError
+from .state_schema import read_operator_metadata
 
 __all__ = [
     "PartitionFiles",
     "ReplayPlan",
     "changelog_changes",
     "StateFileError",
+    "family_ids",
     "list_files",
     "list_versions",
     "load_state",
@@ -112,6 +122,10 @@ _SST_FOLDER = "SSTs"
 _SST_NAME = re.compile(r"\d+\.sst")
 _PLAIN_NAME = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]*")
 _COLUMN_FAMILIES = "not supported yet: transformWithState's column families"
+#: A column family id's size before a key (``columnFamilyMapping``), and its byte order.
+_FAMILY_ID = 2
+#: Changelog format 2's record types (the byte before each record).
+_EOF, _PUT, _DELETE, _MERGE = 0x00, 0x01, 0x10, 0x11
 
 
 @dataclass(frozen=True)
@@ -233,6 +247,7 @@ def load_state(
     row_checksums: bool = False,
     files: PartitionFiles | None = None,
     plan: ReplayPlan | None = None,
+    families: bool = False,
 ) -> dict[bytes, bytes]:
     """The live keys of ``partition_dir`` at state ``version``, key UnsafeRow bytes →
     value UnsafeRow bytes (Spark's encoding prefix removed): the newest snapshot at or
@@ -240,28 +255,62 @@ def load_state(
     batch. ``work_dir`` is a private scratch folder (created if missing) where a snapshot's
     database is restored while it is read, then removed; nothing is ever written into the
     checkpoint. ``files`` is a listing already made (``list_files``), ``plan`` a plan
-    already made (``plan_replay``). ``StateFileError`` when a file needed is missing, cut
-    short or damaged; ``UnsupportedStateError`` for a store this module cannot read yet
-    (one line naming what)."""
+    already made (``plan_replay``). ``families``: the store keeps column families, and
+    each key comes back as its family's 2-byte id, then the row. ``StateFileError`` when
+    a file needed is missing, cut short or damaged; ``UnsupportedStateError`` for a store
+    this module cannot read yet (one line naming what)."""
+    if families and row_checksums:
+        raise UnsupportedStateError(
+            f"not supported yet: column families with row checksums ({partition_dir})"
+        )
     if plan is None or plan.version != version:
         plan = plan_replay(objects, partition_dir, version, files=files)
     files = plan.files
     state: dict[bytes, bytes] = {}
     if plan.base is not None:
         state = _read_snapshot(
-            objects, files, *plan.base, work_dir=work_dir, checksums=row_checksums
-        )
+            objects, files, *plan.base, work_dir=work_dir, checksums=row_checksums,
+            families=families,
+        )  # fmt: skip
     for changelog, uid in plan.changelogs:
         key = files.key(changelog, _CHANGELOG, uid)
         records = plan.records.get(key)
         if records is None:
             records = _changelog_records(_read_checked(objects, files, key), objects.where(key))
-        _apply(records, state, objects.where(key), row_checksums)
+        _apply(records, state, objects.where(key), row_checksums, families)
     return state
 
 
+def family_ids(objects: ObjectStore, plan: ReplayPlan) -> dict[str, int]:
+    """Column family name → the id before its keys, from the snapshot metadata of the
+    plan's base, else of the partition's newest snapshot (Spark keeps a family's id for
+    the store's life: a new family takes the next one, ``maxColumnFamilyId``).
+    ``StateFileError`` when no snapshot of the partition names them."""
+    files = plan.files
+    found = [plan.base] if plan.base is not None else []
+    found += sorted(((v, u) for v, ids in files.snapshots.items() for u in ids), reverse=True)
+    for version, uid in found:
+        key = files.key(version, _SNAPSHOT, uid)
+        where = objects.where(key)
+        raw = _read_checked(objects, files, key)
+        mapping = _snapshot_metadata(_zip_entries(raw, where), where).get("columnFamilyMapping")
+        if isinstance(mapping, dict) and mapping:
+            try:
+                return {str(name): int(i) for name, i in mapping.items()}
+            except (TypeError, ValueError):
+                raise StateFileError(f"{where}: damaged columnFamilyMapping") from None
+    raise StateFileError(
+        f"{objects.where(files.folder)}: no snapshot names the column family ids of its keys"
+    )
+
+
 def changelog_changes(
-    objects: ObjectStore, plan: ReplayPlan, keys: list[str], *, row_checksums: bool = False
+    objects: ObjectStore,
+    plan: ReplayPlan,
+    keys: list[str],
+    *,
+    row_checksums: bool = False,
+    families: bool = False,
 ) -> dict[bytes, bytes | None]:
     """What the changelogs ``keys`` (files of ``plan``, in replay order) change: key
     UnsafeRow bytes → the value after them, or ``None`` where they delete the key. For a
@@ -272,12 +321,13 @@ def changelog_changes(
         records = plan.records.get(key)
         if records is None:
             records = _changelog_records(_read_checked(objects, plan.files, key), where)
-        for record_key, value in _records(*records, where):
+        for record_key, value in _records(*records, where, families):
             if value is None:
                 # With row checksums a delete's key carries the key's CRC32-C first.
-                changes[_row(record_key[4:] if row_checksums else record_key, where, "key")] = None
+                plain = record_key[4:] if row_checksums else record_key
+                changes[_key(plain, where, families)] = None
             else:
-                changes[_row(record_key, where, "key")] = _value(value, where, row_checksums)
+                changes[_key(record_key, where, families)] = _value(value, where, row_checksums)
     return changes
 
 
@@ -353,14 +403,25 @@ class _UniqueIdPlan(_Plan):
 
     def _committed_id(self, version: int) -> str:
         """The unique id the commit of batch ``version - 1`` recorded for this partition's
-        store (the folder ``state/<operator>/<partition>``)."""
+        store (the folder ``state/<operator>/<partition>``, or its subfolder
+        ``<store name>`` for an operator of several stores: a join's four). The commit
+        lists one id per store, in the order the operator's metadata lists its stores."""
         where = self.files.folder
-        match = re.fullmatch(r"(?:.*/)?state/(\d+)/(\d+)", where)
+        match = re.fullmatch(r"(?:.*/)?(state/(\d+))/(\d+)(?:/([^/]+))?", where)
         if not match:
             raise UnsupportedStateError(
                 f"not supported yet: checkpoint format v2 (state files named <version>_<id>) "
-                f"for a store other than 'default' ({where})"
+                f"in a folder {where!r}"
             )
+        store = 0
+        if match[4] is not None:
+            names = [i.name for i in read_operator_metadata(self.objects, match[1]).stores]
+            if match[4] not in names:
+                raise StateFileError(
+                    f"{self.objects.where(where)}: a store the operator's metadata does not "
+                    f"list ({', '.join(names)})"
+                )
+            store = names.index(match[4])
         commit = f"commits/{version - 1}"
         try:
             text = self.objects.read_bytes(commit).decode("utf-8", "replace")
@@ -370,8 +431,8 @@ class _UniqueIdPlan(_Plan):
                 "not committed"
             ) from None
         try:
-            ids = json.loads(text.split("\n", 1)[1])["stateUniqueIds"][match[1]]
-            uid = ids[int(match[2])][0]
+            ids = json.loads(text.split("\n", 1)[1])["stateUniqueIds"][match[2]]
+            uid = ids[int(match[3])][store]
         except (IndexError, KeyError, TypeError, ValueError):
             raise StateFileError(
                 f"{self.objects.where(commit)}: names no state file id for {where} "
@@ -413,9 +474,12 @@ def _changelog_records(raw: bytes, where: str) -> tuple[memoryview, int]:
     """(the decompressed changelog, where its records start), the header checked."""
     data = memoryview(decompress_state_file(raw, where))
     version, start = _changelog_format(data)
-    if version in (2, 4):
-        raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
-    if version not in (1, 3):
+    if version == 4:
+        raise UnsupportedStateError(
+            f"not supported yet: changelog format v4 (column families with checkpoint format "
+            f"v2) ({where})"
+        )
+    if version not in (1, 2, 3):
         raise StateFileError(f"{where}: changelog format v{version} is not known")
     return data, start
 
@@ -447,49 +511,109 @@ def _lineage(records: tuple[memoryview, int], where: str) -> list[tuple[int, str
 
 
 def _apply(
-    records: tuple[memoryview, int], state: dict[bytes, bytes], where: str, checksums: bool
+    records: tuple[memoryview, int],
+    state: dict[bytes, bytes],
+    where: str,
+    checksums: bool,
+    families: bool = False,
 ) -> None:
     """Apply a changelog's records to ``state`` (the state of the version before it), in
     place. On ``StateFileError`` ``state`` may hold part of it: throw it away."""
-    for key, value in _records(*records, where):
+    for key, value in _records(*records, where, families):
         if value is None:
             # With row checksums a delete's key carries the key's CRC32-C first.
-            state.pop(_row(key[4:] if checksums else key, where, "key"), None)
+            state.pop(_key(key[4:] if checksums else key, where, families), None)
         else:
-            state[_row(key, where, "key")] = _value(value, where, checksums)
+            state[_key(key, where, families)] = _value(value, where, checksums)
 
 
 def _records(
-    data: memoryview, start: int, where: str
+    data: memoryview, start: int, where: str, families: bool = False
 ) -> Iterator[tuple[memoryview, memoryview | None]]:
-    """The (key, value or None for a delete) records of a changelog of format 1 or 3
-    (``start``: after the version text of format 3, whose lineage text comes next), the
-    framing checked to the last byte."""
+    """The (key, value or None for a delete) records of a changelog of format 1, 2 or 3
+    (``start``: after the version text; format 3's lineage text comes next), the framing
+    checked to the last byte. Format 2 is read only for ``families`` (its keys carry a
+    column family id)."""
+    if start and _changelog_format(data)[0] == 2:
+        if not families:
+            raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
+        yield from _typed_records(data, start, where)
+        return
     end = len(data)
     take = _INT32_BE.unpack_from
     try:
         position = start + 2 + _UTF_LENGTH.unpack_from(data, start)[0] if start else 0
         (key_size,) = take(data, position)
         while key_size != -1:
-            if key_size < 0 or position + 8 + key_size > end:
-                raise ValueError(f"bad key size {key_size} at byte {position}")
-            key = data[position + 4 : position + 4 + key_size]
-            position += 4 + key_size
-            (value_size,) = take(data, position)
-            position += 4
-            if value_size == -1:
-                yield key, None
-            elif 0 <= value_size <= end - position:
-                yield key, data[position : position + value_size]
-                position += value_size
-            else:
-                raise ValueError(f"bad value size {value_size} at byte {position - 4}")
+            key, value, position = _framed(data, position)
+            yield key, value
             (key_size,) = take(data, position)
         position += 4
     except (ValueError, struct.error) as exc:
         raise StateFileError(f"{where}: damaged records ({exc})") from None
     if position != end:
         raise StateFileError(f"{where}: {end - position} bytes after the last record")
+
+
+def _framed(data: memoryview, position: int) -> tuple[memoryview, memoryview | None, int]:
+    """The record at ``position``: ``[key size: int32 BE][key][value size: int32 BE]
+    [value]`` (a value size of -1: a delete, no value), and the position after it;
+    ``ValueError`` (or ``struct.error``) where the sizes do not fit the data."""
+    end = len(data)
+    take = _INT32_BE.unpack_from
+    (key_size,) = take(data, position)
+    if key_size < 0 or position + 8 + key_size > end:
+        raise ValueError(f"bad key size {key_size} at byte {position}")
+    key = data[position + 4 : position + 4 + key_size]
+    position += 4 + key_size
+    (value_size,) = take(data, position)
+    position += 4
+    if value_size == -1:
+        return key, None, position
+    if not 0 <= value_size <= end - position:
+        raise ValueError(f"bad value size {value_size} at byte {position - 4}")
+    return key, data[position : position + value_size], position + value_size
+
+
+def _typed_records(
+    data: memoryview, start: int, where: str
+) -> Iterator[tuple[memoryview, memoryview | None]]:
+    """``_records`` of changelog format 2: a type byte before each record."""
+    end = len(data)
+    position = start
+    try:
+        while True:
+            if position >= end:
+                raise ValueError("no end record")
+            kind = data[position]
+            position += 1
+            if kind == _EOF:
+                break
+            if kind == _MERGE:
+                raise UnsupportedStateError(
+                    f"not supported yet: list merge records (transformWithState) ({where})"
+                )
+            if kind not in (_PUT, _DELETE):
+                raise ValueError(f"record type {kind:#04x} at byte {position - 1}")
+            at = position
+            key, value, position = _framed(data, position)
+            if (value is None) != (kind == _DELETE):
+                raise ValueError(f"a record of type {kind:#04x} at byte {at} with a wrong value")
+            yield key, value
+    except (ValueError, struct.error) as exc:
+        raise StateFileError(f"{where}: damaged records ({exc})") from None
+    if position != end:
+        raise StateFileError(f"{where}: {end - position} bytes after the last record")
+
+
+def _key(encoded: memoryview | bytes, where: str, families: bool) -> bytes:
+    """A key as ``load_state`` gives it: the row (``_row``), after its column family id
+    for a store in ``families``."""
+    if not families:
+        return _row(encoded, where, "key")
+    if len(encoded) <= _FAMILY_ID:
+        raise StateFileError(f"{where}: a key of {len(encoded)} bytes, no column family id")
+    return bytes(encoded[:_FAMILY_ID]) + _row(encoded[_FAMILY_ID:], where, "key")
 
 
 def _row(encoded: memoryview | bytes, where: str, what: str) -> bytes:
@@ -529,12 +653,13 @@ def _read_snapshot(
     *,
     work_dir: str | os.PathLike[str],
     checksums: bool,
+    families: bool = False,
 ) -> dict[bytes, bytes]:
     """The keys and values of ``version``'s snapshot: its database restored in a folder of
     ``work_dir`` (removed after), then scanned."""
     key = files.key(version, _SNAPSHOT, uid)
     where = objects.where(key)
-    entries, ssts = _unzip(_read_checked(objects, files, key), where)
+    entries, ssts = _unzip(_read_checked(objects, files, key), where, families)
     os.makedirs(work_dir, exist_ok=True)
     folder = tempfile.mkdtemp(prefix=f"rocksdb-{version}-", dir=work_dir)
     try:
@@ -549,12 +674,35 @@ def _read_snapshot(
         rows = _scan(folder, where, sst_keys)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {_row(k, where, "key"): _value(v, where, checksums) for k, v in rows}
+    return {_key(k, where, families): _value(v, where, checksums) for k, v in rows}
 
 
-def _unzip(raw: bytes, where: str) -> tuple[dict[str, bytes], dict[str, tuple[str, int]]]:
+def _unzip(
+    raw: bytes, where: str, families: bool = False
+) -> tuple[dict[str, bytes], dict[str, tuple[str, int]]]:
     """(the zip's RocksDB files by name, the SSTs its metadata lists: name in the database
-    → (name under ``SSTs/``, size))."""
+    → (name under ``SSTs/``, size)); a snapshot of column families is refused unless
+    ``families``."""
+    entries = _zip_entries(raw, where)
+    metadata = _snapshot_metadata(entries, where)
+    try:
+        ssts = {
+            str(f["localFileName"]): (str(f["dfsSstFileName"]), int(f["sizeBytes"]))
+            for f in metadata.get("sstFiles") or ()
+        }
+    except (KeyError, TypeError, ValueError):
+        raise StateFileError(f"{where}: damaged snapshot metadata") from None
+    if metadata.get("columnFamilyMapping") and not families:
+        raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
+    for local, (dfs, _) in ssts.items():
+        if not _SST_NAME.fullmatch(local) or not _PLAIN_NAME.fullmatch(dfs) or local in entries:
+            raise StateFileError(f"{where}: its metadata lists a bad SST name ({local}, {dfs})")
+    return entries, ssts
+
+
+def _zip_entries(raw: bytes, where: str) -> dict[str, bytes]:
+    """A snapshot zip's entries by name (RocksDB's files and ``metadata``), each checked
+    against its CRC-32."""
     try:
         with zipfile.ZipFile(io.BytesIO(raw)) as archive:
             # Reading each entry checks its CRC-32 (BadZipFile when it does not match).
@@ -567,25 +715,23 @@ def _unzip(raw: bytes, where: str) -> tuple[dict[str, bytes], dict[str, tuple[st
     odd = [name for name in entries if not _PLAIN_NAME.fullmatch(name)]
     if odd:
         raise StateFileError(f"{where}: an entry that is no RocksDB file name ({odd[0]!r})")
+    return entries
+
+
+def _snapshot_metadata(entries: dict[str, bytes], where: str) -> dict[str, Any]:
+    """The ``metadata`` entry of a snapshot's ``entries`` (taken out of them), parsed."""
     header, _, body = entries.pop(_METADATA_ENTRY).partition(b"\n")
     if header.strip() != _METADATA_HEADER:
         raise StateFileError(
             f"{where}: snapshot metadata {header[:20]!r} is not supported yet (known: v1)"
         )
     try:
-        metadata: dict[str, Any] = json.loads(body)
-        ssts = {
-            str(f["localFileName"]): (str(f["dfsSstFileName"]), int(f["sizeBytes"]))
-            for f in metadata.get("sstFiles") or ()
-        }
-    except (KeyError, TypeError, ValueError):
-        raise StateFileError(f"{where}: damaged snapshot metadata") from None
-    if metadata.get("columnFamilyMapping"):
-        raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
-    for local, (dfs, _) in ssts.items():
-        if not _SST_NAME.fullmatch(local) or not _PLAIN_NAME.fullmatch(dfs) or local in entries:
-            raise StateFileError(f"{where}: its metadata lists a bad SST name ({local}, {dfs})")
-    return entries, ssts
+        metadata = json.loads(body)
+    except ValueError:
+        metadata = None
+    if not isinstance(metadata, dict):
+        raise StateFileError(f"{where}: damaged snapshot metadata")
+    return metadata
 
 
 def _place_sst(objects: ObjectStore, key: str, target: str, size: int, snapshot: str) -> None:

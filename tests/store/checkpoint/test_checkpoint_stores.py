@@ -473,12 +473,11 @@ def test_state_written_with_row_checksums_reads_as_spark_reads_it(spark, tmp_pat
         assert {p: {(k,): v for k, v in rows.items()} for p, rows in got.items()} == expected
 
 
-def test_a_stream_stream_join_is_listed_and_refused_in_one_line(spark, tmp_path):
-    """A join keeps four bookkeeping stores whose rows mean nothing on their own: they
-    are listed, and reading one is one line naming the operator, never rows."""
+def test_a_stream_stream_join_is_served_as_its_two_sides(spark, tmp_path):
+    """A join's internal stores are served as its two sides: each keyed by the join key,
+    a key's value the rows the side buffers for it (every layout is held to Spark's own
+    reader on the frozen cells: test_joins.py)."""
     import json as json_module
-
-    from iqkit.store.checkpoint.shape import UnsupportedStateError
 
     inputs = tmp_path / "input"
     inputs.mkdir()
@@ -492,13 +491,18 @@ def test_a_stream_stream_join_is_listed_and_refused_in_one_line(spark, tmp_path)
      .option("checkpointLocation", checkpoint).trigger(availableNow=True)
      .start().awaitTermination())  # fmt: skip
     with iqkit.open(checkpoint) as engine:
-        names = engine.store_names()
-        assert names and all(n.startswith("join-") for n in names)
-        with pytest.raises(UnsupportedStateError) as info:
-            engine.manifest(names[0])
-    message = str(info.value)
-    assert "\n" not in message
-    assert message.startswith("not supported yet: symmetricHashJoin (a stream-stream join)")
+        assert engine.store_names() == ["join.left", "join.right"]
+        for row in AGG_BATCHES[0]:
+            user = row["user"]
+            for side, want in (
+                ("left", row),
+                ("right", {"user": user, "double": 2 * row["amount"]}),
+            ):
+                request = StateQueryRequest.in_store(f"join.{side}").with_query(
+                    KeyQuery.with_key(user)
+                )
+                (value,) = [r.result for r in engine.query(request).partition_results.values()]
+                assert [{k: v for k, v in r.items() if k != "matched"} for r in value] == [want]
 
 
 def test_transform_with_state_is_listed_and_refused_in_one_line(spark, tmp_path):
