@@ -22,6 +22,7 @@ from ..roots import StoreRoot
 from .layout import OperatorStore, is_checkpoint, operator_stores
 from .materialize import scratch_folder
 from .providers import StateReader
+from .sessions import session_shape
 from .shape import StateShape, UnsupportedStateError
 from .snapshot import CheckpointSnapshot, CheckpointVersion, committed_versions, version_record
 
@@ -97,7 +98,7 @@ class CheckpointFormat(StoreFormat):
         shape = self._shapes.get(store.name)
         if shape is None:
             key_schema, value_schema = self._state_reader().schemas(store)
-            shape = self._shapes[store.name] = StateShape(key_schema, value_schema)
+            shape = self._shapes[store.name] = session_shape(store, key_schema, value_schema)
         return shape
 
     def read_manifest(self, store: str) -> StoreManifest:

@@ -18,6 +18,7 @@ from ...errors import IqkitError
 from ..objects import ObjectStore
 from . import hdfs_files, rocksdb_files
 from .layout import OperatorStore, batch_metadata, state_folder
+from .sessions import SESSION_OPERATOR, session_schema
 from .shape import UnsupportedStateError
 from .state_records import StateRecords, StateRows
 from .state_schema import StoreSchema, read_store_schema
@@ -66,6 +67,8 @@ class VersionFiles:
     folder: str
     plan: Any
     names: str
+    #: Whether the keys are encoded for prefix scans (the RocksDB provider's two rows).
+    prefix_keys: bool = False
 
     @property
     def keys(self) -> list[str]:
@@ -147,7 +150,7 @@ class _RocksDBFiles:
     ) -> dict[bytes, bytes]:  # fmt: skip
         return rocksdb_files.load_state(
             objects, files.folder, version, plan=files.plan, work_dir=work_dir,
-            row_checksums=row_checksums,
+            row_checksums=row_checksums, prefix_keys=files.prefix_keys,
         )  # fmt: skip
 
     def load_records(
@@ -167,7 +170,7 @@ class _RocksDBFiles:
         if not added or not all(key.endswith(".changelog") for key in added):
             return None
         changes = rocksdb_files.changelog_changes(
-            objects, files.plan, added, row_checksums=row_checksums
+            objects, files.plan, added, row_checksums=row_checksums, prefix_keys=files.prefix_keys
         )
         return StateRecords.of_changes(changes)
 
@@ -205,11 +208,8 @@ class StateReader:
         schema = self._schemas.get(store.name)
         if schema is None:
             schema = read_store_schema(self.objects, store.folder, store.store_name)
-            if schema.num_cols_prefix_key and self._files.splits_prefix_keys:
-                raise UnsupportedStateError(
-                    f"not supported yet: RocksDB state keyed for prefix scans ({store.name}: "
-                    f"{schema.num_cols_prefix_key} prefix key columns)"
-                )
+            if store.operator_name == SESSION_OPERATOR:
+                schema = session_schema(store, schema)
             self._schemas[store.name] = schema
         return schema
 
@@ -222,7 +222,11 @@ class StateReader:
         pair = self._decoders.get(store.name)
         if pair is None:
             key_schema, value_schema = self.schemas(store)
-            pair = self._decoders[store.name] = (RowDecoder(key_schema), RowDecoder(value_schema))
+            keys = RowDecoder(key_schema)
+            if self._prefix_keys(store):
+                prefix = self._schema(store).num_cols_prefix_key
+                keys = rocksdb_files.PrefixKeyDecoder(key_schema, prefix)
+            pair = self._decoders[store.name] = (keys, RowDecoder(value_schema))
         return pair
 
     def version_files(self, store: OperatorStore, partition: int, version: int) -> VersionFiles:
@@ -231,7 +235,12 @@ class StateReader:
         missing)."""
         folder = state_folder(store, partition)
         plan, keys = self._files.plan(self.objects, folder, version)
-        return VersionFiles(folder, plan, f"{self.query_id}\n" + "\n".join(keys))
+        names = f"{self.query_id}\n" + "\n".join(keys)
+        return VersionFiles(folder, plan, names, prefix_keys=self._prefix_keys(store))
+
+    def _prefix_keys(self, store: OperatorStore) -> bool:
+        """Whether ``store``'s keys are in the files as the two rows of a prefix-scan key."""
+        return bool(self._schema(store).num_cols_prefix_key) and self._files.splits_prefix_keys
 
     @property
     def query_id(self) -> str:

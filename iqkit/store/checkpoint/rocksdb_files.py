@@ -40,10 +40,16 @@ one version byte (0), then the row. With
 LE][length of the rest: int32 LE]`` and then the encoded row, and a changelog's delete
 record has the key's CRC32-C (4 bytes) before the key; ``row_checksums=True`` strips both
 (not recomputed: the lz4 and RocksDB block checksums, and Hadoop's, cover the same
-bytes, and CRC32-C has no fast implementation in Python's standard library). Keys
-encoded for prefix or range scans (a session window's store) and transformWithState's
-column families (a 2-byte family id before each key, listed in the snapshot's
-``columnFamilyMapping``) are refused in one line.
+bytes, and CRC32-C has no fast implementation in Python's standard library).
+
+A store opened for prefix scans (its operator's metadata records ``numColsPrefixKey``
+above 0: a session window's) has its keys encoded as two rows: ``[size of the first:
+int32, the machine's order (little-endian)][0][UnsafeRow of the prefix columns][0]
+[UnsafeRow of the other columns]``, the second running to the key's end; values are
+encoded as any. ``prefix_keys=True`` reads such keys: each is checked and kept whole
+(``PrefixKeyDecoder`` decodes it into the one key row Spark's decoder joins). Keys encoded
+for range scans and transformWithState's column families (a 2-byte family id before each
+key, listed in the snapshot's ``columnFamilyMapping``) are refused in one line.
 
 Checkpoint format v2 (``spark.sql.streaming.stateStore.checkpointFormatVersion=2``: 1 by
 default in PySpark 4.3; Real-Time Mode queries need 2) names each file
@@ -84,9 +90,11 @@ from ..partitions import rocks
 from .codecs import StateFileError, decompress_state_file
 from .hdfs_files import check_hadoop_crc
 from .shape import UnsupportedStateError
+from .unsafe_row import RowDecoder
 
 __all__ = [
     "PartitionFiles",
+    "PrefixKeyDecoder",
     "ReplayPlan",
     "changelog_changes",
     "StateFileError",
@@ -233,6 +241,7 @@ def load_state(
     row_checksums: bool = False,
     files: PartitionFiles | None = None,
     plan: ReplayPlan | None = None,
+    prefix_keys: bool = False,
 ) -> dict[bytes, bytes]:
     """The live keys of ``partition_dir`` at state ``version``, key UnsafeRow bytes →
     value UnsafeRow bytes (Spark's encoding prefix removed): the newest snapshot at or
@@ -240,28 +249,35 @@ def load_state(
     batch. ``work_dir`` is a private scratch folder (created if missing) where a snapshot's
     database is restored while it is read, then removed; nothing is ever written into the
     checkpoint. ``files`` is a listing already made (``list_files``), ``plan`` a plan
-    already made (``plan_replay``). ``StateFileError`` when a file needed is missing, cut
-    short or damaged; ``UnsupportedStateError`` for a store this module cannot read yet
-    (one line naming what)."""
+    already made (``plan_replay``); ``prefix_keys``: the keys are encoded for prefix scans
+    (module docstring). ``StateFileError`` when a file needed is missing, cut short or
+    damaged; ``UnsupportedStateError`` for a store this module cannot read yet (one line
+    naming what)."""
     if plan is None or plan.version != version:
         plan = plan_replay(objects, partition_dir, version, files=files)
     files = plan.files
     state: dict[bytes, bytes] = {}
     if plan.base is not None:
         state = _read_snapshot(
-            objects, files, *plan.base, work_dir=work_dir, checksums=row_checksums
-        )
+            objects, files, *plan.base, work_dir=work_dir, checksums=row_checksums,
+            prefix_keys=prefix_keys,
+        )  # fmt: skip
     for changelog, uid in plan.changelogs:
         key = files.key(changelog, _CHANGELOG, uid)
         records = plan.records.get(key)
         if records is None:
             records = _changelog_records(_read_checked(objects, files, key), objects.where(key))
-        _apply(records, state, objects.where(key), row_checksums)
+        _apply(records, state, objects.where(key), row_checksums, prefix_keys)
     return state
 
 
 def changelog_changes(
-    objects: ObjectStore, plan: ReplayPlan, keys: list[str], *, row_checksums: bool = False
+    objects: ObjectStore,
+    plan: ReplayPlan,
+    keys: list[str],
+    *,
+    row_checksums: bool = False,
+    prefix_keys: bool = False,
 ) -> dict[bytes, bytes | None]:
     """What the changelogs ``keys`` (files of ``plan``, in replay order) change: key
     UnsafeRow bytes → the value after them, or ``None`` where they delete the key. For a
@@ -275,9 +291,10 @@ def changelog_changes(
         for record_key, value in _records(*records, where):
             if value is None:
                 # With row checksums a delete's key carries the key's CRC32-C first.
-                changes[_row(record_key[4:] if row_checksums else record_key, where, "key")] = None
+                deleted = record_key[4:] if row_checksums else record_key
+                changes[_key(deleted, where, prefix_keys)] = None
             else:
-                changes[_row(record_key, where, "key")] = _value(value, where, row_checksums)
+                changes[_key(record_key, where, prefix_keys)] = _value(value, where, row_checksums)
     return changes
 
 
@@ -447,16 +464,20 @@ def _lineage(records: tuple[memoryview, int], where: str) -> list[tuple[int, str
 
 
 def _apply(
-    records: tuple[memoryview, int], state: dict[bytes, bytes], where: str, checksums: bool
+    records: tuple[memoryview, int],
+    state: dict[bytes, bytes],
+    where: str,
+    checksums: bool,
+    prefix_keys: bool = False,
 ) -> None:
     """Apply a changelog's records to ``state`` (the state of the version before it), in
     place. On ``StateFileError`` ``state`` may hold part of it: throw it away."""
     for key, value in _records(*records, where):
         if value is None:
             # With row checksums a delete's key carries the key's CRC32-C first.
-            state.pop(_row(key[4:] if checksums else key, where, "key"), None)
+            state.pop(_key(key[4:] if checksums else key, where, prefix_keys), None)
         else:
-            state[_row(key, where, "key")] = _value(value, where, checksums)
+            state[_key(key, where, prefix_keys)] = _value(value, where, checksums)
 
 
 def _records(
@@ -497,7 +518,8 @@ def _row(encoded: memoryview | bytes, where: str, what: str) -> bytes:
     if not encoded or encoded[0] != _ENCODING_VERSION:
         first = f"byte {encoded[0]:#04x}" if encoded else "nothing"
         why = (
-            "keys encoded for prefix or range scans are not supported yet"
+            "a key encoded for prefix or range scans, in a store whose metadata records no "
+            "prefix columns?"
             if what == "key"
             else "row checksums not expected (spark.sql.streaming.stateStore.rowChecksum.enabled)?"
         )
@@ -506,6 +528,45 @@ def _row(encoded: memoryview | bytes, where: str, what: str) -> bytes:
             f"(version byte 0); {why}"
         )
     return bytes(encoded[1:])
+
+
+def _key(encoded: memoryview | bytes, where: str, prefix_keys: bool) -> bytes:
+    """A key as it is kept: ``_row`` of it, or with ``prefix_keys`` the whole key, its two
+    rows' framing checked (module docstring)."""
+    if not prefix_keys:
+        return _row(encoded, where, "key")
+    size = len(encoded)
+    if size < 6:  # the prefix size, and a version byte before each row
+        raise StateFileError(f"{where}: a prefix-scan key of {size} bytes is too short")
+    (prefix,) = _INT32_LE.unpack_from(encoded)
+    if not 0 < prefix < size - 4:
+        raise StateFileError(
+            f"{where}: a prefix-scan key whose prefix size {prefix} runs past its {size} bytes"
+        )
+    if encoded[4] != _ENCODING_VERSION or encoded[4 + prefix] != _ENCODING_VERSION:
+        raise StateFileError(
+            f"{where}: a prefix-scan key whose rows do not start with Spark's UnsafeRow "
+            "version byte 0"
+        )
+    return bytes(encoded)
+
+
+class PrefixKeyDecoder(RowDecoder):
+    """Decodes keys of a store opened for prefix scans, as ``_key`` keeps them: the row of
+    the first ``prefix_columns`` key columns and the row of the others, as one key row
+    (what Spark's decoder joins them into). ``decode_columns`` gives ``None`` (the row
+    path)."""
+
+    def __init__(self, key_schema: Mapping[str, Any], prefix_columns: int) -> None:
+        super().__init__(key_schema)
+        fields = list(key_schema["fields"])
+        self._prefix = RowDecoder({"type": "struct", "fields": fields[:prefix_columns]})
+        self._rest = RowDecoder({"type": "struct", "fields": fields[prefix_columns:]})
+        self.kinds = None
+
+    def decode(self, data: bytes) -> tuple[Any, ...]:
+        (prefix,) = _INT32_LE.unpack_from(data)
+        return self._prefix.decode(data[5 : 4 + prefix]) + self._rest.decode(data[5 + prefix :])
 
 
 def _value(encoded: memoryview | bytes, where: str, checksums: bool) -> bytes:
@@ -529,6 +590,7 @@ def _read_snapshot(
     *,
     work_dir: str | os.PathLike[str],
     checksums: bool,
+    prefix_keys: bool = False,
 ) -> dict[bytes, bytes]:
     """The keys and values of ``version``'s snapshot: its database restored in a folder of
     ``work_dir`` (removed after), then scanned."""
@@ -549,7 +611,7 @@ def _read_snapshot(
         rows = _scan(folder, where, sst_keys)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {_row(k, where, "key"): _value(v, where, checksums) for k, v in rows}
+    return {_key(k, where, prefix_keys): _value(v, where, checksums) for k, v in rows}
 
 
 def _unzip(raw: bytes, where: str) -> tuple[dict[str, bytes], dict[str, tuple[str, int]]]:
