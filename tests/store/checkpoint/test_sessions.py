@@ -55,6 +55,9 @@ CELLS = sorted(
     if (cell / "checkpoint/state/0/_metadata").is_dir()
 )
 ROCKSDB_CELLS = [c for c in CELLS if "rocksdb" in c]
+#: The newest RocksDB cell without changelog checkpointing (every version a snapshot: the
+#: tests that put a changelog in a version's place start from it).
+SNAPSHOTS_CELL = [c for c in ROCKSDB_CELLS if c.endswith("-rocksdb")][-1]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -179,7 +182,7 @@ def test_range_and_prefix_scans_work_on_the_group_key(cell):
         assert got == {k: v for k, v in merged.items() if k.startswith("u1")}
 
 
-@pytest.mark.parametrize("cell", [ROCKSDB_CELLS[-1], [c for c in CELLS if "hdfs" in c][-1]])
+@pytest.mark.parametrize("cell", [SNAPSHOTS_CELL, [c for c in CELLS if "hdfs" in c][-1]])
 def test_changes_and_versioned_lookups_see_the_session_lists_change(cell):
     want = oracle(cell)
     states = {
@@ -233,7 +236,7 @@ def diff_records(old: dict[bytes, bytes], new: dict[bytes, bytes]) -> list:
 
 
 def test_a_version_replayed_from_a_changelog_of_prefix_keys_reads_as_spark(tmp_path):
-    cell = ROCKSDB_CELLS[-1]
+    cell = SNAPSHOTS_CELL
     folder = rocksdb_copy(tmp_path, cell)
     want = oracle(cell)
     for p in range(3):
@@ -251,7 +254,7 @@ def test_a_version_replayed_from_a_changelog_of_prefix_keys_reads_as_spark(tmp_p
 def test_several_sessions_of_a_key_are_one_value_in_start_order(tmp_path):
     """A changelog adds a session before an existing one of the same key (the cells' keys
     hold one session at a time): the key's value lists both, the earlier first."""
-    cell = ROCKSDB_CELLS[-1]
+    cell = SNAPSHOTS_CELL
     folder = rocksdb_copy(tmp_path, cell)
     state = raw_state(folder, 0, 4, tmp_path)
     key, value = next(iter(state.items()))
@@ -318,7 +321,7 @@ def test_session_rows_group_by_a_composite_key_in_start_order():
     ],
 )
 def test_a_damaged_prefix_key_is_refused_naming_the_changelog(tmp_path, damage, what):
-    cell = ROCKSDB_CELLS[-1]
+    cell = SNAPSHOTS_CELL
     folder = rocksdb_copy(tmp_path, cell)
     new = raw_state(folder, 0, 4, tmp_path)
     key, value = next(iter(new.items()))
@@ -342,7 +345,7 @@ def set_prefix_columns(folder: Path, count: int) -> Path:
 def test_a_session_store_with_no_prefix_columns_recorded_reads_the_same(tmp_path):
     """Spark 3.5 records no operator metadata: a session store's keys are prefix-encoded
     over its group key all the same (Spark always opens it so)."""
-    cell = ROCKSDB_CELLS[-1]
+    cell = SNAPSHOTS_CELL
     folder = rocksdb_copy(tmp_path, cell)
     set_prefix_columns(folder, 0)
     with iqkit.open(str(folder)) as engine:
@@ -354,7 +357,7 @@ def test_prefix_keys_in_a_store_whose_metadata_records_none_are_refused_naming_t
 ):
     """A store of another operator whose RocksDB keys are prefix-encoded, though its
     metadata records no prefix columns: one line naming the snapshot."""
-    folder = rocksdb_copy(tmp_path, ROCKSDB_CELLS[-1])
+    folder = rocksdb_copy(tmp_path, SNAPSHOTS_CELL)
     metadata = set_prefix_columns(folder, 0)
     metadata.write_text(metadata.read_text().replace(SESSION_OPERATOR, "stateStoreSave"))
     with iqkit.open(str(folder)) as engine:
@@ -366,7 +369,7 @@ def test_prefix_keys_in_a_store_whose_metadata_records_none_are_refused_naming_t
     assert "4.zip" in message and "prefix" in message and "\n" not in message
 
 
-@pytest.mark.parametrize("cell", [ROCKSDB_CELLS[-1], [c for c in CELLS if "hdfs" in c][-1]])
+@pytest.mark.parametrize("cell", [SNAPSHOTS_CELL, [c for c in CELLS if "hdfs" in c][-1]])
 def test_a_session_store_whose_prefix_is_not_its_group_key_is_refused_in_one_line(tmp_path, cell):
     folder = tmp_path / "checkpoint"
     shutil.copytree(CHECKPOINTS / cell / "checkpoint", folder)
@@ -405,3 +408,27 @@ def test_spark35_session_state_reads_as_the_same_query_on_hdfs_does(cell, tmp_pa
     want = oracle("3.5.9/session-hdfs")  # Spark 4.3 reads 3.5's HDFS state; the inputs are one
     for version, partitions in want.items():
         assert spark35_rows(cell, version, tmp_path) == partitions, version
+
+
+@pytest.mark.parametrize("cell", ["3.5.9/session-hdfs", "3.5.9/session-rocksdb"])
+def test_spark35_sessions_the_query_emitted_were_in_the_state_until_then(cell, tmp_path):
+    """The query's own output (append mode: each session once, when the watermark closes
+    it, named ``n`` and ``total`` by the query): a session emitted by batch b is in the
+    state batch b started from (version b), as emitted, and gone from version b + 1."""
+    emitted = 0
+    for batch in json.loads((CHECKPOINTS / cell / "output.json").read_text()):
+        b = batch["batchId"]
+        if not batch["rows"]:
+            continue
+        before, after = spark35_rows(cell, b, tmp_path), spark35_rows(cell, b + 1, tmp_path)
+        held = {k: v for rows in before.values() for k, v in rows.items()}
+        kept = {k: v for rows in after.values() for k, v in rows.items()}
+        for row in batch["rows"]:
+            session = session_value(row)
+            count, total = session.pop("n"), session.pop("total")
+            state = {**session, "count": count, "sum": total}
+            assert state in held[row["user"]], (b, row)
+            starts = [s["session_window"]["start"] for s in kept.get(row["user"], [])]
+            assert state["session_window"]["start"] not in starts, (b, row)
+            emitted += 1
+    assert emitted >= 5
