@@ -23,6 +23,7 @@ from .joins import JoinSideReader, is_join_side, open_side
 from .layout import OperatorStore, is_checkpoint, operator_stores
 from .materialize import scratch_folder
 from .providers import StateReader
+from .sessions import session_shape
 from .shape import StateShape, UnsupportedStateError
 from .snapshot import CheckpointSnapshot, CheckpointVersion, committed_versions, version_record
 
@@ -103,7 +104,7 @@ class CheckpointFormat(StoreFormat):
             self._shapes[store.name] = shape
         elif shape is None:
             key_schema, value_schema = self._state_reader().schemas(store)
-            shape = self._shapes[store.name] = StateShape(key_schema, value_schema)
+            shape = self._shapes[store.name] = session_shape(store, key_schema, value_schema)
         return shape
 
     def _reader_for(self, store: OperatorStore) -> StateReader:

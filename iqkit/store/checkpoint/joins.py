@@ -56,6 +56,9 @@ from .shape import StateShape, UnsupportedStateError
 from .state_schema import DEFAULT_STORE, read_store_schema
 from .unsafe_row import RowDecoder
 
+#: Join state format 3 keeps both of a side's stores as column families of one store.
+_FAMILY_KEYS = rocksdb_files.KeyForm(families=True)
+
 __all__ = ["JOIN_OPERATOR", "JoinShape", "JoinSideReader", "is_join_side", "open_side"]
 
 #: The operator name Spark records for a stream-stream join.
@@ -204,7 +207,7 @@ class JoinSideReader:
         plan = files.plan
         state = rocksdb_files.load_state(
             self.objects, files.folder, version, plan=plan, work_dir=work_dir,
-            row_checksums=self.base.row_checksums, families=True,
+            row_checksums=self.base.row_checksums, key_form=_FAMILY_KEYS,
         )  # fmt: skip
         if not state:
             return [], []

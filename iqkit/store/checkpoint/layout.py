@@ -19,7 +19,8 @@ Store names (written in the README too):
 * an operator's store is named after what the operator does: ``aggregate`` (a
   ``groupBy().agg()``, windowed or not), ``dedup`` (``dropDuplicates``), ``groups``
   (``applyInPandasWithState`` / ``flatMapGroupsWithState``), ``join`` (a stream-stream
-  join), ``transform`` (``transformWithState``); an operator iqkit does not know keeps
+  join), ``sessions`` (``groupBy(session_window(...))``), ``transform``
+  (``transformWithState``); an operator iqkit does not know keeps
   Spark's own operator name;
 * a checkpoint with a single store names it just that (``aggregate``);
 * a checkpoint with a single operator serving several stores names each
@@ -75,12 +76,10 @@ _PARTS = {"symmetricHashJoin": ("left", "right")}
 
 #: Stateful operators whose state iqkit does not serve yet, and what users call them: their
 #: stores are listed, and reading one is refused in one line, never served as rows whose
-#: meaning iqkit does not know (transformWithState's column families, session windows'
-#: merged sessions).
+#: meaning iqkit does not know (transformWithState's column families).
 _NOT_SUPPORTED = {
     "transformWithStateExec": "transformWithState",
     "transformWithStateInPandasExec": "transformWithStateInPandas",
-    "sessionWindowStateStoreSaveExec": "session windows",
 }
 
 _BATCH = re.compile(r"[0-9]+")

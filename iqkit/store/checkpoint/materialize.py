@@ -253,6 +253,8 @@ def _on_older_build(
 ) -> OnOlderBuild | None:
     """How to build this version on an older version's database in the cache, where one
     was rebuilt from the start of this version's files; ``None`` otherwise."""
+    if not shape.replays_changes:
+        return None
     wanted = files.names.split("\n")
     older = []
     with contextlib.suppress(OSError), os.scandir(folder.parent) as entries:

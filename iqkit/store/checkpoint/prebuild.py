@@ -186,7 +186,7 @@ def _serve() -> None:
     from .layout import operator_stores
     from .materialize import open_partition
     from .providers import StateReader
-    from .shape import StateShape
+    from .sessions import session_shape
 
     # The protocol goes out on a copy of stdout; stdout itself goes where stderr goes
     # (nowhere), so that nothing a library prints can be taken for a reply.
@@ -211,7 +211,7 @@ def _serve() -> None:
             if is_join_side(store):
                 reader, shape = open_side(reader, store)  # type: ignore[assignment]
             else:
-                shape = StateShape(*reader.schemas(store))
+                shape = session_shape(store, *reader.schemas(store))
             cache = FileCache(request["cache"], limit=request["limit"])
             part = open_partition(
                 reader, shape, store, cache, request["version"], request["partition"],

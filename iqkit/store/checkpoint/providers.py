@@ -18,6 +18,7 @@ from ...errors import IqkitError
 from ..objects import ObjectStore
 from . import hdfs_files, rocksdb_files
 from .layout import OperatorStore, batch_metadata, state_folder
+from .sessions import SESSION_OPERATOR, session_schema
 from .shape import UnsupportedStateError
 from .state_records import StateRecords, StateRows
 from .state_schema import StoreSchema, read_store_schema
@@ -73,6 +74,8 @@ class VersionFiles:
     folder: str
     plan: Any
     names: str
+    #: How the keys are laid out in the files (the RocksDB provider's prefix-scan keys).
+    key_form: rocksdb_files.KeyForm = rocksdb_files.PLAIN_KEYS
 
     @property
     def keys(self) -> list[str]:
@@ -154,7 +157,7 @@ class _RocksDBFiles:
     ) -> dict[bytes, bytes]:  # fmt: skip
         return rocksdb_files.load_state(
             objects, files.folder, version, plan=files.plan, work_dir=work_dir,
-            row_checksums=row_checksums,
+            row_checksums=row_checksums, key_form=files.key_form,
         )  # fmt: skip
 
     def load_records(
@@ -174,7 +177,7 @@ class _RocksDBFiles:
         if not added or not all(key.endswith(".changelog") for key in added):
             return None
         changes = rocksdb_files.changelog_changes(
-            objects, files.plan, added, row_checksums=row_checksums
+            objects, files.plan, added, row_checksums=row_checksums, key_form=files.key_form
         )
         return StateRecords.of_changes(changes)
 
@@ -216,13 +219,13 @@ class StateReader:
         schema = self._schemas.get(store.name)
         if schema is None:
             schema = read_store_schema(self.objects, store.folder, store.store_name)
-            if schema.num_cols_prefix_key and self._files.splits_prefix_keys:
-                raise UnsupportedStateError(
-                    f"not supported yet: RocksDB state keyed for prefix scans ({store.name}: "
-                    f"{schema.num_cols_prefix_key} prefix key columns)"
-                )
+            if store.operator_name == SESSION_OPERATOR:
+                schema = session_schema(store, schema)
             try:
                 keys = RowDecoder(dict(schema.key_schema))
+                if self._splits_keys(schema):
+                    prefix = schema.num_cols_prefix_key
+                    keys = rocksdb_files.PrefixKeyDecoder(dict(schema.key_schema), prefix)
                 decoders = (keys, RowDecoder(dict(schema.value_schema)))
             except UnsupportedStateTypeError as exc:
                 # A newer type, or a damaged schema file (Spark's carry no checksum): the
@@ -247,7 +250,17 @@ class StateReader:
         missing)."""
         folder = state_folder(store, partition)
         plan, keys = self._files.plan(self.objects, folder, version)
-        return VersionFiles(folder, plan, f"{self.query_id}\n" + "\n".join(keys))
+        names = f"{self.query_id}\n" + "\n".join(keys)
+        form = rocksdb_files.KeyForm(prefix_scan=self._prefix_keys(store))
+        return VersionFiles(folder, plan, names, key_form=form)
+
+    def _prefix_keys(self, store: OperatorStore) -> bool:
+        """Whether ``store``'s keys are in the files as the two rows of a prefix-scan key."""
+        return self._splits_keys(self._schema(store))
+
+    def _splits_keys(self, schema: StoreSchema) -> bool:
+        """Whether keys of ``schema`` are in this provider's files as two rows."""
+        return bool(schema.num_cols_prefix_key) and self._files.splits_prefix_keys
 
     @property
     def query_id(self) -> str:

@@ -43,15 +43,23 @@ one version byte (0), then the row. With
 LE][length of the rest: int32 LE]`` and then the encoded row, and a changelog's delete
 record has the key's CRC32-C (4 bytes) before the key; ``row_checksums=True`` strips both
 (not recomputed: the lz4 and RocksDB block checksums, and Hadoop's, cover the same
-bytes, and CRC32-C has no fast implementation in Python's standard library). Keys
-encoded for prefix or range scans (a session window's store) are refused in one line.
+bytes, and CRC32-C has no fast implementation in Python's standard library).
+
+A store opened for prefix scans (its operator's metadata records ``numColsPrefixKey``
+above 0: a session window's) has its keys encoded as two rows: ``[size of the first:
+int32, the machine's order (little-endian)][0][UnsafeRow of the prefix columns][0]
+[UnsafeRow of the other columns]``, the second running to the key's end; values are
+encoded as any. Such keys are kept whole, each checked (``PrefixKeyDecoder`` decodes it
+into the one key row Spark's decoder joins). Keys encoded for range scans are refused in
+one line.
 
 Column families (transformWithState, join state formats 3 and 4): Spark keeps every
 family in RocksDB's one physical family, each key led by its family's 2-byte id (little
 endian), before the version byte; the snapshot's metadata maps names to ids
-(``columnFamilyMapping``). Read only when the caller asks for them (``families=True``):
-the keys then keep the 2-byte id before the row (``family_ids`` says whose); other
-callers are refused in one line, never given keys they would take for rows.
+(``columnFamilyMapping``). Read only when the caller asks for them: the keys then keep
+the 2-byte id before the row (``family_ids`` says whose); other callers are refused in
+one line, never given keys they would take for rows. ``KeyForm`` says which of the two a
+store's keys have.
 
 Checkpoint format v2 (``spark.sql.streaming.stateStore.checkpointFormatVersion=2``: 1 by
 default in PySpark 4.3; Real-Time Mode queries need 2) names each file
@@ -93,9 +101,13 @@ from .codecs import StateFileError, decompress_state_file
 from .hdfs_files import check_hadoop_crc
 from .shape import UnsupportedStateError
 from .state_schema import read_operator_metadata
+from .unsafe_row import RowDecoder
 
 __all__ = [
+    "PLAIN_KEYS",
+    "KeyForm",
     "PartitionFiles",
+    "PrefixKeyDecoder",
     "ReplayPlan",
     "changelog_changes",
     "StateFileError",
@@ -126,6 +138,21 @@ _COLUMN_FAMILIES = "not supported yet: transformWithState's column families"
 _FAMILY_ID = 2
 #: Changelog format 2's record types (the byte before each record).
 _EOF, _PUT, _DELETE, _MERGE = 0x00, 0x01, 0x10, 0x11
+
+
+@dataclass(frozen=True)
+class KeyForm:
+    """How a store's keys are laid out in its RocksDB files (module docstring): what a
+    reader must take off or check before the row, chosen once per store."""
+
+    #: A 2-byte column family id leads each key (transformWithState, join formats 3, 4).
+    families: bool = False
+    #: Each key is two rows, the prefix columns' and the others' (a session window's).
+    prefix_scan: bool = False
+
+
+#: The keys of most stores: one row each.
+PLAIN_KEYS = KeyForm()
 
 
 @dataclass(frozen=True)
@@ -247,7 +274,7 @@ def load_state(
     row_checksums: bool = False,
     files: PartitionFiles | None = None,
     plan: ReplayPlan | None = None,
-    families: bool = False,
+    key_form: KeyForm = PLAIN_KEYS,
 ) -> dict[bytes, bytes]:
     """The live keys of ``partition_dir`` at state ``version``, key UnsafeRow bytes →
     value UnsafeRow bytes (Spark's encoding prefix removed): the newest snapshot at or
@@ -255,11 +282,12 @@ def load_state(
     batch. ``work_dir`` is a private scratch folder (created if missing) where a snapshot's
     database is restored while it is read, then removed; nothing is ever written into the
     checkpoint. ``files`` is a listing already made (``list_files``), ``plan`` a plan
-    already made (``plan_replay``). ``families``: the store keeps column families, and
-    each key comes back as its family's 2-byte id, then the row. ``StateFileError`` when
+    already made (``plan_replay``). ``key_form``: how the store's keys are laid out
+    (``KeyForm``); with column families each key comes back as its family's 2-byte id,
+    then the row. ``StateFileError`` when
     a file needed is missing, cut short or damaged; ``UnsupportedStateError`` for a store
     this module cannot read yet (one line naming what)."""
-    if families and row_checksums:
+    if key_form.families and row_checksums:
         raise UnsupportedStateError(
             f"not supported yet: column families with row checksums ({partition_dir})"
         )
@@ -270,14 +298,14 @@ def load_state(
     if plan.base is not None:
         state = _read_snapshot(
             objects, files, *plan.base, work_dir=work_dir, checksums=row_checksums,
-            families=families,
+            key_form=key_form,
         )  # fmt: skip
     for changelog, uid in plan.changelogs:
         key = files.key(changelog, _CHANGELOG, uid)
         records = plan.records.get(key)
         if records is None:
             records = _changelog_records(_read_checked(objects, files, key), objects.where(key))
-        _apply(records, state, objects.where(key), row_checksums, families)
+        _apply(records, state, objects.where(key), row_checksums, key_form)
     return state
 
 
@@ -310,7 +338,7 @@ def changelog_changes(
     keys: list[str],
     *,
     row_checksums: bool = False,
-    families: bool = False,
+    key_form: KeyForm = PLAIN_KEYS,
 ) -> dict[bytes, bytes | None]:
     """What the changelogs ``keys`` (files of ``plan``, in replay order) change: key
     UnsafeRow bytes → the value after them, or ``None`` where they delete the key. For a
@@ -321,13 +349,13 @@ def changelog_changes(
         records = plan.records.get(key)
         if records is None:
             records = _changelog_records(_read_checked(objects, plan.files, key), where)
-        for record_key, value in _records(*records, where, families):
+        for record_key, value in _records(*records, where, key_form.families):
             if value is None:
                 # With row checksums a delete's key carries the key's CRC32-C first.
                 plain = record_key[4:] if row_checksums else record_key
-                changes[_key(plain, where, families)] = None
+                changes[_key(plain, where, key_form)] = None
             else:
-                changes[_key(record_key, where, families)] = _value(value, where, row_checksums)
+                changes[_key(record_key, where, key_form)] = _value(value, where, row_checksums)
     return changes
 
 
@@ -515,16 +543,16 @@ def _apply(
     state: dict[bytes, bytes],
     where: str,
     checksums: bool,
-    families: bool = False,
+    key_form: KeyForm = PLAIN_KEYS,
 ) -> None:
     """Apply a changelog's records to ``state`` (the state of the version before it), in
     place. On ``StateFileError`` ``state`` may hold part of it: throw it away."""
-    for key, value in _records(*records, where, families):
+    for key, value in _records(*records, where, key_form.families):
         if value is None:
             # With row checksums a delete's key carries the key's CRC32-C first.
-            state.pop(_key(key[4:] if checksums else key, where, families), None)
+            state.pop(_key(key[4:] if checksums else key, where, key_form), None)
         else:
-            state[_key(key, where, families)] = _value(value, where, checksums)
+            state[_key(key, where, key_form)] = _value(value, where, checksums)
 
 
 def _records(
@@ -606,14 +634,31 @@ def _typed_records(
         raise StateFileError(f"{where}: {end - position} bytes after the last record")
 
 
-def _key(encoded: memoryview | bytes, where: str, families: bool) -> bytes:
-    """A key as ``load_state`` gives it: the row (``_row``), after its column family id
-    for a store in ``families``."""
-    if not families:
-        return _row(encoded, where, "key")
-    if len(encoded) <= _FAMILY_ID:
-        raise StateFileError(f"{where}: a key of {len(encoded)} bytes, no column family id")
-    return bytes(encoded[:_FAMILY_ID]) + _row(encoded[_FAMILY_ID:], where, "key")
+def _key(encoded: memoryview | bytes, where: str, form: KeyForm) -> bytes:
+    """A key as ``load_state`` gives it: its column family id first for a store in
+    ``form.families``; then the row (``_row``), or for ``form.prefix_scan`` the whole
+    key, its two rows' framing checked (module docstring)."""
+    family = b""
+    if form.families:
+        if len(encoded) <= _FAMILY_ID:
+            raise StateFileError(f"{where}: a key of {len(encoded)} bytes, no column family id")
+        family, encoded = bytes(encoded[:_FAMILY_ID]), encoded[_FAMILY_ID:]
+    if not form.prefix_scan:
+        return family + _row(encoded, where, "key")
+    size = len(encoded)
+    if size < 6:  # the prefix size, and a version byte before each row
+        raise StateFileError(f"{where}: a prefix-scan key of {size} bytes is too short")
+    (prefix,) = _INT32_LE.unpack_from(encoded)
+    if not 0 < prefix < size - 4:
+        raise StateFileError(
+            f"{where}: a prefix-scan key whose prefix size {prefix} runs past its {size} bytes"
+        )
+    if encoded[4] != _ENCODING_VERSION or encoded[4 + prefix] != _ENCODING_VERSION:
+        raise StateFileError(
+            f"{where}: a prefix-scan key whose rows do not start with Spark's UnsafeRow "
+            "version byte 0"
+        )
+    return family + bytes(encoded)
 
 
 def _row(encoded: memoryview | bytes, where: str, what: str) -> bytes:
@@ -621,7 +666,8 @@ def _row(encoded: memoryview | bytes, where: str, what: str) -> bytes:
     if not encoded or encoded[0] != _ENCODING_VERSION:
         first = f"byte {encoded[0]:#04x}" if encoded else "nothing"
         why = (
-            "keys encoded for prefix or range scans are not supported yet"
+            "a key encoded for prefix or range scans, in a store whose metadata records no "
+            "prefix columns?"
             if what == "key"
             else "row checksums not expected (spark.sql.streaming.stateStore.rowChecksum.enabled)?"
         )
@@ -630,6 +676,24 @@ def _row(encoded: memoryview | bytes, where: str, what: str) -> bytes:
             f"(version byte 0); {why}"
         )
     return bytes(encoded[1:])
+
+
+class PrefixKeyDecoder(RowDecoder):
+    """Decodes keys of a store opened for prefix scans, as ``_key`` keeps them: the row of
+    the first ``prefix_columns`` key columns and the row of the others, as one key row
+    (what Spark's decoder joins them into). ``decode_columns`` gives ``None`` (the row
+    path)."""
+
+    def __init__(self, key_schema: Mapping[str, Any], prefix_columns: int) -> None:
+        super().__init__(key_schema)
+        fields = list(key_schema["fields"])
+        self._prefix = RowDecoder({"type": "struct", "fields": fields[:prefix_columns]})
+        self._rest = RowDecoder({"type": "struct", "fields": fields[prefix_columns:]})
+        self.kinds = None
+
+    def decode(self, data: bytes) -> tuple[Any, ...]:
+        (prefix,) = _INT32_LE.unpack_from(data)
+        return self._prefix.decode(data[5 : 4 + prefix]) + self._rest.decode(data[5 + prefix :])
 
 
 def _value(encoded: memoryview | bytes, where: str, checksums: bool) -> bytes:
@@ -653,13 +717,13 @@ def _read_snapshot(
     *,
     work_dir: str | os.PathLike[str],
     checksums: bool,
-    families: bool = False,
+    key_form: KeyForm = PLAIN_KEYS,
 ) -> dict[bytes, bytes]:
     """The keys and values of ``version``'s snapshot: its database restored in a folder of
     ``work_dir`` (removed after), then scanned."""
     key = files.key(version, _SNAPSHOT, uid)
     where = objects.where(key)
-    entries, ssts = _unzip(_read_checked(objects, files, key), where, families)
+    entries, ssts = _unzip(_read_checked(objects, files, key), where, key_form.families)
     os.makedirs(work_dir, exist_ok=True)
     folder = tempfile.mkdtemp(prefix=f"rocksdb-{version}-", dir=work_dir)
     try:
@@ -674,7 +738,7 @@ def _read_snapshot(
         rows = _scan(folder, where, sst_keys)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {_key(k, where, families): _value(v, where, checksums) for k, v in rows}
+    return {_key(k, where, key_form): _value(v, where, checksums) for k, v in rows}
 
 
 def _unzip(

@@ -148,6 +148,10 @@ class StateShape:
     key_schema: Mapping[str, Any]
     value_schema: Mapping[str, Any]
 
+    #: Whether each of Spark's rows is one stored row, so that a version can be built on
+    #: an older version's database plus the rows its batches changed (``materialize``).
+    replays_changes: ClassVar[bool] = True
+
     # -- columns ---------------------------------------------------------------------------
     @cached_property
     def key_fields(self) -> list[Mapping[str, Any]]:
@@ -464,8 +468,11 @@ class _KeyRouting(SparkHashPartitioner):
     def __init__(self, shape: StateShape) -> None:
         self._decode = get_serde(shape.key_serde).deserialize
         self._columns = [f["type"] for f in shape.key_columns]
-        self._schema = json.dumps(shape.key_schema, sort_keys=True)
-        self._hasher = SparkKeyHasher(dict(shape.key_schema))
+        # The key's own columns are what Spark hashes (a session store's key row also
+        # holds the session start, which its shuffle does not hash).
+        schema = {"type": "struct", "fields": list(shape.key_columns)}
+        self._schema = json.dumps(schema, sort_keys=True)
+        self._hasher = SparkKeyHasher(schema)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _KeyRouting) and other._schema == self._schema
