@@ -6,7 +6,7 @@ batch read), ``commits/<batch>`` (present once the batch is done) and, for a sta
 query, ``state/<operator id>/`` with one folder per state partition. Each operator keeps
 one store (``default``) or several (a stream-stream join's four); its
 ``_metadata/metadata`` names the operator and lists its stores with their partition
-counts.
+counts; Spark before 4.0 writes none, and ``operators`` tells the operator from its state.
 
 Versions: Spark's state version N is the state after batch N - 1, and only a committed
 batch counts (``commits/<N - 1>`` exists). A batch still running has written no commit,
@@ -24,8 +24,9 @@ Store names (written in the README too):
   store other than an operator's ``default`` adds ``.<store name>``
   (``join-2.left-keyToNumValues``).
 
-The names depend only on the checkpoint's own operator metadata, so they are the same in
-every process and every session that opens it.
+The names depend only on the checkpoint's own operator metadata (or, without it, on its
+state's schema files and folders), so they are the same in every process and every session
+that opens it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from typing import Any
 
 from ...errors import StoreCorruptedError
 from ..objects import ObjectStore
-from .state_schema import DEFAULT_STORE, OperatorMetadata, StoreInfo, read_operator_metadata
+from .operators import INFERRED, operator_metadata
+from .state_schema import DEFAULT_STORE, OperatorMetadata, StoreInfo
 
 __all__ = [
     "OperatorStore",
@@ -119,8 +121,9 @@ class OperatorStore:
     def not_supported(self) -> str | None:
         """Why iqkit does not serve this store yet (one line), or ``None``."""
         if not self.known_operator:
+            names = "reads as" if self.operator.format_version == INFERRED else "names"
             return (
-                f"not supported yet: {self.operator.source} names the operator "
+                f"not supported yet: {self.operator.source} {names} the operator "
                 f"{self.operator_name!r}, which iqkit does not know (store {self.name!r})"
             )
         what = _NOT_SUPPORTED.get(self.operator_name)
@@ -165,14 +168,14 @@ def state_folder(store: OperatorStore, partition: int) -> str:
 
 def operator_stores(objects: ObjectStore) -> list[OperatorStore]:
     """Every store of every stateful operator, named by the rule of the module docstring,
-    in operator order. An operator folder whose metadata is missing or unreadable is
-    ``StateFileError`` naming the file (its stores cannot be named or sized)."""
-    ids = sorted(
-        {int(part) for key in objects.list("state") if _BATCH.fullmatch(part := key.split("/")[1])}
-    )
+    in operator order. An operator folder whose metadata is unreadable (or, without
+    metadata, whose schema file is) is ``StateFileError`` naming the file (its stores
+    cannot be named or sized)."""
+    listing = objects.list("state")
+    ids = sorted({int(part) for key in listing if _BATCH.fullmatch(part := key.split("/")[1])})
     found: list[tuple[OperatorMetadata, StoreInfo]] = []
     for op in ids:
-        metadata = read_operator_metadata(objects, f"state/{op}")
+        metadata = operator_metadata(objects, op, listing)
         found.extend((metadata, info) for info in metadata.stores)
     single = len(found) == 1
     stores = []

@@ -204,7 +204,9 @@ class StateReader:
     def _schema(self, store: OperatorStore) -> StoreSchema:
         schema = self._schemas.get(store.name)
         if schema is None:
-            schema = read_store_schema(self.objects, store.folder, store.store_name)
+            schema = read_store_schema(
+                self.objects, store.folder, store.store_name, metadata=store.operator
+            )
             if schema.num_cols_prefix_key and self._files.splits_prefix_keys:
                 raise UnsupportedStateError(
                     f"not supported yet: RocksDB state keyed for prefix scans ({store.name}: "
