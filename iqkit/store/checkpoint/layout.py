@@ -38,6 +38,7 @@ from typing import Any
 
 from ...errors import StoreCorruptedError
 from ..objects import ObjectStore
+from .codecs import StateFileError
 from .operators import INFERRED, operator_metadata
 from .state_schema import DEFAULT_STORE, OperatorMetadata, StoreInfo
 
@@ -191,6 +192,7 @@ def operator_stores(objects: ObjectStore) -> list[OperatorStore]:
 #: The offsets log's header line; the batch's metadata (watermark, trigger time, the
 #: SQL settings the query started with) is the JSON line after it.
 _OFFSETS_HEADER = "v1"
+_VERSION_LINE = re.compile(r"v[0-9]+")
 
 
 def batch_metadata(objects: ObjectStore, batch: int) -> dict[str, Any]:
@@ -199,8 +201,15 @@ def batch_metadata(objects: ObjectStore, batch: int) -> dict[str, Any]:
     not the offsets log's format."""
     key = f"offsets/{batch}"
     lines = objects.read_bytes(key).decode("utf-8", "replace").split("\n")
+    header = lines[0].strip()
+    if header != _OFFSETS_HEADER and _VERSION_LINE.fullmatch(header):
+        # A later Spark's offsets log (its metadata line may mean something else there).
+        raise StateFileError(
+            f"{objects.where(key)}: offsets log format {header} is not supported yet "
+            f"(known: {_OFFSETS_HEADER})"
+        )
     try:
-        if lines[0].strip() != _OFFSETS_HEADER:
+        if header != _OFFSETS_HEADER:
             raise ValueError(f"header {lines[0][:20]!r}")
         metadata = json.loads(lines[1])
         if not isinstance(metadata, dict):
