@@ -48,6 +48,7 @@ __all__ = [
     "committed_batches",
     "is_checkpoint",
     "operator_stores",
+    "partitions_at",
     "state_folder",
 ]
 
@@ -187,6 +188,25 @@ def operator_stores(objects: ObjectStore) -> list[OperatorStore]:
             name = f"{name}.{info.name}"
         stores.append(OperatorStore(name, metadata, info))
     return stores
+
+
+#: The setting that fixes a query's state partitions for life: Spark restores it from the
+#: offsets log on every restart, and only an offline repartition (Spark 4.2+) changes it.
+_PARTITIONS_SETTING = "spark.sql.shuffle.partitions"
+
+
+def partitions_at(objects: ObjectStore, store: OperatorStore, version: int) -> int:
+    """How many partitions ``store`` has at state ``version``: the offsets log's
+    ``spark.sql.shuffle.partitions`` of its batch (quirk: Spark 4.2+'s offline repartition
+    changes it from its batch on but leaves the operator metadata's ``numPartitions`` as it
+    was), else the operator's own count."""
+    conf = batch_metadata(objects, version - 1).get("conf")
+    recorded = conf.get(_PARTITIONS_SETTING) if isinstance(conf, dict) else None
+    try:
+        count = int(recorded) if recorded is not None else 0
+    except (TypeError, ValueError):
+        count = 0
+    return count if count > 0 else store.partitions
 
 
 #: The offsets log's header line; the batch's metadata (watermark, trigger time, the
