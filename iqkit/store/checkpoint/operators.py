@@ -57,7 +57,7 @@ _JOIN_STORES = frozenset(
     for side in ("left", "right")
     for kind in ("keyToNumValues", "keyWithIndexToValue")
 )
-#: Spark's JSON name for ``NullType`` ("null" before Spark 3.0 wrote "void").
+#: Spark's JSON names for ``NullType``: "void" (as every frozen line writes it) or "null".
 _NULL_TYPES = frozenset({"void", "null"})
 
 
