@@ -10,6 +10,7 @@ asked, and reading opens no file for writing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from ...errors import IqkitError, StoreNotFoundError, UnknownStoreError
@@ -20,7 +21,7 @@ from ..manifest import StoreManifest
 from ..objects import open_objects
 from ..roots import StoreRoot
 from .joins import JoinSideReader, is_join_side, open_side
-from .layout import OperatorStore, is_checkpoint, operator_stores
+from .layout import OperatorStore, is_checkpoint, operator_stores, partitions_at
 from .materialize import scratch_folder
 from .providers import StateReader
 from .sessions import session_shape
@@ -128,7 +129,12 @@ class CheckpointFormat(StoreFormat):
                         rows = self._state_reader().first_key_rows(found, versions[-1], work_dir)
                         window_size = shape.window_size_ms(rows)
             provider = self._state_reader().provider_name
-            manifest = self._manifests[store] = shape.manifest(found, window_size, provider)
+            manifest = shape.manifest(found, window_size, provider)
+            versions = committed_versions(self.objects)
+            if versions:  # the newest version's partitions (``layout.partitions_at``)
+                partitions = partitions_at(self.objects, found, versions[-1])
+                manifest = dataclasses.replace(manifest, partitions=partitions)
+            self._manifests[store] = manifest
         return manifest
 
     def partitioner(self, manifest: StoreManifest) -> Partitioner:
@@ -137,6 +143,10 @@ class CheckpointFormat(StoreFormat):
     def open_snapshot(self, store: str, pinned: int | None) -> CheckpointSnapshot:
         manifest = self.read_manifest(store)
         found = self._store(store)
+        if pinned is not None and pinned in committed_versions(self.objects):
+            # An older version may have had other partitions (an offline repartition since).
+            partitions = partitions_at(self.objects, found, pinned)
+            manifest = dataclasses.replace(manifest, partitions=partitions)
         return CheckpointSnapshot(
             self.objects,
             found,
@@ -152,7 +162,11 @@ class CheckpointFormat(StoreFormat):
         if found is None:
             return None
         versions = committed_versions(self.objects)
-        return version_record(self.objects, versions[-1], found.partitions) if versions else None
+        if not versions:
+            return None
+        return version_record(
+            self.objects, versions[-1], partitions_at(self.objects, found, versions[-1])
+        )
 
     # -- writing: refused before these are reached (``read_only``) ---------------------------
     def _ensure_store(self, manifest, *, settings, asked, create):  # type: ignore[no-untyped-def]

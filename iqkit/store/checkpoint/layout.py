@@ -6,9 +6,10 @@ batch read), ``commits/<batch>`` (present once the batch is done) and, for a sta
 query, ``state/<operator id>/`` with one folder per state partition. Each operator keeps
 one store (``default``) or several (a stream-stream join's four); its
 ``_metadata/metadata`` names the operator and lists its stores with their partition
-counts. An operator may be served as parts other than the stores it lists: a
-stream-stream join as its two sides, ``left`` and ``right``, each read from the
-operator's internal stores by ``joins``.
+counts; Spark before 4.0 writes none, and ``operators`` tells the operator from its state.
+An operator may be served as parts other than the stores it lists: a stream-stream join
+as its two sides, ``left`` and ``right``, each read from the operator's internal stores
+by ``joins``.
 
 Versions: Spark's state version N is the state after batch N - 1, and only a committed
 batch counts (``commits/<N - 1>`` exists). A batch still running has written no commit,
@@ -29,8 +30,9 @@ Store names (written in the README too):
   ``dedup-1``), and a store other than an operator's ``default`` adds ``.<store name>``
   (``join-2.left``).
 
-The names depend only on the checkpoint's own operator metadata, so they are the same in
-every process and every session that opens it.
+The names depend only on the checkpoint's own operator metadata (or, without it, on its
+state's schema files and folders), so they are the same in every process and every session
+that opens it.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ from typing import Any
 
 from ...errors import StoreCorruptedError
 from ..objects import ObjectStore
-from .state_schema import DEFAULT_STORE, OperatorMetadata, StoreInfo, read_operator_metadata
+from .codecs import StateFileError
+from .operators import INFERRED, operator_metadata
+from .state_schema import DEFAULT_STORE, OperatorMetadata, StoreInfo
 
 __all__ = [
     "OperatorStore",
@@ -50,6 +54,7 @@ __all__ = [
     "committed_batches",
     "is_checkpoint",
     "operator_stores",
+    "partitions_at",
     "state_folder",
 ]
 
@@ -125,8 +130,9 @@ class OperatorStore:
     def not_supported(self) -> str | None:
         """Why iqkit does not serve this store yet (one line), or ``None``."""
         if not self.known_operator:
+            names = "reads as" if self.operator.format_version == INFERRED else "names"
             return (
-                f"not supported yet: {self.operator.source} names the operator "
+                f"not supported yet: {self.operator.source} {names} the operator "
                 f"{self.operator_name!r}, which iqkit does not know (store {self.name!r})"
             )
         what = _NOT_SUPPORTED.get(self.operator_name)
@@ -171,14 +177,14 @@ def state_folder(store: OperatorStore, partition: int) -> str:
 
 def operator_stores(objects: ObjectStore) -> list[OperatorStore]:
     """Every store of every stateful operator, named by the rule of the module docstring,
-    in operator order. An operator folder whose metadata is missing or unreadable is
-    ``StateFileError`` naming the file (its stores cannot be named or sized)."""
-    ids = sorted(
-        {int(part) for key in objects.list("state") if _BATCH.fullmatch(part := key.split("/")[1])}
-    )
+    in operator order. An operator folder whose metadata is unreadable (or, without
+    metadata, whose schema file is) is ``StateFileError`` naming the file (its stores
+    cannot be named or sized)."""
+    listing = objects.list("state")
+    ids = sorted({int(part) for key in listing if _BATCH.fullmatch(part := key.split("/")[1])})
     found: list[tuple[OperatorMetadata, StoreInfo]] = []
     for op in ids:
-        metadata = read_operator_metadata(objects, f"state/{op}")
+        metadata = operator_metadata(objects, op, listing)
         found.extend((metadata, info) for info in _served(metadata))
     single = len(found) == 1
     one_operator = len(ids) == 1
@@ -202,9 +208,29 @@ def _served(metadata: OperatorMetadata) -> tuple[StoreInfo, ...]:
     return tuple(StoreInfo(part, 0, first.num_partitions) for part in parts)
 
 
+#: The setting that fixes a query's state partitions for life: Spark restores it from the
+#: offsets log on every restart, and only an offline repartition (Spark 4.2+) changes it.
+_PARTITIONS_SETTING = "spark.sql.shuffle.partitions"
+
+
+def partitions_at(objects: ObjectStore, store: OperatorStore, version: int) -> int:
+    """How many partitions ``store`` has at state ``version``: the offsets log's
+    ``spark.sql.shuffle.partitions`` of its batch (quirk: Spark 4.2+'s offline repartition
+    changes it from its batch on but leaves the operator metadata's ``numPartitions`` as it
+    was), else the operator's own count."""
+    conf = batch_metadata(objects, version - 1).get("conf")
+    recorded = conf.get(_PARTITIONS_SETTING) if isinstance(conf, dict) else None
+    try:
+        count = int(recorded) if recorded is not None else 0
+    except (TypeError, ValueError):
+        count = 0
+    return count if count > 0 else store.partitions
+
+
 #: The offsets log's header line; the batch's metadata (watermark, trigger time, the
 #: SQL settings the query started with) is the JSON line after it.
 _OFFSETS_HEADER = "v1"
+_VERSION_LINE = re.compile(r"v[0-9]+")
 
 
 def batch_metadata(objects: ObjectStore, batch: int) -> dict[str, Any]:
@@ -213,8 +239,15 @@ def batch_metadata(objects: ObjectStore, batch: int) -> dict[str, Any]:
     not the offsets log's format."""
     key = f"offsets/{batch}"
     lines = objects.read_bytes(key).decode("utf-8", "replace").split("\n")
+    header = lines[0].strip()
+    if header != _OFFSETS_HEADER and _VERSION_LINE.fullmatch(header):
+        # A later Spark's offsets log (its metadata line may mean something else there).
+        raise StateFileError(
+            f"{objects.where(key)}: offsets log format {header} is not supported yet "
+            f"(known: {_OFFSETS_HEADER})"
+        )
     try:
-        if lines[0].strip() != _OFFSETS_HEADER:
+        if header != _OFFSETS_HEADER:
             raise ValueError(f"header {lines[0][:20]!r}")
         metadata = json.loads(lines[1])
         if not isinstance(metadata, dict):

@@ -218,7 +218,9 @@ class StateReader:
     def _schema(self, store: OperatorStore) -> StoreSchema:
         schema = self._schemas.get(store.name)
         if schema is None:
-            schema = read_store_schema(self.objects, store.folder, store.store_name)
+            schema = read_store_schema(
+                self.objects, store.folder, store.store_name, metadata=store.operator
+            )
             if store.operator_name == SESSION_OPERATOR:
                 schema = session_schema(store, schema)
             try:

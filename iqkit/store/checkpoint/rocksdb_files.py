@@ -129,6 +129,8 @@ _UTF_LENGTH = struct.Struct(">H")
 _ENCODING_VERSION = 0
 _METADATA_ENTRY = "metadata"
 _METADATA_HEADER = b"v1"
+#: The commit log's header lines: v1 (every line), v2 (checkpoint format v2's state ids).
+_COMMIT_LOG_VERSIONS = ("v1", "v2")
 _SST_FOLDER = "SSTs"
 #: Names RocksDB gives its table files; the zip's entries are plain names too.
 _SST_NAME = re.compile(r"\d+\.sst")
@@ -458,6 +460,13 @@ class _UniqueIdPlan(_Plan):
                 f"{self.objects.where(commit)}: missing, so version {version} of {where} is "
                 "not committed"
             ) from None
+        header = text.split("\n", 1)[0].strip()
+        if header not in _COMMIT_LOG_VERSIONS:
+            raise StateFileError(
+                f"{self.objects.where(commit)}: commit log format "
+                f"{header if re.fullmatch(r'v[0-9]{1,9}', header) else repr(header[:20])} is not "
+                f"supported yet (known: {', '.join(_COMMIT_LOG_VERSIONS)})"
+            )
         try:
             ids = json.loads(text.split("\n", 1)[1])["stateUniqueIds"][match[2]]
             uid = ids[int(match[3])][store]

@@ -9,9 +9,9 @@ version and every partition is compared; key lookups go to the partition Spark p
 key in; the versions-as-data queries see the lists change. Damaged or odd encodings are
 refused in one line naming the file.
 
-Spark 3.5's checkpoints keep no operator metadata (so ``iqkit.open`` cannot name their
-operator yet), and Spark 4.3's reader fails on 3.5's RocksDB session state: the layers
-below the store are checked on them, against the 3.5 HDFS cell's oracle (the same
+Spark 3.5's checkpoints keep no operator metadata (``iqkit.open`` infers the operator
+from the state's schema), and Spark 4.3's reader fails on 3.5's RocksDB session state:
+they are checked through ``iqkit.open`` against the 3.5 HDFS cell's oracle (the same
 query on the same inputs) and against the query's output.
 """
 
@@ -40,7 +40,6 @@ from iqkit import (
 from iqkit.errors import IqkitError
 from iqkit.store.checkpoint import rocksdb_files
 from iqkit.store.checkpoint.layout import OperatorStore
-from iqkit.store.checkpoint.providers import StateReader
 from iqkit.store.checkpoint.sessions import SESSION_OPERATOR, session_shape
 from iqkit.store.checkpoint.state_schema import OperatorMetadata, StoreInfo
 from iqkit.store.encoding.serdes import get_serde
@@ -380,27 +379,21 @@ def test_a_session_store_whose_prefix_is_not_its_group_key_is_refused_in_one_lin
     assert "metadata" in message and "numColsPrefixKey" in message and "\n" not in message
 
 
-# -- Spark 3.5: no operator metadata; the layers below the store ---------------------------------
+# -- Spark 3.5: no operator metadata (layout infers the operator) ----------------------------------
 def spark35_store(folder: str) -> OperatorStore:
-    """The session operator's store as a 3.5 checkpoint would describe it, had it operator
-    metadata (3.5 writes none): no prefix columns recorded."""
+    """The session operator's store as a 3.5 checkpoint describes it once its operator is
+    inferred: no prefix columns recorded."""
     info = StoreInfo("default", 0, 3)
     operator = OperatorMetadata(0, SESSION_OPERATOR, (info,), 1, f"{folder} (3.5: no metadata)")
     return OperatorStore("sessions", operator, info)
 
 
 def spark35_rows(cell: str, version: int, work_dir: Path) -> dict[int, dict[Any, Any]]:
-    objects = open_objects(checkpoint(cell))
-    store = spark35_store(checkpoint(cell))
-    reader = StateReader(objects)
-    shape = session_shape(store, *reader.schemas(store))
-    key_serde = get_serde(shape.key_serde)
-    out = {}
-    for p in range(3):
-        files = reader.version_files(store, p, version)
-        rows = shape.store_rows(reader.state_rows(store, version, files, work_dir))
-        out[p] = {key_serde.deserialize(k[len(DATA_PREFIX) :]): json.loads(v) for k, v in rows}
-    return out
+    """Every partition's rows of the 3.5 cell at ``version``, through ``iqkit.open``."""
+    del work_dir  # the engine's own cache
+    with iqkit.open(checkpoint(cell), as_of=version) as engine:
+        assert engine.store_names() == ["sessions"]
+        return all_rows(engine)
 
 
 @pytest.mark.parametrize("cell", ["3.5.9/session-hdfs", "3.5.9/session-rocksdb"])
