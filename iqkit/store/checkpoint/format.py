@@ -96,8 +96,7 @@ class CheckpointFormat(StoreFormat):
     def _shape(self, store: OperatorStore) -> StateShape:
         shape = self._shapes.get(store.name)
         if shape is None:
-            key_schema, value_schema = self._state_reader().schemas(store)
-            shape = self._shapes[store.name] = StateShape(key_schema, value_schema)
+            shape = self._shapes[store.name] = self._state_reader().shape(store)
         return shape
 
     def read_manifest(self, store: str) -> StoreManifest:

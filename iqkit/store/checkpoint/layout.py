@@ -19,6 +19,9 @@ Store names (written in the README too):
   (``applyInPandasWithState`` / ``flatMapGroupsWithState``), ``join`` (a stream-stream
   join), ``transform`` (``transformWithState``); an operator iqkit does not know keeps
   Spark's own operator name;
+* a transformWithState operator's stores are one per state variable and one of its
+  timers (``transform.<variable>``, ``transform.$timers``; ``transform-<operator
+  id>.<variable>`` when the checkpoint has several stateful operators: ``transform``);
 * a checkpoint with a single store names it just that (``aggregate``);
 * otherwise every name ends with ``-<operator id>`` (``aggregate-0``, ``dedup-1``), and a
   store other than an operator's ``default`` adds ``.<store name>``
@@ -37,6 +40,7 @@ from typing import Any
 
 from ...errors import StoreCorruptedError
 from ..objects import ObjectStore
+from . import transform
 from .state_schema import DEFAULT_STORE, OperatorMetadata, StoreInfo, read_operator_metadata
 
 __all__ = [
@@ -62,17 +66,16 @@ _FRIENDLY = {
     "symmetricHashJoin": "join",
     "transformWithStateExec": "transform",
     "transformWithStateInPandasExec": "transform",
+    "transformWithStateInPySparkExec": "transform",
     "sessionWindowStateStoreSaveExec": "sessions",
 }
 
 #: Stateful operators whose state iqkit does not serve yet, and what users call them: their
 #: stores are listed, and reading one is refused in one line, never served as rows whose
-#: meaning iqkit does not know (a join's four bookkeeping stores, transformWithState's
-#: column families, session windows' merged sessions).
+#: meaning iqkit does not know (a join's four bookkeeping stores, session windows' merged
+#: sessions).
 _NOT_SUPPORTED = {
     "symmetricHashJoin": "a stream-stream join",
-    "transformWithStateExec": "transformWithState",
-    "transformWithStateInPandasExec": "transformWithStateInPandas",
     "sessionWindowStateStoreSaveExec": "session windows",
 }
 
@@ -87,6 +90,8 @@ class OperatorStore:
     name: str
     operator: OperatorMetadata
     info: StoreInfo
+    #: transformWithState: the state variable (or ``$timers``) the store serves.
+    variable: str | None = None
 
     @property
     def operator_id(self) -> int:
@@ -123,6 +128,8 @@ class OperatorStore:
                 f"not supported yet: {self.operator.source} names the operator "
                 f"{self.operator_name!r}, which iqkit does not know (store {self.name!r})"
             )
+        if self.operator_name in transform.OPERATORS:
+            return transform.not_supported(self)
         what = _NOT_SUPPORTED.get(self.operator_name)
         if what is None:
             return None
@@ -178,6 +185,14 @@ def operator_stores(objects: ObjectStore) -> list[OperatorStore]:
     stores = []
     for metadata, info in found:
         base = _FRIENDLY.get(metadata.operator_name, metadata.operator_name)
+        variables = []
+        if metadata.operator_name in transform.OPERATORS:
+            variables = transform.store_variables(metadata)
+        if variables:  # one store per state variable: transform.<variable>
+            base = base if len(ids) == 1 else f"{base}-{metadata.operator_id}"
+            stores.extend(OperatorStore(f"{base}.{v.name}", metadata, info, v.name)
+                          for v in variables)  # fmt: skip
+            continue
         name = base if single else f"{base}-{metadata.operator_id}"
         if not single and info.name != DEFAULT_STORE:
             name = f"{name}.{info.name}"

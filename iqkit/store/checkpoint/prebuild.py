@@ -185,7 +185,6 @@ def _serve() -> None:
     from .layout import operator_stores
     from .materialize import open_partition
     from .providers import StateReader
-    from .shape import StateShape
 
     # The protocol goes out on a copy of stdout; stdout itself goes where stderr goes
     # (nowhere), so that nothing a library prints can be taken for a reply.
@@ -207,7 +206,7 @@ def _serve() -> None:
             objects = open_objects(request["root"])
             reader = StateReader(objects)
             (store,) = [s for s in operator_stores(objects) if s.name == request["store"]]
-            shape = StateShape(*reader.schemas(store))
+            shape = reader.shape(store)
             cache = FileCache(request["cache"], limit=request["limit"])
             part = open_partition(
                 reader, shape, store, cache, request["version"], request["partition"],

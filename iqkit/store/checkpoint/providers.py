@@ -16,9 +16,9 @@ from typing import Any
 
 from ...errors import IqkitError
 from ..objects import ObjectStore
-from . import hdfs_files, rocksdb_files
+from . import hdfs_files, rocksdb_files, transform
 from .layout import OperatorStore, batch_metadata, state_folder
-from .shape import UnsupportedStateError
+from .shape import StateShape, UnsupportedStateError
 from .state_records import StateRecords, StateRows
 from .state_schema import StoreSchema, read_store_schema
 from .unsafe_row import RowDecoder
@@ -188,6 +188,8 @@ class StateReader:
         self.objects = objects
         conf = recorded_conf(objects)
         self.provider = provider_of(conf)
+        #: The SQL settings the checkpoint's newest batch recorded.
+        self.conf = conf
         #: Whether Spark put a CRC32-C before each value (and each removed key).
         self.row_checksums = conf.get(_ROW_CHECKSUMS, "false").strip().lower() == "true"
         files = _PROVIDERS.get(self.provider)
@@ -215,8 +217,18 @@ class StateReader:
 
     def schemas(self, store: OperatorStore) -> tuple[dict[str, Any], dict[str, Any]]:
         """``store``'s key and value schemas (Spark's JSON ``StructType`` dicts)."""
+        if store.variable is not None:
+            shape = self.shape(store)
+            return dict(shape.key_schema), dict(shape.value_schema)
         schema = self._schema(store)
         return dict(schema.key_schema), dict(schema.value_schema)
+
+    def shape(self, store: OperatorStore) -> StateShape:
+        """``store``'s shape: its rows as iqkit serves them (``shape``; a transformWithState
+        variable's: ``transform``)."""
+        if store.variable is not None:
+            return transform.shape_of(self._schema(store), transform.variable_of(store))
+        return StateShape(*self.schemas(store))
 
     def _decoders_of(self, store: OperatorStore) -> tuple[RowDecoder, RowDecoder]:
         pair = self._decoders.get(store.name)
@@ -264,7 +276,19 @@ class StateReader:
         work_dir: str | os.PathLike[str],
     ) -> StateRows:
         """The live ``(key row, value row)`` pairs ``files`` rebuild at ``version``
-        (``raw_state``), decoded as they are iterated, or in bulk (``StateRows``)."""
+        (``raw_state``), decoded as they are iterated, or in bulk (``StateRows``); a
+        transformWithState variable's, decoded (``transform.state_rows``)."""
+        if store.variable is not None:
+            if not isinstance(self._files, _RocksDBFiles):
+                raise UnsupportedStateError(
+                    f"not supported yet: transformWithState state of the {self.provider_name} "
+                    f"provider ({store.name})"
+                )
+            return transform.state_rows(  # type: ignore[return-value]
+                self.objects, files.folder, version, files.plan, work_dir,
+                schema=self._schema(store), variable=transform.variable_of(store),
+                conf=self.conf, row_checksums=self.row_checksums,
+            )  # fmt: skip
         keys, values = self._decoders_of(store)
         records = self._files.load_records(
             self.objects, files, version, row_checksums=self.row_checksums, work_dir=work_dir
@@ -285,7 +309,10 @@ class StateReader:
         """What the files of ``files`` after its first ``since`` changed: the keys whose
         last record there is a put, with that value (``StateRows``: decoded in bulk where
         the shape allows), and the key rows of the keys they removed. ``None`` when the
-        provider cannot replay those files alone."""
+        provider cannot replay those files alone (or the store is a transformWithState
+        variable's: a key's list or timers gather several records)."""
+        if store.variable is not None:
+            return None
         records = self._files.change_records(
             self.objects, files, since, row_checksums=self.row_checksums
         )

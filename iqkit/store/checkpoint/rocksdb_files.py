@@ -41,9 +41,16 @@ LE][length of the rest: int32 LE]`` and then the encoded row, and a changelog's 
 record has the key's CRC32-C (4 bytes) before the key; ``row_checksums=True`` strips both
 (not recomputed: the lz4 and RocksDB block checksums, and Hadoop's, cover the same
 bytes, and CRC32-C has no fast implementation in Python's standard library). Keys
-encoded for prefix or range scans (a session window's store) and transformWithState's
-column families (a 2-byte family id before each key, listed in the snapshot's
-``columnFamilyMapping``) are refused in one line.
+encoded for prefix or range scans (a session window's store) are refused in one line.
+
+A store in column families (transformWithState, a join of state format 3 or 4) keeps
+them all in RocksDB's one physical family: each key starts with its family's id (2 bytes,
+little-endian), which the snapshot's metadata maps to names (``columnFamilyMapping``),
+and its changelogs are of format 2 (format 1 with a record-type byte before each record:
+1 put, 0x10 delete, 0x11 merge, 0 the end) or 4 (the same after format 3's lineage). A
+merge appends its value to the key's, as RocksDB's string-append operator does (list
+state). ``load_state`` refuses such a store in one line; ``load_family_state`` reads it,
+keys and values as stored, and ``split_families`` groups them by family.
 
 Checkpoint format v2 (``spark.sql.streaming.stateStore.checkpointFormatVersion=2``: 1 by
 default in PySpark 4.3; Real-Time Mode queries need 2) names each file
@@ -86,15 +93,18 @@ from .hdfs_files import check_hadoop_crc
 from .shape import UnsupportedStateError
 
 __all__ = [
+    "FamilyState",
     "PartitionFiles",
     "ReplayPlan",
     "changelog_changes",
     "StateFileError",
     "list_files",
     "list_versions",
+    "load_family_state",
     "load_state",
     "oldest_version",
     "plan_replay",
+    "split_families",
 ]
 
 #: ``<version>.zip`` / ``<version>.changelog``, with ``_<unique id>`` in format v2.
@@ -108,6 +118,7 @@ _ENCODING_VERSION = 0
 _METADATA_ENTRY = "metadata"
 _METADATA_HEADER = b"v1"
 _SST_FOLDER = "SSTs"
+_OPTIONS_FILE = "OPTIONS-"
 #: Names RocksDB gives its table files; the zip's entries are plain names too.
 _SST_NAME = re.compile(r"\d+\.sst")
 _PLAIN_NAME = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]*")
@@ -281,6 +292,140 @@ def changelog_changes(
     return changes
 
 
+# -- stores in column families ------------------------------------------------------------
+#: Record types of changelog formats 2 and 4 (one byte before each record).
+_END_RECORD, _PUT_RECORD, _DELETE_RECORD, _MERGE_RECORD = 0x00, 0x01, 0x10, 0x11
+_CF_ID = struct.Struct("<H")
+
+
+@dataclass(frozen=True)
+class FamilyState:
+    """A version of a store in column families: ``families``, each family's id by name
+    (the snapshots' ``columnFamilyMapping``), and ``rows``, every live key and value as
+    stored (the key's 2-byte family id first; both still in their family's encoding:
+    ``split_families`` groups them)."""
+
+    families: Mapping[str, int]
+    rows: dict[bytes, bytes]
+
+
+def load_family_state(
+    objects: ObjectStore,
+    partition_dir: str,
+    version: int,
+    *,
+    work_dir: str | os.PathLike[str],
+    merge_delimiter: bytes,
+    files: PartitionFiles | None = None,
+    plan: ReplayPlan | None = None,
+) -> FamilyState:
+    """``load_state`` for a store in column families (transformWithState, a join of state
+    format 3 or 4): the newest snapshot at or below ``version`` plus the changelogs after
+    it, their records typed (put, delete, merge). A merge appends its value to the key's
+    (RocksDB's string-append operator, ``merge_delimiter`` between: ``b","`` for Spark's
+    merge operator version 1, ``b""`` for version 2). Keys and values are kept as stored.
+    The family ids come from the snapshot's metadata; a version rebuilt from changelogs
+    alone takes them from the partition's other snapshots (Spark never gives an id to two
+    families). ``StateFileError`` as ``load_state``."""
+    if plan is None or plan.version != version:
+        plan = plan_replay(objects, partition_dir, version, files=files)
+    files = plan.files
+    state: dict[bytes, bytes] = {}
+    families: dict[str, int] = {}
+    if plan.base is not None:
+        rows, families = _snapshot_rows(
+            objects, files, *plan.base, work_dir=work_dir, merge_delimiter=merge_delimiter
+        )
+        state = dict(rows)
+    for changelog, uid in plan.changelogs:
+        key = files.key(changelog, _CHANGELOG, uid)
+        where = objects.where(key)
+        records = plan.records.get(key)
+        if records is None:
+            records = _changelog_records(_read_checked(objects, files, key), where)
+        for kind, record_key, value in _typed_records(*records, where):
+            if kind == _DELETE_RECORD:
+                state.pop(record_key, None)
+            elif kind == _MERGE_RECORD and record_key in state:
+                state[record_key] = state[record_key] + merge_delimiter + value
+            else:
+                state[record_key] = value
+    ids = {key[:2] for key in state}
+    if any(_CF_ID.unpack(i)[0] not in families.values() for i in ids):
+        families = {**_other_snapshots_families(objects, files), **families}
+    return FamilyState(families, state)
+
+
+def split_families(
+    rows: Mapping[bytes, bytes], families: Mapping[str, int], where: str
+) -> dict[str, dict[bytes, bytes]]:
+    """``rows`` (keys with a 2-byte little-endian family id first) by family name, the id
+    taken off each key; every family of ``families`` is there, empty when it has no key.
+    A key of an id no family has is ``StateFileError`` naming ``where``."""
+    names = {cf: name for name, cf in families.items()}
+    out: dict[str, dict[bytes, bytes]] = {name: {} for name in families}
+    for key, value in rows.items():
+        name = names.get(_CF_ID.unpack_from(key)[0]) if len(key) >= 2 else None
+        if name is None:
+            raise StateFileError(
+                f"{where}: a key of column family id {key[:2].hex() or 'none'}, which no "
+                "snapshot's metadata names"
+            )
+        out[name][key[2:]] = value
+    return out
+
+
+def _other_snapshots_families(objects: ObjectStore, files: PartitionFiles) -> dict[str, int]:
+    """The column families every snapshot of ``files`` names, newest last (only their
+    metadata is read)."""
+    families: dict[str, int] = {}
+    for version in sorted(files.snapshots):
+        for uid in sorted(files.snapshots[version]):
+            key = files.key(version, _SNAPSHOT, uid)
+            families.update(_unzip(_read_checked(objects, files, key), objects.where(key))[2])
+    return families
+
+
+def _typed_records(data: memoryview, start: int, where: str) -> Iterator[tuple[int, bytes, bytes]]:
+    """The (type, key, value; ``b""`` for a delete) records of a changelog of format 2 or
+    4 (``start``: after the version text; format 4's lineage text comes next): a type
+    byte, then format 1's framing; a type byte 0 ends the file."""
+    version, _ = _changelog_format(data)
+    if version not in (2, 4):
+        raise StateFileError(f"{where}: changelog format v{version} has no column families")
+    end = len(data)
+    take = _INT32_BE.unpack_from
+    try:
+        position = start + 2 + _UTF_LENGTH.unpack_from(data, start)[0] if version == 4 else start
+        kind = data[position]
+        while kind != _END_RECORD:
+            if kind not in (_PUT_RECORD, _DELETE_RECORD, _MERGE_RECORD):
+                raise UnsupportedStateError(
+                    f"not supported yet: changelog record type {kind:#04x} at byte {position} "
+                    f"({where})"
+                )
+            (key_size,) = take(data, position + 1)
+            if key_size < 0 or position + 9 + key_size > end:
+                raise ValueError(f"bad key size {key_size} at byte {position + 1}")
+            key = bytes(data[position + 5 : position + 5 + key_size])
+            position += 5 + key_size
+            (value_size,) = take(data, position)
+            position += 4
+            if kind == _DELETE_RECORD and value_size == -1:
+                yield kind, key, b""
+            elif kind != _DELETE_RECORD and 0 <= value_size <= end - position:
+                yield kind, key, bytes(data[position : position + value_size])
+                position += value_size
+            else:
+                raise ValueError(f"bad value size {value_size} at byte {position - 4}")
+            kind = data[position]
+        position += 1
+    except (ValueError, IndexError, struct.error) as exc:
+        raise StateFileError(f"{where}: damaged records ({exc})") from None
+    if position != end:
+        raise StateFileError(f"{where}: {end - position} bytes after the last record")
+
+
 # -- which files rebuild a version ---------------------------------------------------------
 class _Plan:
     """Which snapshot and changelogs rebuild a version, for files named without unique
@@ -413,9 +558,7 @@ def _changelog_records(raw: bytes, where: str) -> tuple[memoryview, int]:
     """(the decompressed changelog, where its records start), the header checked."""
     data = memoryview(decompress_state_file(raw, where))
     version, start = _changelog_format(data)
-    if version in (2, 4):
-        raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
-    if version not in (1, 3):
+    if version not in (1, 2, 3, 4):
         raise StateFileError(f"{where}: changelog format v{version} is not known")
     return data, start
 
@@ -465,6 +608,8 @@ def _records(
     """The (key, value or None for a delete) records of a changelog of format 1 or 3
     (``start``: after the version text of format 3, whose lineage text comes next), the
     framing checked to the last byte."""
+    if _changelog_format(data)[0] in (2, 4):  # records with a type byte: column families
+        raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
     end = len(data)
     take = _INT32_BE.unpack_from
     try:
@@ -530,15 +675,36 @@ def _read_snapshot(
     work_dir: str | os.PathLike[str],
     checksums: bool,
 ) -> dict[bytes, bytes]:
-    """The keys and values of ``version``'s snapshot: its database restored in a folder of
-    ``work_dir`` (removed after), then scanned."""
+    """The keys and values of ``version``'s snapshot (UnsafeRows, Spark's encoding prefix
+    removed); a snapshot of a store in column families is refused."""
+    where = objects.where(files.key(version, _SNAPSHOT, uid))
+    rows, families = _snapshot_rows(objects, files, version, uid, work_dir=work_dir)
+    if families:
+        raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
+    return {_row(k, where, "key"): _value(v, where, checksums) for k, v in rows}
+
+
+def _snapshot_rows(
+    objects: ObjectStore,
+    files: PartitionFiles,
+    version: int,
+    uid: str,
+    *,
+    work_dir: str | os.PathLike[str],
+    merge_delimiter: bytes = b",",
+) -> tuple[list[tuple[bytes, bytes]], dict[str, int]]:
+    """(every key and value of ``version``'s snapshot as stored, its metadata's column
+    families): its database restored in a folder of ``work_dir`` (removed after), then
+    scanned, merge operands still apart in its SSTs joined by ``merge_delimiter``."""
     key = files.key(version, _SNAPSHOT, uid)
     where = objects.where(key)
-    entries, ssts = _unzip(_read_checked(objects, files, key), where)
+    entries, ssts, families = _unzip(_read_checked(objects, files, key), where)
     os.makedirs(work_dir, exist_ok=True)
     folder = tempfile.mkdtemp(prefix=f"rocksdb-{version}-", dir=work_dir)
     try:
         for name, data in entries.items():
+            if name.startswith(_OPTIONS_FILE) and merge_delimiter != b",":
+                data = _with_merge_delimiter(data, merge_delimiter)
             with open(os.path.join(folder, name), "xb") as out:
                 out.write(data)
         sst_keys = {}
@@ -549,12 +715,27 @@ def _read_snapshot(
         rows = _scan(folder, where, sst_keys)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {_row(k, where, "key"): _value(v, where, checksums) for k, v in rows}
+    return rows, families
 
 
-def _unzip(raw: bytes, where: str) -> tuple[dict[str, bytes], dict[str, tuple[str, int]]]:
+def _with_merge_delimiter(options: bytes, delimiter: bytes) -> bytes:
+    """A snapshot's RocksDB ``OPTIONS`` file with its string-append merge operator given
+    ``delimiter``. Quirk: the file names the operator without its delimiter, and RocksDB
+    makes it with its default, ``,``; a key's merge operands that lie in two SSTs are
+    joined when read, so a store written with another delimiter (Spark's merge operator
+    version 2: none) would read back with a ``,`` between them."""
+    spec = "{id=StringAppendOperator;delimiter=" + delimiter.decode("latin-1") + "}"
+    return options.replace(
+        b"merge_operator=StringAppendOperator\n", f"merge_operator={spec}\n".encode("latin-1")
+    )
+
+
+def _unzip(
+    raw: bytes, where: str
+) -> tuple[dict[str, bytes], dict[str, tuple[str, int]], dict[str, int]]:
     """(the zip's RocksDB files by name, the SSTs its metadata lists: name in the database
-    → (name under ``SSTs/``, size))."""
+    → (name under ``SSTs/``, size), its column families: name → id, empty for a store
+    without)."""
     try:
         with zipfile.ZipFile(io.BytesIO(raw)) as archive:
             # Reading each entry checks its CRC-32 (BadZipFile when it does not match).
@@ -578,14 +759,15 @@ def _unzip(raw: bytes, where: str) -> tuple[dict[str, bytes], dict[str, tuple[st
             str(f["localFileName"]): (str(f["dfsSstFileName"]), int(f["sizeBytes"]))
             for f in metadata.get("sstFiles") or ()
         }
-    except (KeyError, TypeError, ValueError):
+        families = {
+            str(name): int(cf) for name, cf in (metadata.get("columnFamilyMapping") or {}).items()
+        }
+    except (KeyError, TypeError, ValueError, AttributeError):
         raise StateFileError(f"{where}: damaged snapshot metadata") from None
-    if metadata.get("columnFamilyMapping"):
-        raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
     for local, (dfs, _) in ssts.items():
         if not _SST_NAME.fullmatch(local) or not _PLAIN_NAME.fullmatch(dfs) or local in entries:
             raise StateFileError(f"{where}: its metadata lists a bad SST name ({local}, {dfs})")
-    return entries, ssts
+    return entries, ssts, families
 
 
 def _place_sst(objects: ObjectStore, key: str, target: str, size: int, snapshot: str) -> None:
