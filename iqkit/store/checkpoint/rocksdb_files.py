@@ -35,7 +35,7 @@ newest snapshot to ``v - 1``. Format 2 is written for a store in several column 
 ``writeUTF("v2")``, then records that each start with a type byte: 0x01 a put
 (``[key size][key][value size][value]``), 0x10 a delete (``[key size][key][-1]``), 0x11
 a merge (a list state's append: transformWithState), 0x00 the end. Format 4 is format 2
-with a lineage text (checkpoint format v2): not read yet.
+after format 3's lineage text (column families with checkpoint format v2).
 
 Keys and values in the database and in changelogs are Spark's encoding of an UnsafeRow:
 one version byte (0), then the row. With
@@ -56,10 +56,14 @@ one line.
 Column families (transformWithState, join state formats 3 and 4): Spark keeps every
 family in RocksDB's one physical family, each key led by its family's 2-byte id (little
 endian), before the version byte; the snapshot's metadata maps names to ids
-(``columnFamilyMapping``). Read only when the caller asks for them: the keys then keep
-the 2-byte id before the row (``family_ids`` says whose); other callers are refused in
-one line, never given keys they would take for rows. ``KeyForm`` says which of the two a
-store's keys have.
+(``columnFamilyMapping``), and the changelogs are of format 2 or 4. A merge record
+appends its value to the key's, as RocksDB's string-append operator does (a list
+state's element), with a delimiter that depends on Spark's merge operator version.
+Only ``load_family_state`` reads such a store: keys and values as stored, the 2-byte id
+first in each key (``split_families`` groups them by family, the id taken off), since a
+family's keys and values are encoded as the family's own reader knows (prefix-scan keys,
+lists, Avro); ``load_state`` refuses one in one line, never giving keys it would take for
+rows. ``KeyForm`` says how a plain store's keys are laid out.
 
 Checkpoint format v2 (``spark.sql.streaming.stateStore.checkpointFormatVersion=2``: 1 by
 default in PySpark 4.3; Real-Time Mode queries need 2) names each file
@@ -105,18 +109,21 @@ from .unsafe_row import RowDecoder
 
 __all__ = [
     "PLAIN_KEYS",
+    "FamilyState",
     "KeyForm",
     "PartitionFiles",
     "PrefixKeyDecoder",
     "ReplayPlan",
     "changelog_changes",
     "StateFileError",
-    "family_ids",
     "list_files",
     "list_versions",
+    "load_family_state",
     "load_state",
     "oldest_version",
     "plan_replay",
+    "split_families",
+    "stored_row",
 ]
 
 #: ``<version>.zip`` / ``<version>.changelog``, with ``_<unique id>`` in format v2.
@@ -132,29 +139,44 @@ _METADATA_HEADER = b"v1"
 #: The commit log's header lines: v1 (every line), v2 (checkpoint format v2's state ids).
 _COMMIT_LOG_VERSIONS = ("v1", "v2")
 _SST_FOLDER = "SSTs"
+#: The prefix of the name of RocksDB's options file in a snapshot's zip.
+_OPTIONS_FILE = "OPTIONS-"
 #: Names RocksDB gives its table files; the zip's entries are plain names too.
 _SST_NAME = re.compile(r"\d+\.sst")
 _PLAIN_NAME = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]*")
 _COLUMN_FAMILIES = "not supported yet: transformWithState's column families"
-#: A column family id's size before a key (``columnFamilyMapping``), and its byte order.
-_FAMILY_ID = 2
-#: Changelog format 2's record types (the byte before each record).
+#: A column family id before a key (``columnFamilyMapping``): 2 bytes, little-endian.
+_FAMILY_ID = struct.Struct("<H")
+#: Changelog formats 2 and 4's record types (the byte before each record); formats 1 and
+#: 3 have puts and deletes only.
 _EOF, _PUT, _DELETE, _MERGE = 0x00, 0x01, 0x10, 0x11
+#: What Spark's merge operator version 1 (the default) puts between two merged values.
+_DEFAULT_DELIMITER = b","
 
 
 @dataclass(frozen=True)
 class KeyForm:
-    """How a store's keys are laid out in its RocksDB files (module docstring): what a
-    reader must take off or check before the row, chosen once per store."""
+    """How a plain store's keys are laid out in its RocksDB files (module docstring):
+    what a reader must check before the row, chosen once per store. (A store in column
+    families is read by ``load_family_state``: its families' keys differ.)"""
 
-    #: A 2-byte column family id leads each key (transformWithState, join formats 3, 4).
-    families: bool = False
     #: Each key is two rows, the prefix columns' and the others' (a session window's).
     prefix_scan: bool = False
 
 
 #: The keys of most stores: one row each.
 PLAIN_KEYS = KeyForm()
+
+
+@dataclass(frozen=True)
+class FamilyState:
+    """A version of a store in column families: ``families``, each family's id by name
+    (the snapshots' ``columnFamilyMapping``), and ``rows``, every live key and value as
+    stored (the key's 2-byte family id first; both still in their family's encoding:
+    ``split_families`` groups them)."""
+
+    families: Mapping[str, int]
+    rows: dict[bytes, bytes]
 
 
 @dataclass(frozen=True)
@@ -285,53 +307,66 @@ def load_state(
     database is restored while it is read, then removed; nothing is ever written into the
     checkpoint. ``files`` is a listing already made (``list_files``), ``plan`` a plan
     already made (``plan_replay``). ``key_form``: how the store's keys are laid out
-    (``KeyForm``); with column families each key comes back as its family's 2-byte id,
-    then the row. ``StateFileError`` when
-    a file needed is missing, cut short or damaged; ``UnsupportedStateError`` for a store
-    this module cannot read yet (one line naming what)."""
-    if key_form.families and row_checksums:
+    (``KeyForm``). ``StateFileError`` when a file needed is missing, cut short or damaged;
+    ``UnsupportedStateError`` for a store this module cannot read yet (one line naming
+    what: a store in column families is ``load_family_state``'s)."""
+    if plan is None or plan.version != version:
+        plan = plan_replay(objects, partition_dir, version, files=files)
+    return _replay(objects, plan, work_dir, _PlainRecords(key_form, row_checksums))[0]
+
+
+def load_family_state(
+    objects: ObjectStore,
+    partition_dir: str,
+    version: int,
+    *,
+    work_dir: str | os.PathLike[str],
+    merge_delimiter: bytes = _DEFAULT_DELIMITER,
+    row_checksums: bool = False,
+    files: PartitionFiles | None = None,
+    plan: ReplayPlan | None = None,
+) -> FamilyState:
+    """``load_state`` for a store in column families (transformWithState, a join of state
+    format 3): the newest snapshot at or below ``version`` plus the changelogs after it,
+    their records typed (put, delete, merge). A merge appends its value to the key's
+    (RocksDB's string-append operator, ``merge_delimiter`` between: ``b","`` for Spark's
+    merge operator version 1, ``b""`` for version 2). Keys and values are kept as stored.
+    The family ids come from the snapshot's metadata; a version whose keys have ids its
+    snapshot does not name (or that has no snapshot) takes them from the partition's other
+    snapshots (Spark keeps a family's id for the store's life and never gives one id to two
+    families). Row checksums are refused in one line. ``StateFileError`` as
+    ``load_state``."""
+    if row_checksums:
         raise UnsupportedStateError(
-            f"not supported yet: column families with row checksums ({partition_dir})"
+            f"not supported yet: column families (transformWithState, join state format 3) "
+            f"with row checksums ({objects.where(partition_dir)})"
         )
     if plan is None or plan.version != version:
         plan = plan_replay(objects, partition_dir, version, files=files)
-    files = plan.files
-    state: dict[bytes, bytes] = {}
-    if plan.base is not None:
-        state = _read_snapshot(
-            objects, files, *plan.base, work_dir=work_dir, checksums=row_checksums,
-            key_form=key_form,
-        )  # fmt: skip
-    for changelog, uid in plan.changelogs:
-        key = files.key(changelog, _CHANGELOG, uid)
-        records = plan.records.get(key)
-        if records is None:
-            records = _changelog_records(_read_checked(objects, files, key), objects.where(key))
-        _apply(records, state, objects.where(key), row_checksums, key_form)
-    return state
+    state, families = _replay(objects, plan, work_dir, _FamilyRecords(merge_delimiter))
+    known = set(families.values())
+    if any(len(key) < 2 or _FAMILY_ID.unpack_from(key)[0] not in known for key in state):
+        families = {**_all_snapshot_families(objects, plan.files), **families}
+    return FamilyState(families, state)
 
 
-def family_ids(objects: ObjectStore, plan: ReplayPlan) -> dict[str, int]:
-    """Column family name → the id before its keys, from the snapshot metadata of the
-    plan's base, else of the partition's newest snapshot (Spark keeps a family's id for
-    the store's life: a new family takes the next one, ``maxColumnFamilyId``).
-    ``StateFileError`` when no snapshot of the partition names them."""
-    files = plan.files
-    found = [plan.base] if plan.base is not None else []
-    found += sorted(((v, u) for v, ids in files.snapshots.items() for u in ids), reverse=True)
-    for version, uid in found:
-        key = files.key(version, _SNAPSHOT, uid)
-        where = objects.where(key)
-        raw = _read_checked(objects, files, key)
-        mapping = _snapshot_metadata(_zip_entries(raw, where), where).get("columnFamilyMapping")
-        if isinstance(mapping, dict) and mapping:
-            try:
-                return {str(name): int(i) for name, i in mapping.items()}
-            except (TypeError, ValueError):
-                raise StateFileError(f"{where}: damaged columnFamilyMapping") from None
-    raise StateFileError(
-        f"{objects.where(files.folder)}: no snapshot names the column family ids of its keys"
-    )
+def split_families(
+    rows: Mapping[bytes, bytes], families: Mapping[str, int], where: str
+) -> dict[str, dict[bytes, bytes]]:
+    """``rows`` (keys with a 2-byte little-endian family id first) by family name, the id
+    taken off each key; every family of ``families`` is there, empty when it has no key.
+    A key of an id no family has is ``StateFileError`` naming ``where``."""
+    names = {cf: name for name, cf in families.items()}
+    out: dict[str, dict[bytes, bytes]] = {name: {} for name in families}
+    for key, value in rows.items():
+        name = names.get(_FAMILY_ID.unpack_from(key)[0]) if len(key) >= 2 else None
+        if name is None:
+            raise StateFileError(
+                f"{where}: a key of column family id {key[:2].hex() or 'none'}, which no "
+                "snapshot's metadata names"
+            )
+        out[name][key[2:]] = value
+    return out
 
 
 def changelog_changes(
@@ -344,21 +379,112 @@ def changelog_changes(
 ) -> dict[bytes, bytes | None]:
     """What the changelogs ``keys`` (files of ``plan``, in replay order) change: key
     UnsafeRow bytes → the value after them, or ``None`` where they delete the key. For a
-    version built on an older one's state; ``StateFileError`` as ``load_state``."""
+    version built on an older one's state, of a plain store (a store in column families
+    is refused: a merge needs the value before it); ``StateFileError`` as
+    ``load_state``."""
     changes: dict[bytes, bytes | None] = {}
+    records = _PlainRecords(key_form, row_checksums)
     for key in keys:
         where = objects.where(key)
-        records = plan.records.get(key)
-        if records is None:
-            records = _changelog_records(_read_checked(objects, plan.files, key), where)
-        for record_key, value in _records(*records, where, key_form.families):
-            if value is None:
-                # With row checksums a delete's key carries the key's CRC32-C first.
-                plain = record_key[4:] if row_checksums else record_key
-                changes[_key(plain, where, key_form)] = None
-            else:
-                changes[_key(record_key, where, key_form)] = _value(value, where, row_checksums)
+        for record_key, value in records.changes(_changelog(objects, plan, key), where):
+            changes[record_key] = value
     return changes
+
+
+# -- replaying a version -------------------------------------------------------------------
+def _replay(
+    objects: ObjectStore,
+    plan: ReplayPlan,
+    work_dir: str | os.PathLike[str],
+    records: _PlainRecords | _FamilyRecords,
+) -> tuple[dict[bytes, bytes], dict[str, int]]:
+    """(the live keys and values of ``plan``'s version as ``records`` keeps them, the
+    column families its snapshot names): the snapshot, then each changelog applied."""
+    files = plan.files
+    state: dict[bytes, bytes] = {}
+    families: dict[str, int] = {}
+    if plan.base is not None:
+        version, uid = plan.base
+        where = objects.where(files.key(version, _SNAPSHOT, uid))
+        rows, families = _snapshot_rows(
+            objects, files, version, uid, work_dir=work_dir, merge_delimiter=records.delimiter
+        )
+        state = records.snapshot(rows, families, where)
+    for changelog, uid in plan.changelogs:
+        key = files.key(changelog, _CHANGELOG, uid)
+        records.apply(_changelog(objects, plan, key), state, objects.where(key))
+    return state, families
+
+
+def _changelog(objects: ObjectStore, plan: ReplayPlan, key: str) -> tuple[memoryview, int]:
+    """The records of the changelog ``key`` of ``plan`` (read while planning, else now)."""
+    records = plan.records.get(key)
+    if records is None:
+        records = _changelog_records(_read_checked(objects, plan.files, key), objects.where(key))
+    return records
+
+
+class _PlainRecords:
+    """How a plain store's records are kept: keys as ``_key`` gives them, values their
+    UnsafeRow (row checksums stripped); column families refused."""
+
+    delimiter = _DEFAULT_DELIMITER  # a plain store has no merges
+
+    def __init__(self, key_form: KeyForm, checksums: bool) -> None:
+        self.key_form = key_form
+        self.checksums = checksums
+
+    def snapshot(
+        self, rows: list[tuple[bytes, bytes]], families: Mapping[str, int], where: str
+    ) -> dict[bytes, bytes]:
+        if families:
+            raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
+        form, checksums = self.key_form, self.checksums
+        return {_key(k, where, form): _value(v, where, checksums) for k, v in rows}
+
+    def changes(
+        self, records: tuple[memoryview, int], where: str
+    ) -> Iterator[tuple[bytes, bytes | None]]:
+        """(key, value after the record, or ``None`` for a delete), in order."""
+        for kind, key, value in _records(*records, where, families=False):
+            if kind == _DELETE:
+                # With row checksums a delete's key carries the key's CRC32-C first.
+                yield _key(key[4:] if self.checksums else key, where, self.key_form), None
+            else:
+                yield _key(key, where, self.key_form), _value(value, where, self.checksums)
+
+    def apply(self, records: tuple[memoryview, int], state: dict[bytes, bytes], where: str) -> None:
+        """Apply a changelog's records to ``state`` (the state of the version before it),
+        in place. On ``StateFileError`` ``state`` may hold part of it: throw it away."""
+        for key, value in self.changes(records, where):
+            if value is None:
+                state.pop(key, None)
+            else:
+                state[key] = value
+
+
+class _FamilyRecords:
+    """How a store in column families' records are kept: as stored, merges appended."""
+
+    def __init__(self, delimiter: bytes) -> None:
+        self.delimiter = delimiter
+
+    def snapshot(
+        self, rows: list[tuple[bytes, bytes]], families: Mapping[str, int], where: str
+    ) -> dict[bytes, bytes]:
+        return dict(rows)
+
+    def apply(self, records: tuple[memoryview, int], state: dict[bytes, bytes], where: str) -> None:
+        """As ``_PlainRecords.apply``; a merge appends to the key's value (RocksDB's
+        string-append operator), or puts it where the key has none."""
+        for kind, key, value in _records(*records, where, families=True):
+            key = bytes(key)
+            if kind == _DELETE:
+                state.pop(key, None)
+            elif kind == _MERGE and key in state:
+                state[key] = state[key] + self.delimiter + bytes(value)  # type: ignore[arg-type]
+            else:
+                state[key] = bytes(value)  # type: ignore[arg-type]
 
 
 # -- which files rebuild a version ---------------------------------------------------------
@@ -511,12 +637,7 @@ def _changelog_records(raw: bytes, where: str) -> tuple[memoryview, int]:
     """(the decompressed changelog, where its records start), the header checked."""
     data = memoryview(decompress_state_file(raw, where))
     version, start = _changelog_format(data)
-    if version == 4:
-        raise UnsupportedStateError(
-            f"not supported yet: changelog format v4 (column families with checkpoint format "
-            f"v2) ({where})"
-        )
-    if version not in (1, 2, 3):
+    if version not in (1, 2, 3, 4):
         raise StateFileError(f"{where}: changelog format v{version} is not known")
     return data, start
 
@@ -547,43 +668,27 @@ def _lineage(records: tuple[memoryview, int], where: str) -> list[tuple[int, str
         raise StateFileError(f"{where}: damaged lineage") from None
 
 
-def _apply(
-    records: tuple[memoryview, int],
-    state: dict[bytes, bytes],
-    where: str,
-    checksums: bool,
-    key_form: KeyForm = PLAIN_KEYS,
-) -> None:
-    """Apply a changelog's records to ``state`` (the state of the version before it), in
-    place. On ``StateFileError`` ``state`` may hold part of it: throw it away."""
-    for key, value in _records(*records, where, key_form.families):
-        if value is None:
-            # With row checksums a delete's key carries the key's CRC32-C first.
-            state.pop(_key(key[4:] if checksums else key, where, key_form), None)
-        else:
-            state[_key(key, where, key_form)] = _value(value, where, checksums)
-
-
 def _records(
-    data: memoryview, start: int, where: str, families: bool = False
-) -> Iterator[tuple[memoryview, memoryview | None]]:
-    """The (key, value or None for a delete) records of a changelog of format 1, 2 or 3
-    (``start``: after the version text; format 3's lineage text comes next), the framing
-    checked to the last byte. Format 2 is read only for ``families`` (its keys carry a
-    column family id)."""
-    if start and _changelog_format(data)[0] == 2:
+    data: memoryview, start: int, where: str, *, families: bool
+) -> Iterator[tuple[int, memoryview, memoryview | None]]:
+    """The (type, key, value or None for a delete) records of a changelog (``start``:
+    after the version text; the lineage text of formats 3 and 4 comes next), the framing
+    checked to the last byte. Formats 1 and 3 hold puts and deletes; formats 2 and 4 (a
+    type byte before each record: column families) are read only for ``families``."""
+    version = _changelog_format(data)[0] if start else 1
+    position = start + 2 + _UTF_LENGTH.unpack_from(data, start)[0] if version in (3, 4) else start
+    if version in (2, 4):
         if not families:
             raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
-        yield from _typed_records(data, start, where)
+        yield from _typed_records(data, position, where)
         return
     end = len(data)
     take = _INT32_BE.unpack_from
     try:
-        position = start + 2 + _UTF_LENGTH.unpack_from(data, start)[0] if start else 0
         (key_size,) = take(data, position)
         while key_size != -1:
             key, value, position = _framed(data, position)
-            yield key, value
+            yield (_PUT if value is not None else _DELETE), key, value
             (key_size,) = take(data, position)
         position += 4
     except (ValueError, struct.error) as exc:
@@ -613,11 +718,12 @@ def _framed(data: memoryview, position: int) -> tuple[memoryview, memoryview | N
 
 
 def _typed_records(
-    data: memoryview, start: int, where: str
-) -> Iterator[tuple[memoryview, memoryview | None]]:
-    """``_records`` of changelog format 2: a type byte before each record."""
+    data: memoryview, position: int, where: str
+) -> Iterator[tuple[int, memoryview, memoryview | None]]:
+    """``_records`` of changelog formats 2 and 4 from ``position`` (after the lineage
+    text of format 4): a type byte before each record, then format 1's framing (a put and
+    a merge with a value, a delete without); a type byte 0 ends the file."""
     end = len(data)
-    position = start
     try:
         while True:
             if position >= end:
@@ -626,17 +732,13 @@ def _typed_records(
             position += 1
             if kind == _EOF:
                 break
-            if kind == _MERGE:
-                raise UnsupportedStateError(
-                    f"not supported yet: list merge records (transformWithState) ({where})"
-                )
-            if kind not in (_PUT, _DELETE):
+            if kind not in (_PUT, _DELETE, _MERGE):
                 raise ValueError(f"record type {kind:#04x} at byte {position - 1}")
             at = position
             key, value, position = _framed(data, position)
             if (value is None) != (kind == _DELETE):
                 raise ValueError(f"a record of type {kind:#04x} at byte {at} with a wrong value")
-            yield key, value
+            yield kind, key, value
     except (ValueError, struct.error) as exc:
         raise StateFileError(f"{where}: damaged records ({exc})") from None
     if position != end:
@@ -644,16 +746,11 @@ def _typed_records(
 
 
 def _key(encoded: memoryview | bytes, where: str, form: KeyForm) -> bytes:
-    """A key as ``load_state`` gives it: its column family id first for a store in
-    ``form.families``; then the row (``_row``), or for ``form.prefix_scan`` the whole
-    key, its two rows' framing checked (module docstring)."""
-    family = b""
-    if form.families:
-        if len(encoded) <= _FAMILY_ID:
-            raise StateFileError(f"{where}: a key of {len(encoded)} bytes, no column family id")
-        family, encoded = bytes(encoded[:_FAMILY_ID]), encoded[_FAMILY_ID:]
+    """A key as ``load_state`` gives it: its row (``stored_row``), or for
+    ``form.prefix_scan`` the whole key, its two rows' framing checked (module
+    docstring)."""
     if not form.prefix_scan:
-        return family + _row(encoded, where, "key")
+        return stored_row(encoded, where, "key")
     size = len(encoded)
     if size < 6:  # the prefix size, and a version byte before each row
         raise StateFileError(f"{where}: a prefix-scan key of {size} bytes is too short")
@@ -667,11 +764,12 @@ def _key(encoded: memoryview | bytes, where: str, form: KeyForm) -> bytes:
             f"{where}: a prefix-scan key whose rows do not start with Spark's UnsafeRow "
             "version byte 0"
         )
-    return family + bytes(encoded)
+    return bytes(encoded)
 
 
-def _row(encoded: memoryview | bytes, where: str, what: str) -> bytes:
-    """The UnsafeRow in ``encoded`` (a key or value as Spark's RocksDB encoder wrote it)."""
+def stored_row(encoded: memoryview | bytes, where: str, what: str = "key") -> bytes:
+    """The UnsafeRow in ``encoded`` (a key or value as Spark's RocksDB encoder wrote it:
+    a version byte 0, then the row); a column family's row too (``split_families``)."""
     if not encoded or encoded[0] != _ENCODING_VERSION:
         first = f"byte {encoded[0]:#04x}" if encoded else "nothing"
         why = (
@@ -714,29 +812,31 @@ def _value(encoded: memoryview | bytes, where: str, checksums: bool) -> bytes:
                 "(spark.sql.streaming.stateStore.rowChecksum.enabled)"
             )
         encoded = encoded[8:]
-    return _row(encoded, where, "value")
+    return stored_row(encoded, where, "value")
 
 
 # -- snapshots -----------------------------------------------------------------------------
-def _read_snapshot(
+def _snapshot_rows(
     objects: ObjectStore,
     files: PartitionFiles,
     version: int,
     uid: str,
     *,
     work_dir: str | os.PathLike[str],
-    checksums: bool,
-    key_form: KeyForm = PLAIN_KEYS,
-) -> dict[bytes, bytes]:
-    """The keys and values of ``version``'s snapshot: its database restored in a folder of
-    ``work_dir`` (removed after), then scanned."""
+    merge_delimiter: bytes = _DEFAULT_DELIMITER,
+) -> tuple[list[tuple[bytes, bytes]], dict[str, int]]:
+    """(every key and value of ``version``'s snapshot as stored, its metadata's column
+    families): its database restored in a folder of ``work_dir`` (removed after), then
+    scanned, merge operands still apart in its SSTs joined by ``merge_delimiter``."""
     key = files.key(version, _SNAPSHOT, uid)
     where = objects.where(key)
-    entries, ssts = _unzip(_read_checked(objects, files, key), where, key_form.families)
+    entries, ssts, families = _unzip(_read_checked(objects, files, key), where)
     os.makedirs(work_dir, exist_ok=True)
     folder = tempfile.mkdtemp(prefix=f"rocksdb-{version}-", dir=work_dir)
     try:
         for name, data in entries.items():
+            if name.startswith(_OPTIONS_FILE) and merge_delimiter != _DEFAULT_DELIMITER:
+                data = _with_merge_delimiter(data, merge_delimiter)
             with open(os.path.join(folder, name), "xb") as out:
                 out.write(data)
         sst_keys = {}
@@ -747,15 +847,40 @@ def _read_snapshot(
         rows = _scan(folder, where, sst_keys)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {_key(k, where, key_form): _value(v, where, checksums) for k, v in rows}
+    return rows, families
+
+
+def _with_merge_delimiter(options: bytes, delimiter: bytes) -> bytes:
+    """A snapshot's RocksDB ``OPTIONS`` file with its string-append merge operator given
+    ``delimiter``. Quirk: the file names the operator without its delimiter, and RocksDB
+    makes it with its default, ``,``; a key's merge operands that lie in two SSTs are
+    joined when read, so a store written with another delimiter (Spark's merge operator
+    version 2: none) would read back with a ``,`` between them."""
+    spec = "{id=StringAppendOperator;delimiter=" + delimiter.decode("latin-1") + "}"
+    return options.replace(
+        b"merge_operator=StringAppendOperator\n", f"merge_operator={spec}\n".encode("latin-1")
+    )
+
+
+def _all_snapshot_families(objects: ObjectStore, files: PartitionFiles) -> dict[str, int]:
+    """The column families every snapshot of ``files`` names, the newest's last (only
+    their zips are read, no database restored)."""
+    families: dict[str, int] = {}
+    for version in sorted(files.snapshots):
+        for uid in sorted(files.snapshots[version]):
+            key = files.key(version, _SNAPSHOT, uid)
+            where = objects.where(key)
+            entries = _zip_entries(_read_checked(objects, files, key), where)
+            families.update(_families(_snapshot_metadata(entries, where), where))
+    return families
 
 
 def _unzip(
-    raw: bytes, where: str, families: bool = False
-) -> tuple[dict[str, bytes], dict[str, tuple[str, int]]]:
+    raw: bytes, where: str
+) -> tuple[dict[str, bytes], dict[str, tuple[str, int]], dict[str, int]]:
     """(the zip's RocksDB files by name, the SSTs its metadata lists: name in the database
-    → (name under ``SSTs/``, size)); a snapshot of column families is refused unless
-    ``families``."""
+    → (name under ``SSTs/``, size), its column families: name → id, empty for a store
+    without)."""
     entries = _zip_entries(raw, where)
     metadata = _snapshot_metadata(entries, where)
     try:
@@ -765,12 +890,19 @@ def _unzip(
         }
     except (KeyError, TypeError, ValueError):
         raise StateFileError(f"{where}: damaged snapshot metadata") from None
-    if metadata.get("columnFamilyMapping") and not families:
-        raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
     for local, (dfs, _) in ssts.items():
         if not _SST_NAME.fullmatch(local) or not _PLAIN_NAME.fullmatch(dfs) or local in entries:
             raise StateFileError(f"{where}: its metadata lists a bad SST name ({local}, {dfs})")
-    return entries, ssts
+    return entries, ssts, _families(metadata, where)
+
+
+def _families(metadata: Mapping[str, Any], where: str) -> dict[str, int]:
+    """A snapshot metadata's column families (``columnFamilyMapping``): name → id."""
+    mapping = metadata.get("columnFamilyMapping") or {}
+    try:
+        return {str(name): int(cf) for name, cf in mapping.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise StateFileError(f"{where}: damaged columnFamilyMapping") from None
 
 
 def _zip_entries(raw: bytes, where: str) -> dict[str, bytes]:
