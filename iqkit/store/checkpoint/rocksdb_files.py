@@ -24,7 +24,8 @@ The partition's folder is ``state/<operator id>/<partition>`` (for the store nam
 Version ``v`` is the newest snapshot at or below ``v`` plus each changelog after it, in
 order, as Spark rebuilds it. A snapshot is read by restoring its database in a private
 scratch folder (the zip's files, plus the SSTs it lists, hard-linked or copied under their
-names in the database) and scanning it read-only through ``partitions.rocks``.
+names in the database) and scanning it read-only through ``partitions.rocks``
+(``rocksdb_snapshots``).
 
 Changelog records (after the decompression): format 1 has no header; it is records
 ``[key size: int32 BE][key][value size: int32 BE][value]``, a value size of -1 deletes the
@@ -85,23 +86,18 @@ file: never rows from it.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
-import shutil
 import struct
-import tempfile
-import zipfile
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import IqkitError, ObjectMissingError
-from ..objects import NotPlainFileError, ObjectStore, link_plain_file
-from ..partitions import rocks
-from .codecs import StateFileError, decompress_state_file
+from ...errors import ObjectMissingError
+from ..objects import ObjectStore
+from . import rocksdb_changelogs, rocksdb_snapshots
+from .codecs import StateFileError
 from .hdfs_files import check_hadoop_crc
 from .shape import UnsupportedStateError
 from .state_schema import read_operator_metadata
@@ -129,29 +125,16 @@ __all__ = [
 #: ``<version>.zip`` / ``<version>.changelog``, with ``_<unique id>`` in format v2.
 _STATE_FILE = re.compile(r"(\d+)(?:_([0-9A-Za-z-]+))?\.(zip|changelog)")
 _SNAPSHOT, _CHANGELOG = "zip", "changelog"
-_INT32_BE = struct.Struct(">i")
 _INT32_LE = struct.Struct("<i")
-_UTF_LENGTH = struct.Struct(">H")
 #: The first byte of every key and value Spark's RocksDB encoder writes (its version).
 _ENCODING_VERSION = 0
-_METADATA_ENTRY = "metadata"
-_METADATA_HEADER = b"v1"
 #: The commit log's header lines: v1 (every line), v2 (checkpoint format v2's state ids).
 _COMMIT_LOG_VERSIONS = ("v1", "v2")
 _SST_FOLDER = "SSTs"
-#: The prefix of the name of RocksDB's options file in a snapshot's zip.
-_OPTIONS_FILE = "OPTIONS-"
-#: Names RocksDB gives its table files; the zip's entries are plain names too.
-_SST_NAME = re.compile(r"\d+\.sst")
-_PLAIN_NAME = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]*")
-_COLUMN_FAMILIES = "not supported yet: transformWithState's column families"
 #: A column family id before a key (``columnFamilyMapping``): 2 bytes, little-endian.
 _FAMILY_ID = struct.Struct("<H")
-#: Changelog formats 2 and 4's record types (the byte before each record); formats 1 and
-#: 3 have puts and deletes only.
-_EOF, _PUT, _DELETE, _MERGE = 0x00, 0x01, 0x10, 0x11
-#: What Spark's merge operator version 1 (the default) puts between two merged values.
-_DEFAULT_DELIMITER = b","
+_DELETE, _MERGE = rocksdb_changelogs.DELETE, rocksdb_changelogs.MERGE
+_DEFAULT_DELIMITER = rocksdb_snapshots.DEFAULT_DELIMITER
 
 
 @dataclass(frozen=True)
@@ -420,7 +403,9 @@ def _changelog(objects: ObjectStore, plan: ReplayPlan, key: str) -> tuple[memory
     """The records of the changelog ``key`` of ``plan`` (read while planning, else now)."""
     records = plan.records.get(key)
     if records is None:
-        records = _changelog_records(_read_checked(objects, plan.files, key), objects.where(key))
+        records = rocksdb_changelogs.records_of(
+            _read_checked(objects, plan.files, key), objects.where(key)
+        )
     return records
 
 
@@ -438,7 +423,7 @@ class _PlainRecords:
         self, rows: list[tuple[bytes, bytes]], families: Mapping[str, int], where: str
     ) -> dict[bytes, bytes]:
         if families:
-            raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
+            raise UnsupportedStateError(f"{rocksdb_changelogs.COLUMN_FAMILIES} ({where})")
         form, checksums = self.key_form, self.checksums
         return {_key(k, where, form): _value(v, where, checksums) for k, v in rows}
 
@@ -446,7 +431,7 @@ class _PlainRecords:
         self, records: tuple[memoryview, int], where: str
     ) -> Iterator[tuple[bytes, bytes | None]]:
         """(key, value after the record, or ``None`` for a delete), in order."""
-        for kind, key, value in _records(*records, where, families=False):
+        for kind, key, value in rocksdb_changelogs.records(*records, where, families=False):
             if kind == _DELETE:
                 # With row checksums a delete's key carries the key's CRC32-C first.
                 yield _key(key[4:] if self.checksums else key, where, self.key_form), None
@@ -477,7 +462,7 @@ class _FamilyRecords:
     def apply(self, records: tuple[memoryview, int], state: dict[bytes, bytes], where: str) -> None:
         """As ``_PlainRecords.apply``; a merge appends to the key's value (RocksDB's
         string-append operator), or puts it where the key has none."""
-        for kind, key, value in _records(*records, where, families=True):
+        for kind, key, value in rocksdb_changelogs.records(*records, where, families=True):
             key = bytes(key)
             if kind == _DELETE:
                 state.pop(key, None)
@@ -535,12 +520,12 @@ class _UniqueIdPlan(_Plan):
                 f"snapshot {files.name(version, _SNAPSHOT, uid)} is there either)"
             )
         where = self.objects.where(key)
-        self.records[key] = records = _changelog_records(
+        self.records[key] = records = rocksdb_changelogs.records_of(
             _read_checked(self.objects, files, key), where
         )
         # Spark's own order: the lineage (newest snapshot to version - 1) and the version
         # itself; the newest of them whose snapshot is there is the base.
-        lineage = sorted([*_lineage(records, where), (version, uid)])
+        lineage = sorted([*rocksdb_changelogs.lineage(records, where), (version, uid)])
         bases = [i for i, (v, u) in enumerate(lineage[:-1]) if files.has(v, _SNAPSHOT, u)]
         if not bases and lineage[0][0] != 1:
             raise StateFileError(f"{where}: no snapshot of the versions its lineage names is there")
@@ -633,118 +618,6 @@ def _read_checked(objects: ObjectStore, files: PartitionFiles, key: str) -> byte
     return raw
 
 
-def _changelog_records(raw: bytes, where: str) -> tuple[memoryview, int]:
-    """(the decompressed changelog, where its records start), the header checked."""
-    data = memoryview(decompress_state_file(raw, where))
-    version, start = _changelog_format(data)
-    if version not in (1, 2, 3, 4):
-        raise StateFileError(f"{where}: changelog format v{version} is not known")
-    return data, start
-
-
-def _changelog_format(data: memoryview) -> tuple[int, int]:
-    """(format version, offset after the version text). Quirk: format 1 writes no header,
-    so Spark reads a ``writeUTF`` text anyway and takes anything that is not ``v<digits>``
-    (the start of a record, or a text cut short) as format 1, and so does this."""
-    if len(data) >= 2:
-        (length,) = _UTF_LENGTH.unpack_from(data)
-        text = bytes(data[2 : 2 + length])
-        if len(text) == length and text[:1] == b"v" and text[1:].isdigit():
-            version = int(text[1:])
-            return (1, 0) if version == 1 else (version, 2 + length)
-    return 1, 0
-
-
-def _lineage(records: tuple[memoryview, int], where: str) -> list[tuple[int, str]]:
-    """The (version, unique id) pairs a format-3 changelog's lineage text names."""
-    data, start = records
-    if start == 0:
-        raise StateFileError(f"{where}: a changelog with a unique id but no lineage")
-    try:
-        (length,) = _UTF_LENGTH.unpack_from(data, start)
-        items = json.loads(bytes(data[start + 2 : start + 2 + length]))
-        return [(int(i["version"]), str(i["checkpointUniqueId"])) for i in items]
-    except (struct.error, KeyError, TypeError, ValueError):
-        raise StateFileError(f"{where}: damaged lineage") from None
-
-
-def _records(
-    data: memoryview, start: int, where: str, *, families: bool
-) -> Iterator[tuple[int, memoryview, memoryview | None]]:
-    """The (type, key, value or None for a delete) records of a changelog (``start``:
-    after the version text; the lineage text of formats 3 and 4 comes next), the framing
-    checked to the last byte. Formats 1 and 3 hold puts and deletes; formats 2 and 4 (a
-    type byte before each record: column families) are read only for ``families``."""
-    version = _changelog_format(data)[0] if start else 1
-    position = start + 2 + _UTF_LENGTH.unpack_from(data, start)[0] if version in (3, 4) else start
-    if version in (2, 4):
-        if not families:
-            raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
-        yield from _typed_records(data, position, where)
-        return
-    end = len(data)
-    take = _INT32_BE.unpack_from
-    try:
-        (key_size,) = take(data, position)
-        while key_size != -1:
-            key, value, position = _framed(data, position)
-            yield (_PUT if value is not None else _DELETE), key, value
-            (key_size,) = take(data, position)
-        position += 4
-    except (ValueError, struct.error) as exc:
-        raise StateFileError(f"{where}: damaged records ({exc})") from None
-    if position != end:
-        raise StateFileError(f"{where}: {end - position} bytes after the last record")
-
-
-def _framed(data: memoryview, position: int) -> tuple[memoryview, memoryview | None, int]:
-    """The record at ``position``: ``[key size: int32 BE][key][value size: int32 BE]
-    [value]`` (a value size of -1: a delete, no value), and the position after it;
-    ``ValueError`` (or ``struct.error``) where the sizes do not fit the data."""
-    end = len(data)
-    take = _INT32_BE.unpack_from
-    (key_size,) = take(data, position)
-    if key_size < 0 or position + 8 + key_size > end:
-        raise ValueError(f"bad key size {key_size} at byte {position}")
-    key = data[position + 4 : position + 4 + key_size]
-    position += 4 + key_size
-    (value_size,) = take(data, position)
-    position += 4
-    if value_size == -1:
-        return key, None, position
-    if not 0 <= value_size <= end - position:
-        raise ValueError(f"bad value size {value_size} at byte {position - 4}")
-    return key, data[position : position + value_size], position + value_size
-
-
-def _typed_records(
-    data: memoryview, position: int, where: str
-) -> Iterator[tuple[int, memoryview, memoryview | None]]:
-    """``_records`` of changelog formats 2 and 4 from ``position`` (after the lineage
-    text of format 4): a type byte before each record, then format 1's framing (a put and
-    a merge with a value, a delete without); a type byte 0 ends the file."""
-    end = len(data)
-    try:
-        while True:
-            if position >= end:
-                raise ValueError("no end record")
-            kind = data[position]
-            position += 1
-            if kind == _EOF:
-                break
-            if kind not in (_PUT, _DELETE, _MERGE):
-                raise ValueError(f"record type {kind:#04x} at byte {position - 1}")
-            at = position
-            key, value, position = _framed(data, position)
-            if (value is None) != (kind == _DELETE):
-                raise ValueError(f"a record of type {kind:#04x} at byte {at} with a wrong value")
-            yield kind, key, value
-    except (ValueError, struct.error) as exc:
-        raise StateFileError(f"{where}: damaged records ({exc})") from None
-    if position != end:
-        raise StateFileError(f"{where}: {end - position} bytes after the last record")
-
-
 def _key(encoded: memoryview | bytes, where: str, form: KeyForm) -> bytes:
     """A key as ``load_state`` gives it: its row (``stored_row``), or for
     ``form.prefix_scan`` the whole key, its two rows' framing checked (module
@@ -826,40 +699,14 @@ def _snapshot_rows(
     merge_delimiter: bytes = _DEFAULT_DELIMITER,
 ) -> tuple[list[tuple[bytes, bytes]], dict[str, int]]:
     """(every key and value of ``version``'s snapshot as stored, its metadata's column
-    families): its database restored in a folder of ``work_dir`` (removed after), then
-    scanned, merge operands still apart in its SSTs joined by ``merge_delimiter``."""
+    families): the zip read and checked, its database restored (``rocksdb_snapshots``)."""
     key = files.key(version, _SNAPSHOT, uid)
     where = objects.where(key)
-    entries, ssts, families = _unzip(_read_checked(objects, files, key), where)
-    os.makedirs(work_dir, exist_ok=True)
-    folder = tempfile.mkdtemp(prefix=f"rocksdb-{version}-", dir=work_dir)
-    try:
-        for name, data in entries.items():
-            if name.startswith(_OPTIONS_FILE) and merge_delimiter != _DEFAULT_DELIMITER:
-                data = _with_merge_delimiter(data, merge_delimiter)
-            with open(os.path.join(folder, name), "xb") as out:
-                out.write(data)
-        sst_keys = {}
-        for local, (dfs, size) in ssts.items():
-            sst_key = f"{files.folder}/{_SST_FOLDER}/{dfs}"
-            _place_sst(objects, sst_key, os.path.join(folder, local), size, where)
-            sst_keys[local] = objects.where(sst_key)
-        rows = _scan(folder, where, sst_keys)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    return rows, families
-
-
-def _with_merge_delimiter(options: bytes, delimiter: bytes) -> bytes:
-    """A snapshot's RocksDB ``OPTIONS`` file with its string-append merge operator given
-    ``delimiter``. Quirk: the file names the operator without its delimiter, and RocksDB
-    makes it with its default, ``,``; a key's merge operands that lie in two SSTs are
-    joined when read, so a store written with another delimiter (Spark's merge operator
-    version 2: none) would read back with a ``,`` between them."""
-    spec = "{id=StringAppendOperator;delimiter=" + delimiter.decode("latin-1") + "}"
-    return options.replace(
-        b"merge_operator=StringAppendOperator\n", f"merge_operator={spec}\n".encode("latin-1")
-    )
+    raw = _read_checked(objects, files, key)
+    return rocksdb_snapshots.restore(
+        objects, raw, where, f"{files.folder}/{_SST_FOLDER}", version=version,
+        work_dir=work_dir, merge_delimiter=merge_delimiter,
+    )  # fmt: skip
 
 
 def _all_snapshot_families(objects: ObjectStore, files: PartitionFiles) -> dict[str, int]:
@@ -869,137 +716,6 @@ def _all_snapshot_families(objects: ObjectStore, files: PartitionFiles) -> dict[
     for version in sorted(files.snapshots):
         for uid in sorted(files.snapshots[version]):
             key = files.key(version, _SNAPSHOT, uid)
-            where = objects.where(key)
-            entries = _zip_entries(_read_checked(objects, files, key), where)
-            families.update(_families(_snapshot_metadata(entries, where), where))
+            raw = _read_checked(objects, files, key)
+            families.update(rocksdb_snapshots.families_of(raw, objects.where(key)))
     return families
-
-
-def _unzip(
-    raw: bytes, where: str
-) -> tuple[dict[str, bytes], dict[str, tuple[str, int]], dict[str, int]]:
-    """(the zip's RocksDB files by name, the SSTs its metadata lists: name in the database
-    → (name under ``SSTs/``, size), its column families: name → id, empty for a store
-    without)."""
-    entries = _zip_entries(raw, where)
-    metadata = _snapshot_metadata(entries, where)
-    try:
-        ssts = {
-            str(f["localFileName"]): (str(f["dfsSstFileName"]), int(f["sizeBytes"]))
-            for f in metadata.get("sstFiles") or ()
-        }
-    except (KeyError, TypeError, ValueError):
-        raise StateFileError(f"{where}: damaged snapshot metadata") from None
-    for local, (dfs, _) in ssts.items():
-        if not _SST_NAME.fullmatch(local) or not _PLAIN_NAME.fullmatch(dfs) or local in entries:
-            raise StateFileError(f"{where}: its metadata lists a bad SST name ({local}, {dfs})")
-    return entries, ssts, _families(metadata, where)
-
-
-def _families(metadata: Mapping[str, Any], where: str) -> dict[str, int]:
-    """A snapshot metadata's column families (``columnFamilyMapping``): name → id."""
-    mapping = metadata.get("columnFamilyMapping") or {}
-    try:
-        return {str(name): int(cf) for name, cf in mapping.items()}
-    except (AttributeError, TypeError, ValueError):
-        raise StateFileError(f"{where}: damaged columnFamilyMapping") from None
-
-
-def _zip_entries(raw: bytes, where: str) -> dict[str, bytes]:
-    """A snapshot zip's entries by name (RocksDB's files and ``metadata``), each checked
-    against its CRC-32."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
-            # Reading each entry checks its CRC-32 (BadZipFile when it does not match).
-            entries = {info.filename: archive.read(info) for info in archive.infolist()}
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError,
-            NotImplementedError, ValueError) as exc:  # fmt: skip
-        raise StateFileError(f"{where}: not a whole zip file ({exc})") from None
-    if _METADATA_ENTRY not in entries:
-        raise StateFileError(f"{where}: no {_METADATA_ENTRY} entry (not a RocksDB snapshot)")
-    odd = [name for name in entries if not _PLAIN_NAME.fullmatch(name)]
-    if odd:
-        raise StateFileError(f"{where}: an entry that is no RocksDB file name ({odd[0]!r})")
-    return entries
-
-
-def _snapshot_metadata(entries: dict[str, bytes], where: str) -> dict[str, Any]:
-    """The ``metadata`` entry of a snapshot's ``entries`` (taken out of them), parsed."""
-    header, _, body = entries.pop(_METADATA_ENTRY).partition(b"\n")
-    if header.strip() != _METADATA_HEADER:
-        raise StateFileError(
-            f"{where}: snapshot metadata {header[:20]!r} is not supported yet (known: v1)"
-        )
-    try:
-        metadata = json.loads(body)
-    except ValueError:
-        metadata = None
-    if not isinstance(metadata, dict):
-        raise StateFileError(f"{where}: damaged snapshot metadata")
-    return metadata
-
-
-def _place_sst(objects: ObjectStore, key: str, target: str, size: int, snapshot: str) -> None:
-    """Give the restored database the SST ``key`` as ``target``: a hard link (else a
-    copy) on a local checkpoint, a download from object storage; its size checked."""
-    where = objects.where(key)
-    try:
-        local = objects.local_file(key)
-        if local is not None:
-            link_plain_file(local, target, where)
-        else:
-            objects.download(key, target)
-    except (FileNotFoundError, ObjectMissingError):
-        raise StateFileError(f"{where}: missing (snapshot {snapshot} lists it)") from None
-    except NotPlainFileError as exc:
-        raise StateFileError(exc.strerror or f"{where}: not a plain file") from None
-    found = os.path.getsize(target)
-    if found != size:
-        raise StateFileError(
-            f"{where}: {found} bytes, but snapshot {snapshot} lists it with {size} (cut short "
-            "or replaced)"
-        )
-
-
-def _scan(folder: str, where: str, sst_keys: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
-    """Every (key, value) of the database restored in ``folder``, opened read-only through
-    ``partitions.rocks``. RocksDB verifies each block it reads against its checksum; an
-    error naming one of the SSTs (``sst_keys``: name in the database → where it came
-    from) is reported against that file, any other against the snapshot ``where``."""
-    db = None
-    try:
-        db = rocks.open_for_read(folder)
-        rows: list[tuple[bytes, bytes]] = []
-        chunks = rocks.scan_chunks(db, b"", None)  # checks how the scan ended
-        try:
-            for chunk in chunks:
-                rows.extend(chunk)
-        finally:
-            chunks.close()  # an iterator keeps the database open (rocks.py's quirk)
-        return rows
-    except Exception as exc:  # rocksdict raises plain Exception; open_for_read iqkit's own
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        text = re.sub(r"/\S*/(\d+\.sst)", r"\1", text)  # the private folder's path: noise
-        text = text.replace(f"{folder}/", "").replace(folder, "the restored snapshot")
-        culprit = next((sst for local, sst in sst_keys.items() if local in text), None)
-        if culprit is None:
-            culprit = _damaged_sst(folder, sst_keys) or where
-        kind = "damaged" if isinstance(exc, IqkitError) or "orrupt" in text else "unreadable"
-        raise StateFileError(f"{culprit}: {kind}, RocksDB says: {text}") from None
-    finally:
-        rocks.close_quietly(db)
-
-
-def _damaged_sst(folder: str, sst_keys: Mapping[str, str]) -> str | None:
-    """Which SST (where it came from) fails when read alone, if one does.
-
-    Why: RocksDB reads each table file's properties block when it opens the database,
-    and some damage there ("properties unsorted") is reported against the MANIFEST, a
-    file of the zip whose bytes its CRC-32 has already vouched for. Only on the way to an
-    error: it costs nothing when all is well."""
-    for local, sst in sorted(sst_keys.items()):
-        try:
-            rocks.check_table_file(os.path.join(folder, local))
-        except IqkitError:
-            return sst
-    return None
