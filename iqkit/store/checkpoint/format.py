@@ -20,11 +20,10 @@ from ..format import StoreFormat
 from ..manifest import StoreManifest
 from ..objects import open_objects
 from ..roots import StoreRoot
-from .joins import JoinSideReader, is_join_side, open_side
+from .joins import StoreReader, open_store
 from .layout import OperatorStore, is_checkpoint, operator_stores, partitions_at
 from .materialize import scratch_folder
 from .providers import StateReader
-from .sessions import session_shape
 from .shape import StateShape, UnsupportedStateError
 from .snapshot import CheckpointSnapshot, CheckpointVersion, committed_versions, version_record
 
@@ -44,8 +43,8 @@ class CheckpointFormat(StoreFormat):
         self._stores: dict[str, OperatorStore] | None = None
         self._reader: StateReader | None = None
         self._shapes: dict[str, StateShape] = {}
-        #: Each join side's reader (``joins``), made with its shape.
-        self._sides: dict[str, JoinSideReader] = {}
+        #: What reads each store (a join side's own reader), chosen with its shape.
+        self._readers: dict[str, StoreReader] = {}
         self._manifests: dict[str, StoreManifest] = {}
         #: The reader's file cache (``IQKIT_CACHE``), made at its first snapshot: where
         #: replayed state versions are kept as databases (``materialize``).
@@ -100,19 +99,15 @@ class CheckpointFormat(StoreFormat):
 
     def _shape(self, store: OperatorStore) -> StateShape:
         shape = self._shapes.get(store.name)
-        if shape is None and is_join_side(store):
-            self._sides[store.name], shape = open_side(self._state_reader(), store)
+        if shape is None:
+            self._readers[store.name], shape = open_store(self._state_reader(), store)
             self._shapes[store.name] = shape
-        elif shape is None:
-            key_schema, value_schema = self._state_reader().schemas(store)
-            shape = self._shapes[store.name] = session_shape(store, key_schema, value_schema)
         return shape
 
-    def _reader_for(self, store: OperatorStore) -> StateReader:
-        """What reads ``store``'s state: a join side's own reader, else the checkpoint's."""
+    def _reader_for(self, store: OperatorStore) -> StoreReader:
+        """What reads ``store``'s state, chosen with its shape (``joins.open_store``)."""
         self._shape(store)
-        side = self._sides.get(store.name)
-        return side if side is not None else self._state_reader()  # type: ignore[return-value]
+        return self._readers[store.name]
 
     def read_manifest(self, store: str) -> StoreManifest:
         manifest = self._manifests.get(store)

@@ -56,10 +56,15 @@ from .shape import StateShape, UnsupportedStateError
 from .state_schema import DEFAULT_STORE, read_store_schema
 from .unsafe_row import RowDecoder
 
-#: Join state format 3 keeps both of a side's stores as column families of one store.
-_FAMILY_KEYS = rocksdb_files.KeyForm(families=True)
-
-__all__ = ["JOIN_OPERATOR", "JoinShape", "JoinSideReader", "is_join_side", "open_side"]
+__all__ = [
+    "JOIN_OPERATOR",
+    "JoinShape",
+    "JoinSideReader",
+    "StoreReader",
+    "is_join_side",
+    "open_side",
+    "open_store",
+]
 
 #: The operator name Spark records for a stream-stream join.
 JOIN_OPERATOR = "symmetricHashJoin"
@@ -78,6 +83,16 @@ def is_join_side(store: OperatorStore) -> bool:
     kind is asked (an operator named by inference, where the metadata is missing, is
     asked the same way)."""
     return store.operator_name == JOIN_OPERATOR
+
+
+def open_store(reader: StateReader, store: OperatorStore) -> tuple[StoreReader, StateShape]:
+    """What reads ``store`` and the shape it is served in, chosen once per store: a join
+    side's own reader and shape, else the checkpoint's reader and ``reader.shape`` (which
+    knows every other operator's). Here, not in ``providers``: a join side reads through
+    the checkpoint's reader, so ``providers`` cannot import this module."""
+    if is_join_side(store):
+        return open_side(reader, store)
+    return reader, reader.shape(store)
 
 
 def open_side(reader: StateReader, store: OperatorStore) -> tuple[JoinSideReader, JoinShape]:
@@ -204,32 +219,27 @@ class JoinSideReader:
         self, version: int, files: VersionFiles, work_dir: _Dir
     ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         """The (key, value) rows of the counts and rows families, from the one store."""
-        plan = files.plan
-        state = rocksdb_files.load_state(
-            self.objects, files.folder, version, plan=plan, work_dir=work_dir,
-            row_checksums=self.base.row_checksums, key_form=_FAMILY_KEYS,
+        state = rocksdb_files.load_family_state(
+            self.objects, files.folder, version, plan=files.plan, work_dir=work_dir,
+            row_checksums=self.base.row_checksums,
         )  # fmt: skip
-        if not state:
+        if not state.rows:
             return [], []
-        ids = rocksdb_files.family_ids(self.objects, plan)
-        found: dict[bytes, list[tuple[Any, ...]]] = {}
-        wanted = {}
+        where = f"{self.objects.where(files.folder)} version {version}"
+        families = rocksdb_files.split_families(state.rows, state.families, where)
+        found = []
         for name in (self._counts_family, self._rows_family):
-            if name not in ids:
-                raise StateFileError(
-                    f"{self.objects.where(files.folder)}: its snapshot names no column "
-                    f"family {name!r}"
-                )
-            prefix = ids[name].to_bytes(2, "little")
-            wanted[prefix] = self._decoders[name]
-            found[prefix] = []
-        for key, value in state.items():
-            decoders = wanted.get(key[:2])
-            if decoders is not None:
-                found[key[:2]].append((decoders[0].decode(key[2:]), decoders[1].decode(value)))
-        counts, rows = (found[ids[n].to_bytes(2, "little")]
-                        for n in (self._counts_family, self._rows_family))  # fmt: skip
-        return counts, rows
+            if name not in families:
+                raise StateFileError(f"{where}: its snapshot names no column family {name!r}")
+            keys, values = self._decoders[name]
+            row = rocksdb_files.stored_row
+            found.append(
+                [
+                    (keys.decode(row(k, where, "key")), values.decode(row(v, where, "value")))
+                    for k, v in families[name].items()
+                ]
+            )
+        return found[0], found[1]
 
     def _assemble(
         self,
@@ -254,6 +264,10 @@ class JoinSideReader:
                 ) from None
             out.append((key_row, values))
         return out
+
+
+#: What reads a store's state: the checkpoint's reader, or a join side's own.
+StoreReader = StateReader | JoinSideReader
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ one store (``default``) or several (a stream-stream join's four); its
 counts; Spark before 4.0 writes none, and ``operators`` tells the operator from its state.
 An operator may be served as parts other than the stores it lists: a stream-stream join
 as its two sides, ``left`` and ``right``, each read from the operator's internal stores
-by ``joins``.
+by ``joins``; a transformWithState operator as its state variables and its timers, each
+read from the operator's one store by ``transform``.
 
 Versions: Spark's state version N is the state after batch N - 1, and only a committed
 batch counts (``commits/<N - 1>`` exists). A batch still running has written no commit,
@@ -23,6 +24,9 @@ Store names (written in the README too):
   join), ``sessions`` (``groupBy(session_window(...))``), ``transform``
   (``transformWithState``); an operator iqkit does not know keeps
   Spark's own operator name;
+* a transformWithState operator's stores are one per state variable and one of its
+  timers, always named ``<operator>.<variable>`` (``transform.total``,
+  ``transform.$timers``; ``transform-<operator id>.total`` beside other operators);
 * a checkpoint with a single store names it just that (``aggregate``);
 * a checkpoint with a single operator serving several stores names each
   ``<operator>.<store name>`` (``join.left``, ``join.right``);
@@ -44,6 +48,7 @@ from typing import Any
 
 from ...errors import StoreCorruptedError
 from ..objects import ObjectStore
+from . import transform
 from .codecs import StateFileError
 from .operators import INFERRED, operator_metadata
 from .state_schema import DEFAULT_STORE, OperatorMetadata, StoreInfo
@@ -72,20 +77,13 @@ _FRIENDLY = {
     "symmetricHashJoin": "join",
     "transformWithStateExec": "transform",
     "transformWithStateInPandasExec": "transform",
+    "transformWithStateInPySparkExec": "transform",
     "sessionWindowStateStoreSaveExec": "sessions",
 }
 
 #: Operators served as parts other than the stores their metadata lists (module
 #: docstring): a stream-stream join's two sides.
 _PARTS = {"symmetricHashJoin": ("left", "right")}
-
-#: Stateful operators whose state iqkit does not serve yet, and what users call them: their
-#: stores are listed, and reading one is refused in one line, never served as rows whose
-#: meaning iqkit does not know (transformWithState's column families).
-_NOT_SUPPORTED = {
-    "transformWithStateExec": "transformWithState",
-    "transformWithStateInPandasExec": "transformWithStateInPandas",
-}
 
 _BATCH = re.compile(r"[0-9]+")
 
@@ -98,6 +96,8 @@ class OperatorStore:
     name: str
     operator: OperatorMetadata
     info: StoreInfo
+    #: transformWithState: the state variable (or ``$timers``) the store serves.
+    variable: str | None = None
 
     @property
     def operator_id(self) -> int:
@@ -135,10 +135,9 @@ class OperatorStore:
                 f"not supported yet: {self.operator.source} {names} the operator "
                 f"{self.operator_name!r}, which iqkit does not know (store {self.name!r})"
             )
-        what = _NOT_SUPPORTED.get(self.operator_name)
-        if what is None:
-            return None
-        return f"not supported yet: {self.operator_name} ({what}), store {self.name!r}"
+        if self.operator_name in transform.OPERATORS:
+            return transform.not_supported(self)
+        return None
 
     @property
     def note(self) -> str:
@@ -182,30 +181,39 @@ def operator_stores(objects: ObjectStore) -> list[OperatorStore]:
     cannot be named or sized)."""
     listing = objects.list("state")
     ids = sorted({int(part) for key in listing if _BATCH.fullmatch(part := key.split("/")[1])})
-    found: list[tuple[OperatorMetadata, StoreInfo]] = []
+    found: list[tuple[OperatorMetadata, StoreInfo, str | None]] = []
     for op in ids:
         metadata = operator_metadata(objects, op, listing)
-        found.extend((metadata, info) for info in _served(metadata))
+        found.extend((metadata, info, variable) for info, variable in _served(metadata))
     single = len(found) == 1
     one_operator = len(ids) == 1
     stores = []
-    for metadata, info in found:
+    for metadata, info, variable in found:
         base = _FRIENDLY.get(metadata.operator_name, metadata.operator_name)
         name = base if one_operator else f"{base}-{metadata.operator_id}"
-        if not single and info.name != DEFAULT_STORE:
+        if variable is not None:  # a transformWithState variable's: always named
+            name = f"{name}.{variable}"
+        elif not single and info.name != DEFAULT_STORE:
             name = f"{name}.{info.name}"
-        stores.append(OperatorStore(name, metadata, info))
+        stores.append(OperatorStore(name, metadata, info, variable))
     return stores
 
 
-def _served(metadata: OperatorMetadata) -> tuple[StoreInfo, ...]:
-    """The stores ``metadata``'s operator is served as: its parts (``_PARTS``), each with
-    the partitions of the operator's first store, else the stores it lists."""
+def _served(metadata: OperatorMetadata) -> list[tuple[StoreInfo, str | None]]:
+    """The stores ``metadata``'s operator is served as, each (the store read, the state
+    variable served from it): a join's parts (``_PARTS``), each with the partitions of
+    the operator's first store; a transformWithState operator's state variables and
+    timers (``transform.store_variables``), each from its one store; else the stores it
+    lists."""
     parts = _PARTS.get(metadata.operator_name)
-    if parts is None or not metadata.stores:
-        return metadata.stores
-    first = metadata.stores[0]
-    return tuple(StoreInfo(part, 0, first.num_partitions) for part in parts)
+    if parts is not None and metadata.stores:
+        first = metadata.stores[0]
+        return [(StoreInfo(part, 0, first.num_partitions), None) for part in parts]
+    if metadata.operator_name in transform.OPERATORS and metadata.stores:
+        variables = transform.store_variables(metadata)
+        if variables:
+            return [(metadata.stores[0], v.name) for v in variables]
+    return [(info, None) for info in metadata.stores]
 
 
 #: The setting that fixes a query's state partitions for life: Spark restores it from the

@@ -182,11 +182,10 @@ def _serve() -> None:
     import pyarrow as pa
 
     from ..objects import open_objects
-    from .joins import is_join_side, open_side
+    from .joins import open_store
     from .layout import operator_stores
     from .materialize import open_partition
     from .providers import StateReader
-    from .sessions import session_shape
 
     # The protocol goes out on a copy of stdout; stdout itself goes where stderr goes
     # (nowhere), so that nothing a library prints can be taken for a reply.
@@ -206,12 +205,8 @@ def _serve() -> None:
         # Its failures are dropped: the reader builds the partition itself, and raises.
         with contextlib.suppress(Exception):
             objects = open_objects(request["root"])
-            reader = StateReader(objects)
             (store,) = [s for s in operator_stores(objects) if s.name == request["store"]]
-            if is_join_side(store):
-                reader, shape = open_side(reader, store)  # type: ignore[assignment]
-            else:
-                shape = session_shape(store, *reader.schemas(store))
+            reader, shape = open_store(StateReader(objects), store)
             cache = FileCache(request["cache"], limit=request["limit"])
             part = open_partition(
                 reader, shape, store, cache, request["version"], request["partition"],

@@ -16,10 +16,10 @@ from typing import Any
 
 from ...errors import IqkitError
 from ..objects import ObjectStore
-from . import hdfs_files, rocksdb_files
+from . import hdfs_files, rocksdb_files, transform
 from .layout import OperatorStore, batch_metadata, state_folder
-from .sessions import SESSION_OPERATOR, session_schema
-from .shape import UnsupportedStateError
+from .sessions import SESSION_OPERATOR, session_schema, session_shape
+from .shape import StateShape, UnsupportedStateError
 from .state_records import StateRecords, StateRows
 from .state_schema import StoreSchema, read_store_schema
 from .unsafe_row import RowDecoder, UnsupportedStateTypeError
@@ -198,6 +198,8 @@ class StateReader:
         self.objects = objects
         conf = recorded_conf(objects)
         self.provider = provider_of(conf)
+        #: The SQL settings the checkpoint's newest batch recorded.
+        self.conf = conf
         #: Whether Spark put a CRC32-C before each value (and each removed key).
         self.row_checksums = conf.get(_ROW_CHECKSUMS, "false").strip().lower() == "true"
         files = _PROVIDERS.get(self.provider)
@@ -223,6 +225,12 @@ class StateReader:
             )
             if store.operator_name == SESSION_OPERATOR:
                 schema = session_schema(store, schema)
+            if len(schema.column_families) > 1:
+                # A store in several column families (transformWithState, join state
+                # format 3) is decoded family by family, by ``transform`` or ``joins``:
+                # it may have no default family to make decoders of.
+                self._schemas[store.name] = schema
+                return schema
             try:
                 keys = RowDecoder(dict(schema.key_schema))
                 if self._splits_keys(schema):
@@ -239,8 +247,21 @@ class StateReader:
 
     def schemas(self, store: OperatorStore) -> tuple[dict[str, Any], dict[str, Any]]:
         """``store``'s key and value schemas (Spark's JSON ``StructType`` dicts)."""
+        if store.variable is not None:
+            shape = self.shape(store)
+            return dict(shape.key_schema), dict(shape.value_schema)
         schema = self._schema(store)
         return dict(schema.key_schema), dict(schema.value_schema)
+
+    def shape(self, store: OperatorStore) -> StateShape:
+        """``store``'s shape: its rows as iqkit serves them, chosen here once for every
+        operator this reader reads (a join side has a reader of its own:
+        ``joins.open_store``): a transformWithState variable's (``transform``), a session
+        window's (``sessions``), else any store's (``shape``)."""
+        schema = self._schema(store)
+        if store.variable is not None:
+            return transform.shape_of(schema, transform.variable_of(store))
+        return session_shape(store, dict(schema.key_schema), dict(schema.value_schema))
 
     def _decoders_of(self, store: OperatorStore) -> tuple[RowDecoder, RowDecoder]:
         self._schema(store)  # reads the schema and makes its decoders, once
@@ -295,7 +316,19 @@ class StateReader:
         work_dir: str | os.PathLike[str],
     ) -> StateRows:
         """The live ``(key row, value row)`` pairs ``files`` rebuild at ``version``
-        (``raw_state``), decoded as they are iterated, or in bulk (``StateRows``)."""
+        (``raw_state``), decoded as they are iterated, or in bulk (``StateRows``); a
+        transformWithState variable's, decoded (``transform.state_rows``)."""
+        if store.variable is not None:
+            if not isinstance(self._files, _RocksDBFiles):
+                raise UnsupportedStateError(
+                    f"not supported yet: transformWithState state of the {self.provider_name} "
+                    f"provider ({store.name})"
+                )
+            return transform.state_rows(  # type: ignore[return-value]
+                self.objects, files.folder, version, files.plan, work_dir,
+                schema=self._schema(store), variable=transform.variable_of(store),
+                conf=self.conf, row_checksums=self.row_checksums,
+            )  # fmt: skip
         keys, values = self._decoders_of(store)
         records = self._files.load_records(
             self.objects, files, version, row_checksums=self.row_checksums, work_dir=work_dir
@@ -316,7 +349,10 @@ class StateReader:
         """What the files of ``files`` after its first ``since`` changed: the keys whose
         last record there is a put, with that value (``StateRows``: decoded in bulk where
         the shape allows), and the key rows of the keys they removed. ``None`` when the
-        provider cannot replay those files alone."""
+        provider cannot replay those files alone (or the store is a transformWithState
+        variable's: a key's list or timers gather several records)."""
+        if store.variable is not None:
+            return None
         records = self._files.change_records(
             self.objects, files, since, row_checksums=self.row_checksums
         )

@@ -46,12 +46,13 @@ from ..encoding.serdes import JsonSerde, get_serde
 from ..encoding.spark_hash import SparkKeyHasher
 from ..kinds import StoreKind
 from ..manifest import StoreManifest
-from .layout import OperatorStore
 from .state_records import StateRows, binary_slices
 from .unsafe_row import Column
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from .layout import OperatorStore  # layout's store names need transform, which needs this
 
 __all__ = ["StateShape", "UnsupportedStateError"]
 

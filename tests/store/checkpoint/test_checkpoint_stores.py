@@ -505,23 +505,36 @@ def test_a_stream_stream_join_is_served_as_its_two_sides(spark, tmp_path):
                 assert [{k: v for k, v in r.items() if k != "matched"} for r in value] == [want]
 
 
-def test_transform_with_state_is_listed_and_refused_in_one_line(spark, tmp_path):
-    """transformWithState keeps one column family per state variable: the store is
-    listed, and reading it is one line naming the operator, never rows."""
+def test_transform_with_state_serves_each_state_variable_as_spark_reads_it(spark, tmp_path):
+    """transformWithState keeps one column family per state variable: each is a store
+    (``transform.<variable>``) holding what Spark's reader gives for it; list elements
+    appended one at a time (RocksDB merge records) come back in order."""
     from test_hdfs_state import run_transform_with_state
 
-    from iqkit.store.checkpoint.shape import UnsupportedStateError
+    checkpoint = os.fspath(run_transform_with_state(spark, tmp_path))
 
-    checkpoint = run_transform_with_state(spark, tmp_path)
-    with iqkit.open(os.fspath(checkpoint)) as engine:
-        assert engine.store_names() == ["transform"]
-        with pytest.raises(UnsupportedStateError) as info:
-            engine.query(
-                StateQueryRequest.in_store("transform").with_query(KeyQuery.with_key("alice"))
-            )
-    message = str(info.value)
-    assert "\n" not in message
-    assert message.startswith("not supported yet: transformWithStateInPandas")
+    def read(name: str, **options: str) -> list[dict[str, Any]]:
+        reader = spark.read.format("statestore").option("stateVarName", name)
+        for option, value in options.items():
+            reader = reader.option(option, value)
+        return [row.asDict(recursive=True) for row in reader.load(checkpoint).collect()]
+
+    want = {
+        "transform.total": {r["key"]["user"]: r["value"] for r in read("total")},
+        "transform.seen": {
+            r["key"]["user"]: r["list_value"] for r in read("seen", flattenCollectionTypes="false")
+        },
+        "transform.counts": {
+            (r["key"]["user"], r["user_map_key"]["name"]): r["user_map_value"]
+            for r in read("counts")
+        },
+    }
+    with iqkit.open(checkpoint) as engine:
+        assert engine.store_names() == sorted(want)
+        for store, rows in want.items():
+            got = {k: v for p in _scan(engine, store).values() for k, v in p.items()}
+            assert got == rows, store
+    assert any(len(elements) > 1 for elements in want["transform.seen"].values())
 
 
 @pytest.mark.parametrize("provider", ["hdfs", "rocksdb-changelog"])
