@@ -10,6 +10,7 @@ asked, and reading opens no file for writing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from ...errors import IqkitError, StoreNotFoundError, UnknownStoreError
@@ -19,7 +20,8 @@ from ..format import StoreFormat
 from ..manifest import StoreManifest
 from ..objects import open_objects
 from ..roots import StoreRoot
-from .layout import OperatorStore, is_checkpoint, operator_stores
+from .joins import StoreReader, open_store
+from .layout import OperatorStore, is_checkpoint, operator_stores, partitions_at
 from .materialize import scratch_folder
 from .providers import StateReader
 from .shape import StateShape, UnsupportedStateError
@@ -41,6 +43,8 @@ class CheckpointFormat(StoreFormat):
         self._stores: dict[str, OperatorStore] | None = None
         self._reader: StateReader | None = None
         self._shapes: dict[str, StateShape] = {}
+        #: What reads each store (a join side's own reader), chosen with its shape.
+        self._readers: dict[str, StoreReader] = {}
         self._manifests: dict[str, StoreManifest] = {}
         #: The reader's file cache (``IQKIT_CACHE``), made at its first snapshot: where
         #: replayed state versions are kept as databases (``materialize``).
@@ -96,9 +100,14 @@ class CheckpointFormat(StoreFormat):
     def _shape(self, store: OperatorStore) -> StateShape:
         shape = self._shapes.get(store.name)
         if shape is None:
-            key_schema, value_schema = self._state_reader().schemas(store)
-            shape = self._shapes[store.name] = StateShape(key_schema, value_schema)
+            self._readers[store.name], shape = open_store(self._state_reader(), store)
+            self._shapes[store.name] = shape
         return shape
+
+    def _reader_for(self, store: OperatorStore) -> StoreReader:
+        """What reads ``store``'s state, chosen with its shape (``joins.open_store``)."""
+        self._shape(store)
+        return self._readers[store.name]
 
     def read_manifest(self, store: str) -> StoreManifest:
         manifest = self._manifests.get(store)
@@ -115,7 +124,12 @@ class CheckpointFormat(StoreFormat):
                         rows = self._state_reader().first_key_rows(found, versions[-1], work_dir)
                         window_size = shape.window_size_ms(rows)
             provider = self._state_reader().provider_name
-            manifest = self._manifests[store] = shape.manifest(found, window_size, provider)
+            manifest = shape.manifest(found, window_size, provider)
+            versions = committed_versions(self.objects)
+            if versions:  # the newest version's partitions (``layout.partitions_at``)
+                partitions = partitions_at(self.objects, found, versions[-1])
+                manifest = dataclasses.replace(manifest, partitions=partitions)
+            self._manifests[store] = manifest
         return manifest
 
     def partitioner(self, manifest: StoreManifest) -> Partitioner:
@@ -124,12 +138,16 @@ class CheckpointFormat(StoreFormat):
     def open_snapshot(self, store: str, pinned: int | None) -> CheckpointSnapshot:
         manifest = self.read_manifest(store)
         found = self._store(store)
+        if pinned is not None and pinned in committed_versions(self.objects):
+            # An older version may have had other partitions (an offline repartition since).
+            partitions = partitions_at(self.objects, found, pinned)
+            manifest = dataclasses.replace(manifest, partitions=partitions)
         return CheckpointSnapshot(
             self.objects,
             found,
             manifest,
             self._shape(found),
-            self._state_reader(),
+            self._reader_for(found),
             self._reader_cache(),
             pinned,
         )
@@ -139,7 +157,11 @@ class CheckpointFormat(StoreFormat):
         if found is None:
             return None
         versions = committed_versions(self.objects)
-        return version_record(self.objects, versions[-1], found.partitions) if versions else None
+        if not versions:
+            return None
+        return version_record(
+            self.objects, versions[-1], partitions_at(self.objects, found, versions[-1])
+        )
 
     # -- writing: refused before these are reached (``read_only``) ---------------------------
     def _ensure_store(self, manifest, *, settings, asked, create):  # type: ignore[no-untyped-def]

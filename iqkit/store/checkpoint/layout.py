@@ -6,7 +6,11 @@ batch read), ``commits/<batch>`` (present once the batch is done) and, for a sta
 query, ``state/<operator id>/`` with one folder per state partition. Each operator keeps
 one store (``default``) or several (a stream-stream join's four); its
 ``_metadata/metadata`` names the operator and lists its stores with their partition
-counts.
+counts; Spark before 4.0 writes none, and ``operators`` tells the operator from its state.
+An operator may be served as parts other than the stores it lists: a stream-stream join
+as its two sides, ``left`` and ``right``, each read from the operator's internal stores
+by ``joins``; a transformWithState operator as its state variables and its timers, each
+read from the operator's one store by ``transform``.
 
 Versions: Spark's state version N is the state after batch N - 1, and only a committed
 batch counts (``commits/<N - 1>`` exists). A batch still running has written no commit,
@@ -17,15 +21,22 @@ Store names (written in the README too):
 * an operator's store is named after what the operator does: ``aggregate`` (a
   ``groupBy().agg()``, windowed or not), ``dedup`` (``dropDuplicates``), ``groups``
   (``applyInPandasWithState`` / ``flatMapGroupsWithState``), ``join`` (a stream-stream
-  join), ``transform`` (``transformWithState``); an operator iqkit does not know keeps
+  join), ``sessions`` (``groupBy(session_window(...))``), ``transform``
+  (``transformWithState``); an operator iqkit does not know keeps
   Spark's own operator name;
+* a transformWithState operator's stores are one per state variable and one of its
+  timers, always named ``<operator>.<variable>`` (``transform.total``,
+  ``transform.$timers``; ``transform-<operator id>.total`` beside other operators);
 * a checkpoint with a single store names it just that (``aggregate``);
-* otherwise every name ends with ``-<operator id>`` (``aggregate-0``, ``dedup-1``), and a
-  store other than an operator's ``default`` adds ``.<store name>``
-  (``join-2.left-keyToNumValues``).
+* a checkpoint with a single operator serving several stores names each
+  ``<operator>.<store name>`` (``join.left``, ``join.right``);
+* otherwise every name has ``-<operator id>`` after the operator's (``aggregate-0``,
+  ``dedup-1``), and a store other than an operator's ``default`` adds ``.<store name>``
+  (``join-2.left``).
 
-The names depend only on the checkpoint's own operator metadata, so they are the same in
-every process and every session that opens it.
+The names depend only on the checkpoint's own operator metadata (or, without it, on its
+state's schema files and folders), so they are the same in every process and every session
+that opens it.
 """
 
 from __future__ import annotations
@@ -37,7 +48,10 @@ from typing import Any
 
 from ...errors import StoreCorruptedError
 from ..objects import ObjectStore
-from .state_schema import DEFAULT_STORE, OperatorMetadata, StoreInfo, read_operator_metadata
+from . import transform
+from .codecs import StateFileError
+from .operators import INFERRED, operator_metadata
+from .state_schema import DEFAULT_STORE, OperatorMetadata, StoreInfo
 
 __all__ = [
     "OperatorStore",
@@ -45,6 +59,7 @@ __all__ = [
     "committed_batches",
     "is_checkpoint",
     "operator_stores",
+    "partitions_at",
     "state_folder",
 ]
 
@@ -62,19 +77,13 @@ _FRIENDLY = {
     "symmetricHashJoin": "join",
     "transformWithStateExec": "transform",
     "transformWithStateInPandasExec": "transform",
+    "transformWithStateInPySparkExec": "transform",
     "sessionWindowStateStoreSaveExec": "sessions",
 }
 
-#: Stateful operators whose state iqkit does not serve yet, and what users call them: their
-#: stores are listed, and reading one is refused in one line, never served as rows whose
-#: meaning iqkit does not know (a join's four bookkeeping stores, transformWithState's
-#: column families, session windows' merged sessions).
-_NOT_SUPPORTED = {
-    "symmetricHashJoin": "a stream-stream join",
-    "transformWithStateExec": "transformWithState",
-    "transformWithStateInPandasExec": "transformWithStateInPandas",
-    "sessionWindowStateStoreSaveExec": "session windows",
-}
+#: Operators served as parts other than the stores their metadata lists (module
+#: docstring): a stream-stream join's two sides.
+_PARTS = {"symmetricHashJoin": ("left", "right")}
 
 _BATCH = re.compile(r"[0-9]+")
 
@@ -87,6 +96,8 @@ class OperatorStore:
     name: str
     operator: OperatorMetadata
     info: StoreInfo
+    #: transformWithState: the state variable (or ``$timers``) the store serves.
+    variable: str | None = None
 
     @property
     def operator_id(self) -> int:
@@ -119,14 +130,14 @@ class OperatorStore:
     def not_supported(self) -> str | None:
         """Why iqkit does not serve this store yet (one line), or ``None``."""
         if not self.known_operator:
+            names = "reads as" if self.operator.format_version == INFERRED else "names"
             return (
-                f"not supported yet: {self.operator.source} names the operator "
+                f"not supported yet: {self.operator.source} {names} the operator "
                 f"{self.operator_name!r}, which iqkit does not know (store {self.name!r})"
             )
-        what = _NOT_SUPPORTED.get(self.operator_name)
-        if what is None:
-            return None
-        return f"not supported yet: {self.operator_name} ({what}), store {self.name!r}"
+        if self.operator_name in transform.OPERATORS:
+            return transform.not_supported(self)
+        return None
 
     @property
     def note(self) -> str:
@@ -165,29 +176,69 @@ def state_folder(store: OperatorStore, partition: int) -> str:
 
 def operator_stores(objects: ObjectStore) -> list[OperatorStore]:
     """Every store of every stateful operator, named by the rule of the module docstring,
-    in operator order. An operator folder whose metadata is missing or unreadable is
-    ``StateFileError`` naming the file (its stores cannot be named or sized)."""
-    ids = sorted(
-        {int(part) for key in objects.list("state") if _BATCH.fullmatch(part := key.split("/")[1])}
-    )
-    found: list[tuple[OperatorMetadata, StoreInfo]] = []
+    in operator order. An operator folder whose metadata is unreadable (or, without
+    metadata, whose schema file is) is ``StateFileError`` naming the file (its stores
+    cannot be named or sized)."""
+    listing = objects.list("state")
+    ids = sorted({int(part) for key in listing if _BATCH.fullmatch(part := key.split("/")[1])})
+    found: list[tuple[OperatorMetadata, StoreInfo, str | None]] = []
     for op in ids:
-        metadata = read_operator_metadata(objects, f"state/{op}")
-        found.extend((metadata, info) for info in metadata.stores)
+        metadata = operator_metadata(objects, op, listing)
+        found.extend((metadata, info, variable) for info, variable in _served(metadata))
     single = len(found) == 1
+    one_operator = len(ids) == 1
     stores = []
-    for metadata, info in found:
+    for metadata, info, variable in found:
         base = _FRIENDLY.get(metadata.operator_name, metadata.operator_name)
-        name = base if single else f"{base}-{metadata.operator_id}"
-        if not single and info.name != DEFAULT_STORE:
+        name = base if one_operator else f"{base}-{metadata.operator_id}"
+        if variable is not None:  # a transformWithState variable's: always named
+            name = f"{name}.{variable}"
+        elif not single and info.name != DEFAULT_STORE:
             name = f"{name}.{info.name}"
-        stores.append(OperatorStore(name, metadata, info))
+        stores.append(OperatorStore(name, metadata, info, variable))
     return stores
+
+
+def _served(metadata: OperatorMetadata) -> list[tuple[StoreInfo, str | None]]:
+    """The stores ``metadata``'s operator is served as, each (the store read, the state
+    variable served from it): a join's parts (``_PARTS``), each with the partitions of
+    the operator's first store; a transformWithState operator's state variables and
+    timers (``transform.store_variables``), each from its one store; else the stores it
+    lists."""
+    parts = _PARTS.get(metadata.operator_name)
+    if parts is not None and metadata.stores:
+        first = metadata.stores[0]
+        return [(StoreInfo(part, 0, first.num_partitions), None) for part in parts]
+    if metadata.operator_name in transform.OPERATORS and metadata.stores:
+        variables = transform.store_variables(metadata)
+        if variables:
+            return [(metadata.stores[0], v.name) for v in variables]
+    return [(info, None) for info in metadata.stores]
+
+
+#: The setting that fixes a query's state partitions for life: Spark restores it from the
+#: offsets log on every restart, and only an offline repartition (Spark 4.2+) changes it.
+_PARTITIONS_SETTING = "spark.sql.shuffle.partitions"
+
+
+def partitions_at(objects: ObjectStore, store: OperatorStore, version: int) -> int:
+    """How many partitions ``store`` has at state ``version``: the offsets log's
+    ``spark.sql.shuffle.partitions`` of its batch (quirk: Spark 4.2+'s offline repartition
+    changes it from its batch on but leaves the operator metadata's ``numPartitions`` as it
+    was), else the operator's own count."""
+    conf = batch_metadata(objects, version - 1).get("conf")
+    recorded = conf.get(_PARTITIONS_SETTING) if isinstance(conf, dict) else None
+    try:
+        count = int(recorded) if recorded is not None else 0
+    except (TypeError, ValueError):
+        count = 0
+    return count if count > 0 else store.partitions
 
 
 #: The offsets log's header line; the batch's metadata (watermark, trigger time, the
 #: SQL settings the query started with) is the JSON line after it.
 _OFFSETS_HEADER = "v1"
+_VERSION_LINE = re.compile(r"v[0-9]+")
 
 
 def batch_metadata(objects: ObjectStore, batch: int) -> dict[str, Any]:
@@ -196,8 +247,15 @@ def batch_metadata(objects: ObjectStore, batch: int) -> dict[str, Any]:
     not the offsets log's format."""
     key = f"offsets/{batch}"
     lines = objects.read_bytes(key).decode("utf-8", "replace").split("\n")
+    header = lines[0].strip()
+    if header != _OFFSETS_HEADER and _VERSION_LINE.fullmatch(header):
+        # A later Spark's offsets log (its metadata line may mean something else there).
+        raise StateFileError(
+            f"{objects.where(key)}: offsets log format {header} is not supported yet "
+            f"(known: {_OFFSETS_HEADER})"
+        )
     try:
-        if lines[0].strip() != _OFFSETS_HEADER:
+        if header != _OFFSETS_HEADER:
             raise ValueError(f"header {lines[0][:20]!r}")
         metadata = json.loads(lines[1])
         if not isinstance(metadata, dict):

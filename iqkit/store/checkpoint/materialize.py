@@ -56,6 +56,19 @@ __all__ = [
 
 #: The cache's folder (under ``dbs/<root id>/``) holding checkpoint state databases.
 _STATE_DIR = "spark-state"
+#: The rows iqkit stores for a state version depend on its files and on how iqkit shapes
+#: them: bump this when the stored rows of any shape change, so a newer iqkit never
+#: serves a database an older one built (the shape itself is in the name too).
+_STORED_LAYOUT = 1
+#: The commit record's entry saying how the rows were shaped (``stored_as``).
+_STORED_AS = "stored_as"
+
+
+def stored_as(shape: StateShape) -> str:
+    """What a state database's rows were made by: the layout and the shape (its class,
+    schemas and parts), as a short digest."""
+    text = f"{_STORED_LAYOUT}\n{shape!r}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class StatePartition(CachedDatabasePartition):
@@ -105,12 +118,19 @@ def scratch_folder(cache: FileCache, objects: ObjectStore) -> Iterator[Path]:
 
 
 def state_folder_in_cache(
-    cache: FileCache, objects: ObjectStore, store: str, partition: int, version: int, files: str
+    cache: FileCache,
+    objects: ObjectStore,
+    store: str,
+    partition: int,
+    version: int,
+    files: str,
+    shape: StateShape,
 ) -> Path:
     """Where partition ``partition`` of ``store`` at ``version`` lives in ``cache``;
-    ``files`` names the state files it is rebuilt from (hashed into the name)."""
+    ``files`` names the state files it is rebuilt from and ``shape`` shapes its rows
+    (both hashed into the name)."""
     root_id = cache.path_of(objects, "metadata").relative_to(cache.objects_dir).parts[0]
-    digest = hashlib.sha256(files.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{stored_as(shape)}\n{files}".encode()).hexdigest()[:16]
     return (
         cache.dbs_dir
         / root_id
@@ -144,9 +164,12 @@ def open_partition(
     shape allows."""
     files = reader.version_files(store, p, version)
     where = f"Spark state {reader.where(store, p, version)}"
-    folder = state_folder_in_cache(cache, reader.objects, store.name, p, version, files.names)
+    folder = state_folder_in_cache(
+        cache, reader.objects, store.name, p, version, files.names, shape
+    )
     record = json.loads(commit)
     record[STATE_FILES] = files.names.split("\n")
+    record[_STORED_AS] = stored_as(shape)
     head = [(COMMIT_KEY, json.dumps(record, sort_keys=True).encode())]
     base_version: list[int] = []
 
@@ -253,6 +276,8 @@ def _on_older_build(
 ) -> OnOlderBuild | None:
     """How to build this version on an older version's database in the cache, where one
     was rebuilt from the start of this version's files; ``None`` otherwise."""
+    if not shape.replays_changes:
+        return None
     wanted = files.names.split("\n")
     older = []
     with contextlib.suppress(OSError), os.scandir(folder.parent) as entries:
@@ -271,9 +296,10 @@ def _on_older_build(
                 continue
             part = StatePartition(candidate, number, [read_pin], built=False, where=str(candidate))
             try:
-                base_files = part.commit_record().get(STATE_FILES)
+                base_record = part.commit_record()
             finally:
                 part.close()
+            base_files = base_record.get(STATE_FILES)
             # RocksDB numbers table files in the order they were ingested.
             ssts = sorted(
                 (f for f in candidate.glob("*.sst") if f.stem.isdigit()), key=lambda f: int(f.stem)
@@ -283,6 +309,7 @@ def _on_older_build(
                 or not 0 < len(ssts) < _MOST_LAYERS
                 or len(base_files) >= len(wanted)
                 or wanted[: len(base_files)] != base_files
+                or base_record.get(_STORED_AS) != stored_as(shape)
             ):
                 continue
             changed = reader.changed_state(store, files, len(base_files) - 1)

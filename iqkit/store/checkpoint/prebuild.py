@@ -182,10 +182,10 @@ def _serve() -> None:
     import pyarrow as pa
 
     from ..objects import open_objects
+    from .joins import open_store
     from .layout import operator_stores
     from .materialize import open_partition
     from .providers import StateReader
-    from .shape import StateShape
 
     # The protocol goes out on a copy of stdout; stdout itself goes where stderr goes
     # (nowhere), so that nothing a library prints can be taken for a reply.
@@ -205,9 +205,8 @@ def _serve() -> None:
         # Its failures are dropped: the reader builds the partition itself, and raises.
         with contextlib.suppress(Exception):
             objects = open_objects(request["root"])
-            reader = StateReader(objects)
             (store,) = [s for s in operator_stores(objects) if s.name == request["store"]]
-            shape = StateShape(*reader.schemas(store))
+            reader, shape = open_store(StateReader(objects), store)
             cache = FileCache(request["cache"], limit=request["limit"])
             part = open_partition(
                 reader, shape, store, cache, request["version"], request["partition"],

@@ -16,9 +16,10 @@ from typing import Any
 
 from ...errors import IqkitError
 from ..objects import ObjectStore
-from . import hdfs_files, rocksdb_files
+from . import hdfs_files, rocksdb_files, transform
 from .layout import OperatorStore, batch_metadata, state_folder
-from .shape import UnsupportedStateError
+from .sessions import SESSION_OPERATOR, session_schema, session_shape
+from .shape import StateShape, UnsupportedStateError
 from .state_records import StateRecords, StateRows
 from .state_schema import StoreSchema, read_store_schema
 from .unsafe_row import RowDecoder, UnsupportedStateTypeError
@@ -73,6 +74,8 @@ class VersionFiles:
     folder: str
     plan: Any
     names: str
+    #: How the keys are laid out in the files (the RocksDB provider's prefix-scan keys).
+    key_form: rocksdb_files.KeyForm = rocksdb_files.PLAIN_KEYS
 
     @property
     def keys(self) -> list[str]:
@@ -154,7 +157,7 @@ class _RocksDBFiles:
     ) -> dict[bytes, bytes]:  # fmt: skip
         return rocksdb_files.load_state(
             objects, files.folder, version, plan=files.plan, work_dir=work_dir,
-            row_checksums=row_checksums,
+            row_checksums=row_checksums, key_form=files.key_form,
         )  # fmt: skip
 
     def load_records(
@@ -174,7 +177,7 @@ class _RocksDBFiles:
         if not added or not all(key.endswith(".changelog") for key in added):
             return None
         changes = rocksdb_files.changelog_changes(
-            objects, files.plan, added, row_checksums=row_checksums
+            objects, files.plan, added, row_checksums=row_checksums, key_form=files.key_form
         )
         return StateRecords.of_changes(changes)
 
@@ -195,6 +198,8 @@ class StateReader:
         self.objects = objects
         conf = recorded_conf(objects)
         self.provider = provider_of(conf)
+        #: The SQL settings the checkpoint's newest batch recorded.
+        self.conf = conf
         #: Whether Spark put a CRC32-C before each value (and each removed key).
         self.row_checksums = conf.get(_ROW_CHECKSUMS, "false").strip().lower() == "true"
         files = _PROVIDERS.get(self.provider)
@@ -215,14 +220,22 @@ class StateReader:
     def _schema(self, store: OperatorStore) -> StoreSchema:
         schema = self._schemas.get(store.name)
         if schema is None:
-            schema = read_store_schema(self.objects, store.folder, store.store_name)
-            if schema.num_cols_prefix_key and self._files.splits_prefix_keys:
-                raise UnsupportedStateError(
-                    f"not supported yet: RocksDB state keyed for prefix scans ({store.name}: "
-                    f"{schema.num_cols_prefix_key} prefix key columns)"
-                )
+            schema = read_store_schema(
+                self.objects, store.folder, store.store_name, metadata=store.operator
+            )
+            if store.operator_name == SESSION_OPERATOR:
+                schema = session_schema(store, schema)
+            if len(schema.column_families) > 1:
+                # A store in several column families (transformWithState, join state
+                # format 3) is decoded family by family, by ``transform`` or ``joins``:
+                # it may have no default family to make decoders of.
+                self._schemas[store.name] = schema
+                return schema
             try:
                 keys = RowDecoder(dict(schema.key_schema))
+                if self._splits_keys(schema):
+                    prefix = schema.num_cols_prefix_key
+                    keys = rocksdb_files.PrefixKeyDecoder(dict(schema.key_schema), prefix)
                 decoders = (keys, RowDecoder(dict(schema.value_schema)))
             except UnsupportedStateTypeError as exc:
                 # A newer type, or a damaged schema file (Spark's carry no checksum): the
@@ -234,8 +247,21 @@ class StateReader:
 
     def schemas(self, store: OperatorStore) -> tuple[dict[str, Any], dict[str, Any]]:
         """``store``'s key and value schemas (Spark's JSON ``StructType`` dicts)."""
+        if store.variable is not None:
+            shape = self.shape(store)
+            return dict(shape.key_schema), dict(shape.value_schema)
         schema = self._schema(store)
         return dict(schema.key_schema), dict(schema.value_schema)
+
+    def shape(self, store: OperatorStore) -> StateShape:
+        """``store``'s shape: its rows as iqkit serves them, chosen here once for every
+        operator this reader reads (a join side has a reader of its own:
+        ``joins.open_store``): a transformWithState variable's (``transform``), a session
+        window's (``sessions``), else any store's (``shape``)."""
+        schema = self._schema(store)
+        if store.variable is not None:
+            return transform.shape_of(schema, transform.variable_of(store))
+        return session_shape(store, dict(schema.key_schema), dict(schema.value_schema))
 
     def _decoders_of(self, store: OperatorStore) -> tuple[RowDecoder, RowDecoder]:
         self._schema(store)  # reads the schema and makes its decoders, once
@@ -247,7 +273,17 @@ class StateReader:
         missing)."""
         folder = state_folder(store, partition)
         plan, keys = self._files.plan(self.objects, folder, version)
-        return VersionFiles(folder, plan, f"{self.query_id}\n" + "\n".join(keys))
+        names = f"{self.query_id}\n" + "\n".join(keys)
+        form = rocksdb_files.KeyForm(prefix_scan=self._prefix_keys(store))
+        return VersionFiles(folder, plan, names, key_form=form)
+
+    def _prefix_keys(self, store: OperatorStore) -> bool:
+        """Whether ``store``'s keys are in the files as the two rows of a prefix-scan key."""
+        return self._splits_keys(self._schema(store))
+
+    def _splits_keys(self, schema: StoreSchema) -> bool:
+        """Whether keys of ``schema`` are in this provider's files as two rows."""
+        return bool(schema.num_cols_prefix_key) and self._files.splits_prefix_keys
 
     @property
     def query_id(self) -> str:
@@ -280,7 +316,19 @@ class StateReader:
         work_dir: str | os.PathLike[str],
     ) -> StateRows:
         """The live ``(key row, value row)`` pairs ``files`` rebuild at ``version``
-        (``raw_state``), decoded as they are iterated, or in bulk (``StateRows``)."""
+        (``raw_state``), decoded as they are iterated, or in bulk (``StateRows``); a
+        transformWithState variable's, decoded (``transform.state_rows``)."""
+        if store.variable is not None:
+            if not isinstance(self._files, _RocksDBFiles):
+                raise UnsupportedStateError(
+                    f"not supported yet: transformWithState state of the {self.provider_name} "
+                    f"provider ({store.name})"
+                )
+            return transform.state_rows(  # type: ignore[return-value]
+                self.objects, files.folder, version, files.plan, work_dir,
+                schema=self._schema(store), variable=transform.variable_of(store),
+                conf=self.conf, row_checksums=self.row_checksums,
+            )  # fmt: skip
         keys, values = self._decoders_of(store)
         records = self._files.load_records(
             self.objects, files, version, row_checksums=self.row_checksums, work_dir=work_dir
@@ -301,7 +349,10 @@ class StateReader:
         """What the files of ``files`` after its first ``since`` changed: the keys whose
         last record there is a put, with that value (``StateRows``: decoded in bulk where
         the shape allows), and the key rows of the keys they removed. ``None`` when the
-        provider cannot replay those files alone."""
+        provider cannot replay those files alone (or the store is a transformWithState
+        variable's: a key's list or timers gather several records)."""
+        if store.variable is not None:
+            return None
         records = self._files.change_records(
             self.objects, files, since, row_checksums=self.row_checksums
         )

@@ -24,15 +24,19 @@ The partition's folder is ``state/<operator id>/<partition>`` (for the store nam
 Version ``v`` is the newest snapshot at or below ``v`` plus each changelog after it, in
 order, as Spark rebuilds it. A snapshot is read by restoring its database in a private
 scratch folder (the zip's files, plus the SSTs it lists, hard-linked or copied under their
-names in the database) and scanning it read-only through ``partitions.rocks``.
+names in the database) and scanning it read-only through ``partitions.rocks``
+(``rocksdb_snapshots``).
 
 Changelog records (after the decompression): format 1 has no header; it is records
 ``[key size: int32 BE][key][value size: int32 BE][value]``, a value size of -1 deletes the
 key and a key size of -1 ends the file, exactly the default provider's framing. Format 3
 is format 1 after two ``writeUTF`` texts (a 2-byte big-endian length, then the bytes):
 ``"v3"`` and the lineage, a JSON list of ``{"version", "checkpointUniqueId"}`` from the
-newest snapshot to ``v - 1``. Formats 2 and 4 (a record-type byte before each record)
-are written only for stores in several column families.
+newest snapshot to ``v - 1``. Format 2 is written for a store in several column families:
+``writeUTF("v2")``, then records that each start with a type byte: 0x01 a put
+(``[key size][key][value size][value]``), 0x10 a delete (``[key size][key][-1]``), 0x11
+a merge (a list state's append: transformWithState), 0x00 the end. Format 4 is format 2
+after format 3's lineage text (column families with checkpoint format v2).
 
 Keys and values in the database and in changelogs are Spark's encoding of an UnsafeRow:
 one version byte (0), then the row. With
@@ -40,10 +44,27 @@ one version byte (0), then the row. With
 LE][length of the rest: int32 LE]`` and then the encoded row, and a changelog's delete
 record has the key's CRC32-C (4 bytes) before the key; ``row_checksums=True`` strips both
 (not recomputed: the lz4 and RocksDB block checksums, and Hadoop's, cover the same
-bytes, and CRC32-C has no fast implementation in Python's standard library). Keys
-encoded for prefix or range scans (a session window's store) and transformWithState's
-column families (a 2-byte family id before each key, listed in the snapshot's
-``columnFamilyMapping``) are refused in one line.
+bytes, and CRC32-C has no fast implementation in Python's standard library).
+
+A store opened for prefix scans (its operator's metadata records ``numColsPrefixKey``
+above 0: a session window's) has its keys encoded as two rows: ``[size of the first:
+int32, the machine's order (little-endian)][0][UnsafeRow of the prefix columns][0]
+[UnsafeRow of the other columns]``, the second running to the key's end; values are
+encoded as any. Such keys are kept whole, each checked (``PrefixKeyDecoder`` decodes it
+into the one key row Spark's decoder joins). Keys encoded for range scans are refused in
+one line.
+
+Column families (transformWithState, join state formats 3 and 4): Spark keeps every
+family in RocksDB's one physical family, each key led by its family's 2-byte id (little
+endian), before the version byte; the snapshot's metadata maps names to ids
+(``columnFamilyMapping``), and the changelogs are of format 2 or 4. A merge record
+appends its value to the key's, as RocksDB's string-append operator does (a list
+state's element), with a delimiter that depends on Spark's merge operator version.
+Only ``load_family_state`` reads such a store: keys and values as stored, the 2-byte id
+first in each key (``split_families`` groups them by family, the id taken off), since a
+family's keys and values are encoded as the family's own reader knows (prefix-scan keys,
+lists, Avro); ``load_state`` refuses one in one line, never giving keys it would take for
+rows. ``KeyForm`` says how a plain store's keys are laid out.
 
 Checkpoint format v2 (``spark.sql.streaming.stateStore.checkpointFormatVersion=2``: 1 by
 default in PySpark 4.3; Real-Time Mode queries need 2) names each file
@@ -65,53 +86,80 @@ file: never rows from it.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
-import shutil
 import struct
-import tempfile
-import zipfile
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import IqkitError, ObjectMissingError
-from ..objects import NotPlainFileError, ObjectStore, link_plain_file
-from ..partitions import rocks
-from .codecs import StateFileError, decompress_state_file
+from ...errors import ObjectMissingError
+from ..objects import ObjectStore
+from . import rocksdb_changelogs, rocksdb_snapshots
+from .codecs import StateFileError
 from .hdfs_files import check_hadoop_crc
 from .shape import UnsupportedStateError
+from .state_schema import read_operator_metadata
+from .unsafe_row import RowDecoder
 
 __all__ = [
+    "PLAIN_KEYS",
+    "FamilyState",
+    "KeyForm",
     "PartitionFiles",
+    "PrefixKeyDecoder",
     "ReplayPlan",
     "changelog_changes",
     "StateFileError",
     "list_files",
     "list_versions",
+    "load_family_state",
     "load_state",
     "oldest_version",
     "plan_replay",
+    "split_families",
+    "stored_row",
 ]
 
 #: ``<version>.zip`` / ``<version>.changelog``, with ``_<unique id>`` in format v2.
 _STATE_FILE = re.compile(r"(\d+)(?:_([0-9A-Za-z-]+))?\.(zip|changelog)")
 _SNAPSHOT, _CHANGELOG = "zip", "changelog"
-_INT32_BE = struct.Struct(">i")
 _INT32_LE = struct.Struct("<i")
-_UTF_LENGTH = struct.Struct(">H")
 #: The first byte of every key and value Spark's RocksDB encoder writes (its version).
 _ENCODING_VERSION = 0
-_METADATA_ENTRY = "metadata"
-_METADATA_HEADER = b"v1"
+#: The commit log's header lines: v1 (every line), v2 (checkpoint format v2's state ids).
+_COMMIT_LOG_VERSIONS = ("v1", "v2")
 _SST_FOLDER = "SSTs"
-#: Names RocksDB gives its table files; the zip's entries are plain names too.
-_SST_NAME = re.compile(r"\d+\.sst")
-_PLAIN_NAME = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]*")
-_COLUMN_FAMILIES = "not supported yet: transformWithState's column families"
+#: A column family id before a key (``columnFamilyMapping``): 2 bytes, little-endian.
+_FAMILY_ID = struct.Struct("<H")
+_DELETE, _MERGE = rocksdb_changelogs.DELETE, rocksdb_changelogs.MERGE
+_DEFAULT_DELIMITER = rocksdb_snapshots.DEFAULT_DELIMITER
+
+
+@dataclass(frozen=True)
+class KeyForm:
+    """How a plain store's keys are laid out in its RocksDB files (module docstring):
+    what a reader must check before the row, chosen once per store. (A store in column
+    families is read by ``load_family_state``: its families' keys differ.)"""
+
+    #: Each key is two rows, the prefix columns' and the others' (a session window's).
+    prefix_scan: bool = False
+
+
+#: The keys of most stores: one row each.
+PLAIN_KEYS = KeyForm()
+
+
+@dataclass(frozen=True)
+class FamilyState:
+    """A version of a store in column families: ``families``, each family's id by name
+    (the snapshots' ``columnFamilyMapping``), and ``rows``, every live key and value as
+    stored (the key's 2-byte family id first; both still in their family's encoding:
+    ``split_families`` groups them)."""
+
+    families: Mapping[str, int]
+    rows: dict[bytes, bytes]
 
 
 @dataclass(frozen=True)
@@ -233,6 +281,7 @@ def load_state(
     row_checksums: bool = False,
     files: PartitionFiles | None = None,
     plan: ReplayPlan | None = None,
+    key_form: KeyForm = PLAIN_KEYS,
 ) -> dict[bytes, bytes]:
     """The live keys of ``partition_dir`` at state ``version``, key UnsafeRow bytes →
     value UnsafeRow bytes (Spark's encoding prefix removed): the newest snapshot at or
@@ -240,45 +289,187 @@ def load_state(
     batch. ``work_dir`` is a private scratch folder (created if missing) where a snapshot's
     database is restored while it is read, then removed; nothing is ever written into the
     checkpoint. ``files`` is a listing already made (``list_files``), ``plan`` a plan
-    already made (``plan_replay``). ``StateFileError`` when a file needed is missing, cut
-    short or damaged; ``UnsupportedStateError`` for a store this module cannot read yet
-    (one line naming what)."""
+    already made (``plan_replay``). ``key_form``: how the store's keys are laid out
+    (``KeyForm``). ``StateFileError`` when a file needed is missing, cut short or damaged;
+    ``UnsupportedStateError`` for a store this module cannot read yet (one line naming
+    what: a store in column families is ``load_family_state``'s)."""
     if plan is None or plan.version != version:
         plan = plan_replay(objects, partition_dir, version, files=files)
-    files = plan.files
-    state: dict[bytes, bytes] = {}
-    if plan.base is not None:
-        state = _read_snapshot(
-            objects, files, *plan.base, work_dir=work_dir, checksums=row_checksums
+    return _replay(objects, plan, work_dir, _PlainRecords(key_form, row_checksums))[0]
+
+
+def load_family_state(
+    objects: ObjectStore,
+    partition_dir: str,
+    version: int,
+    *,
+    work_dir: str | os.PathLike[str],
+    merge_delimiter: bytes = _DEFAULT_DELIMITER,
+    row_checksums: bool = False,
+    files: PartitionFiles | None = None,
+    plan: ReplayPlan | None = None,
+) -> FamilyState:
+    """``load_state`` for a store in column families (transformWithState, a join of state
+    format 3): the newest snapshot at or below ``version`` plus the changelogs after it,
+    their records typed (put, delete, merge). A merge appends its value to the key's
+    (RocksDB's string-append operator, ``merge_delimiter`` between: ``b","`` for Spark's
+    merge operator version 1, ``b""`` for version 2). Keys and values are kept as stored.
+    The family ids come from the snapshot's metadata; a version whose keys have ids its
+    snapshot does not name (or that has no snapshot) takes them from the partition's other
+    snapshots (Spark keeps a family's id for the store's life and never gives one id to two
+    families). Row checksums are refused in one line. ``StateFileError`` as
+    ``load_state``."""
+    if row_checksums:
+        raise UnsupportedStateError(
+            f"not supported yet: column families (transformWithState, join state format 3) "
+            f"with row checksums ({objects.where(partition_dir)})"
         )
-    for changelog, uid in plan.changelogs:
-        key = files.key(changelog, _CHANGELOG, uid)
-        records = plan.records.get(key)
-        if records is None:
-            records = _changelog_records(_read_checked(objects, files, key), objects.where(key))
-        _apply(records, state, objects.where(key), row_checksums)
-    return state
+    if plan is None or plan.version != version:
+        plan = plan_replay(objects, partition_dir, version, files=files)
+    state, families = _replay(objects, plan, work_dir, _FamilyRecords(merge_delimiter))
+    known = set(families.values())
+    if any(len(key) < 2 or _FAMILY_ID.unpack_from(key)[0] not in known for key in state):
+        families = {**_all_snapshot_families(objects, plan.files), **families}
+    return FamilyState(families, state)
+
+
+def split_families(
+    rows: Mapping[bytes, bytes], families: Mapping[str, int], where: str
+) -> dict[str, dict[bytes, bytes]]:
+    """``rows`` (keys with a 2-byte little-endian family id first) by family name, the id
+    taken off each key; every family of ``families`` is there, empty when it has no key.
+    A key of an id no family has is ``StateFileError`` naming ``where``."""
+    names = {cf: name for name, cf in families.items()}
+    out: dict[str, dict[bytes, bytes]] = {name: {} for name in families}
+    for key, value in rows.items():
+        name = names.get(_FAMILY_ID.unpack_from(key)[0]) if len(key) >= 2 else None
+        if name is None:
+            raise StateFileError(
+                f"{where}: a key of column family id {key[:2].hex() or 'none'}, which no "
+                "snapshot's metadata names"
+            )
+        out[name][key[2:]] = value
+    return out
 
 
 def changelog_changes(
-    objects: ObjectStore, plan: ReplayPlan, keys: list[str], *, row_checksums: bool = False
+    objects: ObjectStore,
+    plan: ReplayPlan,
+    keys: list[str],
+    *,
+    row_checksums: bool = False,
+    key_form: KeyForm = PLAIN_KEYS,
 ) -> dict[bytes, bytes | None]:
     """What the changelogs ``keys`` (files of ``plan``, in replay order) change: key
     UnsafeRow bytes → the value after them, or ``None`` where they delete the key. For a
-    version built on an older one's state; ``StateFileError`` as ``load_state``."""
+    version built on an older one's state, of a plain store (a store in column families
+    is refused: a merge needs the value before it); ``StateFileError`` as
+    ``load_state``."""
     changes: dict[bytes, bytes | None] = {}
+    records = _PlainRecords(key_form, row_checksums)
     for key in keys:
         where = objects.where(key)
-        records = plan.records.get(key)
-        if records is None:
-            records = _changelog_records(_read_checked(objects, plan.files, key), where)
-        for record_key, value in _records(*records, where):
-            if value is None:
-                # With row checksums a delete's key carries the key's CRC32-C first.
-                changes[_row(record_key[4:] if row_checksums else record_key, where, "key")] = None
-            else:
-                changes[_row(record_key, where, "key")] = _value(value, where, row_checksums)
+        for record_key, value in records.changes(_changelog(objects, plan, key), where):
+            changes[record_key] = value
     return changes
+
+
+# -- replaying a version -------------------------------------------------------------------
+def _replay(
+    objects: ObjectStore,
+    plan: ReplayPlan,
+    work_dir: str | os.PathLike[str],
+    records: _PlainRecords | _FamilyRecords,
+) -> tuple[dict[bytes, bytes], dict[str, int]]:
+    """(the live keys and values of ``plan``'s version as ``records`` keeps them, the
+    column families its snapshot names): the snapshot, then each changelog applied."""
+    files = plan.files
+    state: dict[bytes, bytes] = {}
+    families: dict[str, int] = {}
+    if plan.base is not None:
+        version, uid = plan.base
+        where = objects.where(files.key(version, _SNAPSHOT, uid))
+        rows, families = _snapshot_rows(
+            objects, files, version, uid, work_dir=work_dir, merge_delimiter=records.delimiter
+        )
+        state = records.snapshot(rows, families, where)
+    for changelog, uid in plan.changelogs:
+        key = files.key(changelog, _CHANGELOG, uid)
+        records.apply(_changelog(objects, plan, key), state, objects.where(key))
+    return state, families
+
+
+def _changelog(objects: ObjectStore, plan: ReplayPlan, key: str) -> tuple[memoryview, int]:
+    """The records of the changelog ``key`` of ``plan`` (read while planning, else now)."""
+    records = plan.records.get(key)
+    if records is None:
+        records = rocksdb_changelogs.records_of(
+            _read_checked(objects, plan.files, key), objects.where(key)
+        )
+    return records
+
+
+class _PlainRecords:
+    """How a plain store's records are kept: keys as ``_key`` gives them, values their
+    UnsafeRow (row checksums stripped); column families refused."""
+
+    delimiter = _DEFAULT_DELIMITER  # a plain store has no merges
+
+    def __init__(self, key_form: KeyForm, checksums: bool) -> None:
+        self.key_form = key_form
+        self.checksums = checksums
+
+    def snapshot(
+        self, rows: list[tuple[bytes, bytes]], families: Mapping[str, int], where: str
+    ) -> dict[bytes, bytes]:
+        if families:
+            raise UnsupportedStateError(f"{rocksdb_changelogs.COLUMN_FAMILIES} ({where})")
+        form, checksums = self.key_form, self.checksums
+        return {_key(k, where, form): _value(v, where, checksums) for k, v in rows}
+
+    def changes(
+        self, records: tuple[memoryview, int], where: str
+    ) -> Iterator[tuple[bytes, bytes | None]]:
+        """(key, value after the record, or ``None`` for a delete), in order."""
+        for kind, key, value in rocksdb_changelogs.records(*records, where, families=False):
+            if kind == _DELETE:
+                # With row checksums a delete's key carries the key's CRC32-C first.
+                yield _key(key[4:] if self.checksums else key, where, self.key_form), None
+            else:
+                yield _key(key, where, self.key_form), _value(value, where, self.checksums)
+
+    def apply(self, records: tuple[memoryview, int], state: dict[bytes, bytes], where: str) -> None:
+        """Apply a changelog's records to ``state`` (the state of the version before it),
+        in place. On ``StateFileError`` ``state`` may hold part of it: throw it away."""
+        for key, value in self.changes(records, where):
+            if value is None:
+                state.pop(key, None)
+            else:
+                state[key] = value
+
+
+class _FamilyRecords:
+    """How a store in column families' records are kept: as stored, merges appended."""
+
+    def __init__(self, delimiter: bytes) -> None:
+        self.delimiter = delimiter
+
+    def snapshot(
+        self, rows: list[tuple[bytes, bytes]], families: Mapping[str, int], where: str
+    ) -> dict[bytes, bytes]:
+        return dict(rows)
+
+    def apply(self, records: tuple[memoryview, int], state: dict[bytes, bytes], where: str) -> None:
+        """As ``_PlainRecords.apply``; a merge appends to the key's value (RocksDB's
+        string-append operator), or puts it where the key has none."""
+        for kind, key, value in rocksdb_changelogs.records(*records, where, families=True):
+            key = bytes(key)
+            if kind == _DELETE:
+                state.pop(key, None)
+            elif kind == _MERGE and key in state:
+                state[key] = state[key] + self.delimiter + bytes(value)  # type: ignore[arg-type]
+            else:
+                state[key] = bytes(value)  # type: ignore[arg-type]
 
 
 # -- which files rebuild a version ---------------------------------------------------------
@@ -329,12 +520,12 @@ class _UniqueIdPlan(_Plan):
                 f"snapshot {files.name(version, _SNAPSHOT, uid)} is there either)"
             )
         where = self.objects.where(key)
-        self.records[key] = records = _changelog_records(
+        self.records[key] = records = rocksdb_changelogs.records_of(
             _read_checked(self.objects, files, key), where
         )
         # Spark's own order: the lineage (newest snapshot to version - 1) and the version
         # itself; the newest of them whose snapshot is there is the base.
-        lineage = sorted([*_lineage(records, where), (version, uid)])
+        lineage = sorted([*rocksdb_changelogs.lineage(records, where), (version, uid)])
         bases = [i for i, (v, u) in enumerate(lineage[:-1]) if files.has(v, _SNAPSHOT, u)]
         if not bases and lineage[0][0] != 1:
             raise StateFileError(f"{where}: no snapshot of the versions its lineage names is there")
@@ -353,14 +544,25 @@ class _UniqueIdPlan(_Plan):
 
     def _committed_id(self, version: int) -> str:
         """The unique id the commit of batch ``version - 1`` recorded for this partition's
-        store (the folder ``state/<operator>/<partition>``)."""
+        store (the folder ``state/<operator>/<partition>``, or its subfolder
+        ``<store name>`` for an operator of several stores: a join's four). The commit
+        lists one id per store, in the order the operator's metadata lists its stores."""
         where = self.files.folder
-        match = re.fullmatch(r"(?:.*/)?state/(\d+)/(\d+)", where)
+        match = re.fullmatch(r"(?:.*/)?(state/(\d+))/(\d+)(?:/([^/]+))?", where)
         if not match:
             raise UnsupportedStateError(
                 f"not supported yet: checkpoint format v2 (state files named <version>_<id>) "
-                f"for a store other than 'default' ({where})"
+                f"in a folder {where!r}"
             )
+        store = 0
+        if match[4] is not None:
+            names = [i.name for i in read_operator_metadata(self.objects, match[1]).stores]
+            if match[4] not in names:
+                raise StateFileError(
+                    f"{self.objects.where(where)}: a store the operator's metadata does not "
+                    f"list ({', '.join(names)})"
+                )
+            store = names.index(match[4])
         commit = f"commits/{version - 1}"
         try:
             text = self.objects.read_bytes(commit).decode("utf-8", "replace")
@@ -369,9 +571,16 @@ class _UniqueIdPlan(_Plan):
                 f"{self.objects.where(commit)}: missing, so version {version} of {where} is "
                 "not committed"
             ) from None
+        header = text.split("\n", 1)[0].strip()
+        if header not in _COMMIT_LOG_VERSIONS:
+            raise StateFileError(
+                f"{self.objects.where(commit)}: commit log format "
+                f"{header if re.fullmatch(r'v[0-9]{1,9}', header) else repr(header[:20])} is not "
+                f"supported yet (known: {', '.join(_COMMIT_LOG_VERSIONS)})"
+            )
         try:
-            ids = json.loads(text.split("\n", 1)[1])["stateUniqueIds"][match[1]]
-            uid = ids[int(match[2])][0]
+            ids = json.loads(text.split("\n", 1)[1])["stateUniqueIds"][match[2]]
+            uid = ids[int(match[3])][store]
         except (IndexError, KeyError, TypeError, ValueError):
             raise StateFileError(
                 f"{self.objects.where(commit)}: names no state file id for {where} "
@@ -409,95 +618,36 @@ def _read_checked(objects: ObjectStore, files: PartitionFiles, key: str) -> byte
     return raw
 
 
-def _changelog_records(raw: bytes, where: str) -> tuple[memoryview, int]:
-    """(the decompressed changelog, where its records start), the header checked."""
-    data = memoryview(decompress_state_file(raw, where))
-    version, start = _changelog_format(data)
-    if version in (2, 4):
-        raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
-    if version not in (1, 3):
-        raise StateFileError(f"{where}: changelog format v{version} is not known")
-    return data, start
+def _key(encoded: memoryview | bytes, where: str, form: KeyForm) -> bytes:
+    """A key as ``load_state`` gives it: its row (``stored_row``), or for
+    ``form.prefix_scan`` the whole key, its two rows' framing checked (module
+    docstring)."""
+    if not form.prefix_scan:
+        return stored_row(encoded, where, "key")
+    size = len(encoded)
+    if size < 6:  # the prefix size, and a version byte before each row
+        raise StateFileError(f"{where}: a prefix-scan key of {size} bytes is too short")
+    (prefix,) = _INT32_LE.unpack_from(encoded)
+    if not 0 < prefix < size - 4:
+        raise StateFileError(
+            f"{where}: a prefix-scan key whose prefix size {prefix} runs past its {size} bytes"
+        )
+    if encoded[4] != _ENCODING_VERSION or encoded[4 + prefix] != _ENCODING_VERSION:
+        raise StateFileError(
+            f"{where}: a prefix-scan key whose rows do not start with Spark's UnsafeRow "
+            "version byte 0"
+        )
+    return bytes(encoded)
 
 
-def _changelog_format(data: memoryview) -> tuple[int, int]:
-    """(format version, offset after the version text). Quirk: format 1 writes no header,
-    so Spark reads a ``writeUTF`` text anyway and takes anything that is not ``v<digits>``
-    (the start of a record, or a text cut short) as format 1, and so does this."""
-    if len(data) >= 2:
-        (length,) = _UTF_LENGTH.unpack_from(data)
-        text = bytes(data[2 : 2 + length])
-        if len(text) == length and text[:1] == b"v" and text[1:].isdigit():
-            version = int(text[1:])
-            return (1, 0) if version == 1 else (version, 2 + length)
-    return 1, 0
-
-
-def _lineage(records: tuple[memoryview, int], where: str) -> list[tuple[int, str]]:
-    """The (version, unique id) pairs a format-3 changelog's lineage text names."""
-    data, start = records
-    if start == 0:
-        raise StateFileError(f"{where}: a changelog with a unique id but no lineage")
-    try:
-        (length,) = _UTF_LENGTH.unpack_from(data, start)
-        items = json.loads(bytes(data[start + 2 : start + 2 + length]))
-        return [(int(i["version"]), str(i["checkpointUniqueId"])) for i in items]
-    except (struct.error, KeyError, TypeError, ValueError):
-        raise StateFileError(f"{where}: damaged lineage") from None
-
-
-def _apply(
-    records: tuple[memoryview, int], state: dict[bytes, bytes], where: str, checksums: bool
-) -> None:
-    """Apply a changelog's records to ``state`` (the state of the version before it), in
-    place. On ``StateFileError`` ``state`` may hold part of it: throw it away."""
-    for key, value in _records(*records, where):
-        if value is None:
-            # With row checksums a delete's key carries the key's CRC32-C first.
-            state.pop(_row(key[4:] if checksums else key, where, "key"), None)
-        else:
-            state[_row(key, where, "key")] = _value(value, where, checksums)
-
-
-def _records(
-    data: memoryview, start: int, where: str
-) -> Iterator[tuple[memoryview, memoryview | None]]:
-    """The (key, value or None for a delete) records of a changelog of format 1 or 3
-    (``start``: after the version text of format 3, whose lineage text comes next), the
-    framing checked to the last byte."""
-    end = len(data)
-    take = _INT32_BE.unpack_from
-    try:
-        position = start + 2 + _UTF_LENGTH.unpack_from(data, start)[0] if start else 0
-        (key_size,) = take(data, position)
-        while key_size != -1:
-            if key_size < 0 or position + 8 + key_size > end:
-                raise ValueError(f"bad key size {key_size} at byte {position}")
-            key = data[position + 4 : position + 4 + key_size]
-            position += 4 + key_size
-            (value_size,) = take(data, position)
-            position += 4
-            if value_size == -1:
-                yield key, None
-            elif 0 <= value_size <= end - position:
-                yield key, data[position : position + value_size]
-                position += value_size
-            else:
-                raise ValueError(f"bad value size {value_size} at byte {position - 4}")
-            (key_size,) = take(data, position)
-        position += 4
-    except (ValueError, struct.error) as exc:
-        raise StateFileError(f"{where}: damaged records ({exc})") from None
-    if position != end:
-        raise StateFileError(f"{where}: {end - position} bytes after the last record")
-
-
-def _row(encoded: memoryview | bytes, where: str, what: str) -> bytes:
-    """The UnsafeRow in ``encoded`` (a key or value as Spark's RocksDB encoder wrote it)."""
+def stored_row(encoded: memoryview | bytes, where: str, what: str = "key") -> bytes:
+    """The UnsafeRow in ``encoded`` (a key or value as Spark's RocksDB encoder wrote it:
+    a version byte 0, then the row); a column family's row too (``split_families``)."""
     if not encoded or encoded[0] != _ENCODING_VERSION:
         first = f"byte {encoded[0]:#04x}" if encoded else "nothing"
         why = (
-            "keys encoded for prefix or range scans are not supported yet"
+            "a key encoded for prefix or range scans, in a store whose metadata records no "
+            "prefix columns?"
             if what == "key"
             else "row checksums not expected (spark.sql.streaming.stateStore.rowChecksum.enabled)?"
         )
@@ -506,6 +656,24 @@ def _row(encoded: memoryview | bytes, where: str, what: str) -> bytes:
             f"(version byte 0); {why}"
         )
     return bytes(encoded[1:])
+
+
+class PrefixKeyDecoder(RowDecoder):
+    """Decodes keys of a store opened for prefix scans, as ``_key`` keeps them: the row of
+    the first ``prefix_columns`` key columns and the row of the others, as one key row
+    (what Spark's decoder joins them into). ``decode_columns`` gives ``None`` (the row
+    path)."""
+
+    def __init__(self, key_schema: Mapping[str, Any], prefix_columns: int) -> None:
+        super().__init__(key_schema)
+        fields = list(key_schema["fields"])
+        self._prefix = RowDecoder({"type": "struct", "fields": fields[:prefix_columns]})
+        self._rest = RowDecoder({"type": "struct", "fields": fields[prefix_columns:]})
+        self.kinds = None
+
+    def decode(self, data: bytes) -> tuple[Any, ...]:
+        (prefix,) = _INT32_LE.unpack_from(data)
+        return self._prefix.decode(data[5 : 4 + prefix]) + self._rest.decode(data[5 + prefix :])
 
 
 def _value(encoded: memoryview | bytes, where: str, checksums: bool) -> bytes:
@@ -517,139 +685,37 @@ def _value(encoded: memoryview | bytes, where: str, checksums: bool) -> bytes:
                 "(spark.sql.streaming.stateStore.rowChecksum.enabled)"
             )
         encoded = encoded[8:]
-    return _row(encoded, where, "value")
+    return stored_row(encoded, where, "value")
 
 
 # -- snapshots -----------------------------------------------------------------------------
-def _read_snapshot(
+def _snapshot_rows(
     objects: ObjectStore,
     files: PartitionFiles,
     version: int,
     uid: str,
     *,
     work_dir: str | os.PathLike[str],
-    checksums: bool,
-) -> dict[bytes, bytes]:
-    """The keys and values of ``version``'s snapshot: its database restored in a folder of
-    ``work_dir`` (removed after), then scanned."""
+    merge_delimiter: bytes = _DEFAULT_DELIMITER,
+) -> tuple[list[tuple[bytes, bytes]], dict[str, int]]:
+    """(every key and value of ``version``'s snapshot as stored, its metadata's column
+    families): the zip read and checked, its database restored (``rocksdb_snapshots``)."""
     key = files.key(version, _SNAPSHOT, uid)
     where = objects.where(key)
-    entries, ssts = _unzip(_read_checked(objects, files, key), where)
-    os.makedirs(work_dir, exist_ok=True)
-    folder = tempfile.mkdtemp(prefix=f"rocksdb-{version}-", dir=work_dir)
-    try:
-        for name, data in entries.items():
-            with open(os.path.join(folder, name), "xb") as out:
-                out.write(data)
-        sst_keys = {}
-        for local, (dfs, size) in ssts.items():
-            sst_key = f"{files.folder}/{_SST_FOLDER}/{dfs}"
-            _place_sst(objects, sst_key, os.path.join(folder, local), size, where)
-            sst_keys[local] = objects.where(sst_key)
-        rows = _scan(folder, where, sst_keys)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    return {_row(k, where, "key"): _value(v, where, checksums) for k, v in rows}
+    raw = _read_checked(objects, files, key)
+    return rocksdb_snapshots.restore(
+        objects, raw, where, f"{files.folder}/{_SST_FOLDER}", version=version,
+        work_dir=work_dir, merge_delimiter=merge_delimiter,
+    )  # fmt: skip
 
 
-def _unzip(raw: bytes, where: str) -> tuple[dict[str, bytes], dict[str, tuple[str, int]]]:
-    """(the zip's RocksDB files by name, the SSTs its metadata lists: name in the database
-    → (name under ``SSTs/``, size))."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
-            # Reading each entry checks its CRC-32 (BadZipFile when it does not match).
-            entries = {info.filename: archive.read(info) for info in archive.infolist()}
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError,
-            NotImplementedError, ValueError) as exc:  # fmt: skip
-        raise StateFileError(f"{where}: not a whole zip file ({exc})") from None
-    if _METADATA_ENTRY not in entries:
-        raise StateFileError(f"{where}: no {_METADATA_ENTRY} entry (not a RocksDB snapshot)")
-    odd = [name for name in entries if not _PLAIN_NAME.fullmatch(name)]
-    if odd:
-        raise StateFileError(f"{where}: an entry that is no RocksDB file name ({odd[0]!r})")
-    header, _, body = entries.pop(_METADATA_ENTRY).partition(b"\n")
-    if header.strip() != _METADATA_HEADER:
-        raise StateFileError(
-            f"{where}: snapshot metadata {header[:20]!r} is not supported yet (known: v1)"
-        )
-    try:
-        metadata: dict[str, Any] = json.loads(body)
-        ssts = {
-            str(f["localFileName"]): (str(f["dfsSstFileName"]), int(f["sizeBytes"]))
-            for f in metadata.get("sstFiles") or ()
-        }
-    except (KeyError, TypeError, ValueError):
-        raise StateFileError(f"{where}: damaged snapshot metadata") from None
-    if metadata.get("columnFamilyMapping"):
-        raise UnsupportedStateError(f"{_COLUMN_FAMILIES} ({where})")
-    for local, (dfs, _) in ssts.items():
-        if not _SST_NAME.fullmatch(local) or not _PLAIN_NAME.fullmatch(dfs) or local in entries:
-            raise StateFileError(f"{where}: its metadata lists a bad SST name ({local}, {dfs})")
-    return entries, ssts
-
-
-def _place_sst(objects: ObjectStore, key: str, target: str, size: int, snapshot: str) -> None:
-    """Give the restored database the SST ``key`` as ``target``: a hard link (else a
-    copy) on a local checkpoint, a download from object storage; its size checked."""
-    where = objects.where(key)
-    try:
-        local = objects.local_file(key)
-        if local is not None:
-            link_plain_file(local, target, where)
-        else:
-            objects.download(key, target)
-    except (FileNotFoundError, ObjectMissingError):
-        raise StateFileError(f"{where}: missing (snapshot {snapshot} lists it)") from None
-    except NotPlainFileError as exc:
-        raise StateFileError(exc.strerror or f"{where}: not a plain file") from None
-    found = os.path.getsize(target)
-    if found != size:
-        raise StateFileError(
-            f"{where}: {found} bytes, but snapshot {snapshot} lists it with {size} (cut short "
-            "or replaced)"
-        )
-
-
-def _scan(folder: str, where: str, sst_keys: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
-    """Every (key, value) of the database restored in ``folder``, opened read-only through
-    ``partitions.rocks``. RocksDB verifies each block it reads against its checksum; an
-    error naming one of the SSTs (``sst_keys``: name in the database → where it came
-    from) is reported against that file, any other against the snapshot ``where``."""
-    db = None
-    try:
-        db = rocks.open_for_read(folder)
-        rows: list[tuple[bytes, bytes]] = []
-        chunks = rocks.scan_chunks(db, b"", None)  # checks how the scan ended
-        try:
-            for chunk in chunks:
-                rows.extend(chunk)
-        finally:
-            chunks.close()  # an iterator keeps the database open (rocks.py's quirk)
-        return rows
-    except Exception as exc:  # rocksdict raises plain Exception; open_for_read iqkit's own
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        text = re.sub(r"/\S*/(\d+\.sst)", r"\1", text)  # the private folder's path: noise
-        text = text.replace(f"{folder}/", "").replace(folder, "the restored snapshot")
-        culprit = next((sst for local, sst in sst_keys.items() if local in text), None)
-        if culprit is None:
-            culprit = _damaged_sst(folder, sst_keys) or where
-        kind = "damaged" if isinstance(exc, IqkitError) or "orrupt" in text else "unreadable"
-        raise StateFileError(f"{culprit}: {kind}, RocksDB says: {text}") from None
-    finally:
-        rocks.close_quietly(db)
-
-
-def _damaged_sst(folder: str, sst_keys: Mapping[str, str]) -> str | None:
-    """Which SST (where it came from) fails when read alone, if one does.
-
-    Why: RocksDB reads each table file's properties block when it opens the database,
-    and some damage there ("properties unsorted") is reported against the MANIFEST, a
-    file of the zip whose bytes its CRC-32 has already vouched for. Only on the way to an
-    error: it costs nothing when all is well. Each is read in the scratch folder the
-    snapshot was restored in (``folder``'s parent), never outside it."""
-    for local, sst in sorted(sst_keys.items()):
-        try:
-            rocks.check_table_file(os.path.join(folder, local), scratch_dir=os.path.dirname(folder))
-        except IqkitError:
-            return sst
-    return None
+def _all_snapshot_families(objects: ObjectStore, files: PartitionFiles) -> dict[str, int]:
+    """The column families every snapshot of ``files`` names, the newest's last (only
+    their zips are read, no database restored)."""
+    families: dict[str, int] = {}
+    for version in sorted(files.snapshots):
+        for uid in sorted(files.snapshots[version]):
+            key = files.key(version, _SNAPSHOT, uid)
+            raw = _read_checked(objects, files, key)
+            families.update(rocksdb_snapshots.families_of(raw, objects.where(key)))
+    return families

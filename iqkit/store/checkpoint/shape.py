@@ -46,12 +46,13 @@ from ..encoding.serdes import JsonSerde, get_serde
 from ..encoding.spark_hash import SparkKeyHasher
 from ..kinds import StoreKind
 from ..manifest import StoreManifest
-from .layout import OperatorStore
 from .state_records import StateRows, binary_slices
 from .unsafe_row import Column
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from .layout import OperatorStore  # layout's store names need transform, which needs this
 
 __all__ = ["StateShape", "UnsupportedStateError"]
 
@@ -147,6 +148,10 @@ class StateShape:
 
     key_schema: Mapping[str, Any]
     value_schema: Mapping[str, Any]
+
+    #: Whether each of Spark's rows is one stored row, so that a version can be built on
+    #: an older version's database plus the rows its batches changed (``materialize``).
+    replays_changes: ClassVar[bool] = True
 
     # -- columns ---------------------------------------------------------------------------
     @cached_property
@@ -464,8 +469,11 @@ class _KeyRouting(SparkHashPartitioner):
     def __init__(self, shape: StateShape) -> None:
         self._decode = get_serde(shape.key_serde).deserialize
         self._columns = [f["type"] for f in shape.key_columns]
-        self._schema = json.dumps(shape.key_schema, sort_keys=True)
-        self._hasher = SparkKeyHasher(dict(shape.key_schema))
+        # The key's own columns are what Spark hashes (a session store's key row also
+        # holds the session start, which its shuffle does not hash).
+        schema = {"type": "struct", "fields": list(shape.key_columns)}
+        self._schema = json.dumps(schema, sort_keys=True)
+        self._hasher = SparkKeyHasher(schema)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _KeyRouting) and other._schema == self._schema

@@ -77,14 +77,16 @@ class StoreInfo:
 
 @dataclass(frozen=True)
 class OperatorMetadata:
-    """A stateful operator's metadata file."""
+    """A stateful operator's metadata file (or what ``operators`` infers where Spark
+    wrote none)."""
 
     operator_id: int
     operator_name: str
     stores: tuple[StoreInfo, ...]
-    #: 1 or 2: which metadata format the file is in.
+    #: 1 or 2: which metadata format the file is in; 0: no file, inferred from the state.
     format_version: int
-    #: The file read, as a user would write it (for messages).
+    #: The file read (inferred: the schema file or folder it was told from), as a user
+    #: would write it (for messages).
     source: str
     #: v2's ``operatorPropertiesJson``, parsed (empty for v1).
     properties: dict[str, Any] = field(default_factory=dict)

@@ -17,12 +17,19 @@ turned into the Python values iqkit's decoder gives, partition by partition.
 from __future__ import annotations
 
 import json
+import sys
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC
 from pathlib import Path
 from typing import Any
+
+# The frozen checkpoints' generator (tests/data/checkpoints/spark_jobs.py) runs in PySpark
+# venvs of its own, so it cannot import from here: the applyInPandasWithState function
+# (running total and count; a negative amount removes the state) lives there, for both.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "data" / "checkpoints"))
+from spark_jobs import running_total_fn
 
 INPUT_SCHEMA = "id long, user string, amount long, ts timestamp"
 KINDS = ("agg", "window", "dedup", "dedup-watermark", "flatmap")
@@ -58,26 +65,6 @@ def _query(kind: str, source):
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    # Defined here, not at module level: Spark's Python workers cannot import this test
-    # module, and cloudpickle sends a function defined inside another by value.
-    def running_total(key, frames, state):
-        """applyInPandasWithState's function: a running total and count per user; a record
-        with a negative amount removes the user's state."""
-        import pandas as pd
-
-        total, count = state.get if state.exists else (0, 0)
-        removed = False
-        for frame in frames:
-            if (frame["amount"] < 0).any():
-                removed = True
-            total += int(frame["amount"].sum())
-            count += len(frame)
-        if removed:
-            state.remove()
-        else:
-            state.update((total, count))
-        yield pd.DataFrame({"user": [key[0]], "total": [total]})
-
     if kind == "agg":
         return source.groupBy("user").agg(F.sum("amount"), F.count("*")), "update"
     if kind == "window":
@@ -91,8 +78,8 @@ def _query(kind: str, source):
         return source.withWatermark("ts", WATERMARK_DELAY).dropDuplicates(["id", "ts"]), "append"
     if kind == "flatmap":
         grouped = source.groupBy("user").applyInPandasWithState(
-            running_total,
-            "user string, total long",
+            running_total_fn(),
+            "user string, total long, count long",
             "total long, count long",
             "Update",
             GroupStateTimeout.NoTimeout,

@@ -87,7 +87,7 @@ def test_a_checkpoint_with_one_aggregation_has_one_store(agg_checkpoint):
 
 
 #: Batches per operator: new keys, updates of old ones, and removed keys (a watermark that
-#: moves past old windows and old ids; a negative amount, which ``jobs.running_total``
+#: moves past old windows and old ids; a negative amount, which ``spark_jobs.running_total_fn``
 #: takes as "forget this user").
 DEDUP_BATCHES = [
     [{"id": 1, "user": "a", "ts": _ts(1)}, {"id": 2, "user": "b", "ts": _ts(2)}],
@@ -473,12 +473,11 @@ def test_state_written_with_row_checksums_reads_as_spark_reads_it(spark, tmp_pat
         assert {p: {(k,): v for k, v in rows.items()} for p, rows in got.items()} == expected
 
 
-def test_a_stream_stream_join_is_listed_and_refused_in_one_line(spark, tmp_path):
-    """A join keeps four bookkeeping stores whose rows mean nothing on their own: they
-    are listed, and reading one is one line naming the operator, never rows."""
+def test_a_stream_stream_join_is_served_as_its_two_sides(spark, tmp_path):
+    """A join's internal stores are served as its two sides: each keyed by the join key,
+    a key's value the rows the side buffers for it (every layout is held to Spark's own
+    reader on the frozen cells: test_joins.py)."""
     import json as json_module
-
-    from iqkit.store.checkpoint.shape import UnsupportedStateError
 
     inputs = tmp_path / "input"
     inputs.mkdir()
@@ -492,32 +491,50 @@ def test_a_stream_stream_join_is_listed_and_refused_in_one_line(spark, tmp_path)
      .option("checkpointLocation", checkpoint).trigger(availableNow=True)
      .start().awaitTermination())  # fmt: skip
     with iqkit.open(checkpoint) as engine:
-        names = engine.store_names()
-        assert names and all(n.startswith("join-") for n in names)
-        with pytest.raises(UnsupportedStateError) as info:
-            engine.manifest(names[0])
-    message = str(info.value)
-    assert "\n" not in message
-    assert message.startswith("not supported yet: symmetricHashJoin (a stream-stream join)")
+        assert engine.store_names() == ["join.left", "join.right"]
+        for row in AGG_BATCHES[0]:
+            user = row["user"]
+            for side, want in (
+                ("left", row),
+                ("right", {"user": user, "double": 2 * row["amount"]}),
+            ):
+                request = StateQueryRequest.in_store(f"join.{side}").with_query(
+                    KeyQuery.with_key(user)
+                )
+                (value,) = [r.result for r in engine.query(request).partition_results.values()]
+                assert [{k: v for k, v in r.items() if k != "matched"} for r in value] == [want]
 
 
-def test_transform_with_state_is_listed_and_refused_in_one_line(spark, tmp_path):
-    """transformWithState keeps one column family per state variable: the store is
-    listed, and reading it is one line naming the operator, never rows."""
+def test_transform_with_state_serves_each_state_variable_as_spark_reads_it(spark, tmp_path):
+    """transformWithState keeps one column family per state variable: each is a store
+    (``transform.<variable>``) holding what Spark's reader gives for it; list elements
+    appended one at a time (RocksDB merge records) come back in order."""
     from test_hdfs_state import run_transform_with_state
 
-    from iqkit.store.checkpoint.shape import UnsupportedStateError
+    checkpoint = os.fspath(run_transform_with_state(spark, tmp_path))
 
-    checkpoint = run_transform_with_state(spark, tmp_path)
-    with iqkit.open(os.fspath(checkpoint)) as engine:
-        assert engine.store_names() == ["transform"]
-        with pytest.raises(UnsupportedStateError) as info:
-            engine.query(
-                StateQueryRequest.in_store("transform").with_query(KeyQuery.with_key("alice"))
-            )
-    message = str(info.value)
-    assert "\n" not in message
-    assert message.startswith("not supported yet: transformWithStateInPandas")
+    def read(name: str, **options: str) -> list[dict[str, Any]]:
+        reader = spark.read.format("statestore").option("stateVarName", name)
+        for option, value in options.items():
+            reader = reader.option(option, value)
+        return [row.asDict(recursive=True) for row in reader.load(checkpoint).collect()]
+
+    want = {
+        "transform.total": {r["key"]["user"]: r["value"] for r in read("total")},
+        "transform.seen": {
+            r["key"]["user"]: r["list_value"] for r in read("seen", flattenCollectionTypes="false")
+        },
+        "transform.counts": {
+            (r["key"]["user"], r["user_map_key"]["name"]): r["user_map_value"]
+            for r in read("counts")
+        },
+    }
+    with iqkit.open(checkpoint) as engine:
+        assert engine.store_names() == sorted(want)
+        for store, rows in want.items():
+            got = {k: v for p in _scan(engine, store).values() for k, v in p.items()}
+            assert got == rows, store
+    assert any(len(elements) > 1 for elements in want["transform.seen"].values())
 
 
 @pytest.mark.parametrize("provider", ["hdfs", "rocksdb-changelog"])

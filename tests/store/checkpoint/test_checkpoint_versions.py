@@ -34,6 +34,21 @@ def _times(checkpoint: str, versions: list[int]) -> dict[int, int]:
     return {v: int(batch_metadata(objects, v - 1)["batchTimestampMs"]) for v in versions}
 
 
+def state_changes(states: dict[int, dict[Any, Any]]) -> list[tuple]:
+    """What ``ChangesQuery`` should give over ``states`` (version -> key -> value): each
+    version against the one before, ``(version, key, kind, value, old value)`` for each
+    key whose value differs, by version, then key."""
+    want = []
+    for before, version in pairwise(sorted(states)):
+        old, new = states[before], states[version]
+        for key in sorted(set(old) | set(new)):
+            a, b = old.get(key), new.get(key)
+            if a != b:
+                kind = "insert" if a is None else "delete" if b is None else "update"
+                want.append((version, key, kind, b, a))
+    return want
+
+
 def _changes(engine, store: str, a: int, b: int) -> list[tuple]:
     request = StateQueryRequest.in_store(store).with_query(ChangesQuery.between(a, b))
     out = []
@@ -55,15 +70,7 @@ def test_changes_and_histories_equal_what_spark_state_reader_gives(spark, tmp_pa
         versions = engine.versions(store)
         states = _states(spark, checkpoint, versions)
         times = _times(checkpoint, versions)
-        # ChangesQuery: each version against the one before, as the states differ.
-        want = []
-        for before, version in pairwise(versions):
-            old, new = states[before], states[version]
-            for key in sorted(set(old) | set(new)):
-                a, b = old.get(key), new.get(key)
-                if a != b:
-                    kind_of = "insert" if a is None else "delete" if b is None else "update"
-                    want.append((version, key, kind_of, b, a))
+        want = state_changes(states)
         got = _changes(engine, store, versions[0], versions[-1])
         assert [c[:5] for c in got] == want
         assert any(c[2] == "update" for c in want)

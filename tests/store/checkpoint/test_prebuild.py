@@ -23,6 +23,7 @@ from iqkit.store.checkpoint import prebuild
 from iqkit.store.checkpoint.layout import operator_stores
 from iqkit.store.checkpoint.materialize import state_folder_in_cache
 from iqkit.store.checkpoint.providers import StateReader
+from iqkit.store.checkpoint.shape import StateShape
 from iqkit.store.checkpoint.snapshot import committed_versions, version_record
 from iqkit.store.objects import open_objects
 from iqkit.store.partitions import rocks
@@ -46,8 +47,12 @@ def database(checkpoint: Path, cache: Path, p: int) -> Path:
     objects = open_objects(checkpoint)
     (store,) = operator_stores(objects)
     version = committed_versions(objects)[-1]
-    files = StateReader(objects).version_files(store, p, version)
-    return state_folder_in_cache(FileCache(cache), objects, store.name, p, version, files.names)
+    reader = StateReader(objects)
+    files = reader.version_files(store, p, version)
+    shape = StateShape(*reader.schemas(store))
+    return state_folder_in_cache(
+        FileCache(cache), objects, store.name, p, version, files.names, shape
+    )
 
 
 def ask_helper(checkpoint: Path, cache: Path, p: int) -> None:
