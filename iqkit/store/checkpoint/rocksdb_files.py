@@ -49,8 +49,9 @@ Checkpoint format v2 (``spark.sql.streaming.stateStore.checkpointFormatVersion=2
 default in PySpark 4.3; Real-Time Mode queries need 2) names each file
 ``<v>_<unique id>.zip`` / ``.changelog``: a retried batch leaves files of several attempts
 for one version, and the commit log (``commits/<v - 1>``, ``stateUniqueIds``: operator id
-→ one list per partition of one id per store) names the one that counts; a changelog's
-lineage names the files of the versions before it. Spark then also writes a checksum file
+→ one list per partition of one id per store, in the order the operator's metadata lists
+its stores: a join's four) names the one that counts, and no other attempt's file is ever
+read; a changelog's lineage names the files of the versions before it. Spark then also writes a checksum file
 of its own, ``<name>.crc``, beside each (JSON: ``algorithm`` CRC32C, ``value``,
 ``mainFileSize``): its size is checked.
 
@@ -84,6 +85,7 @@ from ..partitions import rocks
 from .codecs import StateFileError, decompress_state_file
 from .hdfs_files import check_hadoop_crc
 from .shape import UnsupportedStateError
+from .state_schema import read_operator_metadata
 
 __all__ = [
     "PartitionFiles",
@@ -353,14 +355,20 @@ class _UniqueIdPlan(_Plan):
 
     def _committed_id(self, version: int) -> str:
         """The unique id the commit of batch ``version - 1`` recorded for this partition's
-        store (the folder ``state/<operator>/<partition>``)."""
+        store (the folder ``state/<operator>/<partition>``, plus ``/<store name>`` for an
+        operator of several stores: the commit lists one id per store, in the order of
+        the operator's metadata)."""
         where = self.files.folder
-        match = re.fullmatch(r"(?:.*/)?state/(\d+)/(\d+)", where)
+        match = re.fullmatch(r"(?:.*/)?state/(\d+)/(\d+)(?:/([^/]+))?", where)
         if not match:
-            raise UnsupportedStateError(
-                f"not supported yet: checkpoint format v2 (state files named <version>_<id>) "
-                f"for a store other than 'default' ({where})"
-            )
+            raise StateFileError(f"{where}: not a state partition folder (state/<op>/<part>)")
+        store = 0
+        if match[3] is not None:
+            metadata = read_operator_metadata(self.objects, where.rsplit("/", 2)[0])
+            names = [info.name for info in metadata.stores]
+            if match[3] not in names:
+                raise StateFileError(f"{metadata.source}: no state store {match[3]!r}")
+            store = names.index(match[3])
         commit = f"commits/{version - 1}"
         try:
             text = self.objects.read_bytes(commit).decode("utf-8", "replace")
@@ -371,7 +379,7 @@ class _UniqueIdPlan(_Plan):
             ) from None
         try:
             ids = json.loads(text.split("\n", 1)[1])["stateUniqueIds"][match[1]]
-            uid = ids[int(match[2])][0]
+            uid = ids[int(match[2])][store]
         except (IndexError, KeyError, TypeError, ValueError):
             raise StateFileError(
                 f"{self.objects.where(commit)}: names no state file id for {where} "
