@@ -11,6 +11,7 @@ asked, and reading opens no file for writing.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from ...errors import IqkitError, StoreNotFoundError, UnknownStoreError
 from ..cache import FileCache, reader_cache
@@ -19,7 +20,7 @@ from ..format import StoreFormat
 from ..manifest import StoreManifest
 from ..objects import open_objects
 from ..roots import StoreRoot
-from .layout import OperatorStore, is_checkpoint, operator_stores
+from .layout import OperatorStore, is_checkpoint, operator_stores, state_partitions
 from .materialize import scratch_folder
 from .providers import StateReader
 from .shape import StateShape, UnsupportedStateError
@@ -115,7 +116,13 @@ class CheckpointFormat(StoreFormat):
                         rows = self._state_reader().first_key_rows(found, versions[-1], work_dir)
                         window_size = shape.window_size_ms(rows)
             provider = self._state_reader().provider_name
-            manifest = self._manifests[store] = shape.manifest(found, window_size, provider)
+            manifest = shape.manifest(found, window_size, provider)
+            if versions := committed_versions(self.objects):
+                # The newest version's count: the operator metadata's is not updated by a
+                # repartition (``layout.state_partitions``).
+                count = state_partitions(self.objects, found, versions[-1])
+                manifest = replace(manifest, partitions=count)
+            self._manifests[store] = manifest
         return manifest
 
     def partitioner(self, manifest: StoreManifest) -> Partitioner:
@@ -139,7 +146,10 @@ class CheckpointFormat(StoreFormat):
         if found is None:
             return None
         versions = committed_versions(self.objects)
-        return version_record(self.objects, versions[-1], found.partitions) if versions else None
+        if not versions:
+            return None
+        count = state_partitions(self.objects, found, versions[-1])
+        return version_record(self.objects, versions[-1], count)
 
     # -- writing: refused before these are reached (``read_only``) ---------------------------
     def _ensure_store(self, manifest, *, settings, asked, create):  # type: ignore[no-untyped-def]

@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import StoreCorruptedError
+from ...errors import ObjectMissingError, StoreCorruptedError
 from ..objects import ObjectStore
 from .state_schema import DEFAULT_STORE, OperatorMetadata, StoreInfo, read_operator_metadata
 
@@ -46,6 +46,7 @@ __all__ = [
     "is_checkpoint",
     "operator_stores",
     "state_folder",
+    "state_partitions",
 ]
 
 #: What a checkpoint has at its top (a root holding these is read as one).
@@ -207,3 +208,30 @@ def batch_metadata(objects: ObjectStore, batch: int) -> dict[str, Any]:
             f"checkpoint file {key} is not an offsets log entry: {exc}"
         ) from None
     return metadata
+
+
+#: The shuffle partition count a batch ran with, as its offsets log entry records it: the
+#: number of state partitions of every stateful operator at that batch.
+_SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
+
+def state_partitions(objects: ObjectStore, store: OperatorStore, version: int) -> int:
+    """How many partitions ``store`` has at state ``version`` (after batch ``version -
+    1``): the shuffle partition count that batch's offsets log entry records. Quirk:
+    Spark 4.2+'s offline repartitioning writes a batch of its own with the new count and
+    leaves the operator metadata's ``numPartitions`` as it was, so the metadata is only
+    the fallback (no entry for the batch, or no count in it)."""
+    if version < 1:
+        return store.partitions
+    try:
+        conf = batch_metadata(objects, version - 1).get("conf")
+    except ObjectMissingError:
+        return store.partitions
+    count = conf.get(_SHUFFLE_PARTITIONS) if isinstance(conf, dict) else None
+    if count is None:
+        return store.partitions
+    if not str(count).isdigit() or int(count) < 1:
+        raise StoreCorruptedError(
+            f"checkpoint file offsets/{version - 1}: {_SHUFFLE_PARTITIONS} is {count!r}"
+        )
+    return int(count)

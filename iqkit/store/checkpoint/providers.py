@@ -17,7 +17,7 @@ from typing import Any
 from ...errors import IqkitError
 from ..objects import ObjectStore
 from . import hdfs_files, rocksdb_files
-from .layout import OperatorStore, batch_metadata, state_folder
+from .layout import OperatorStore, batch_metadata, state_folder, state_partitions
 from .shape import UnsupportedStateError
 from .state_records import StateRecords, StateRows
 from .state_schema import StoreSchema, read_store_schema
@@ -328,7 +328,7 @@ class StateReader:
         read is passed over (its own queries fail, naming the file): a damaged partition
         must not fail the whole store; when none can be read, the first one's error."""
         first_error: IqkitError | None = None
-        for p in range(store.partitions):
+        for p in range(state_partitions(self.objects, store, version)):
             try:
                 files = self.version_files(store, p, version)
                 for key_row, _ in self.state_rows(store, version, files, work_dir):

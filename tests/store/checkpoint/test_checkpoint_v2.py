@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import iqkit
-from iqkit import KeyQuery, RangeQuery, StateQueryRequest
+from iqkit import ChangesQuery, KeyQuery, MultiVersionedKeyQuery, RangeQuery, StateQueryRequest
 from iqkit.store.checkpoint.rocksdb_files import load_state
 from iqkit.store.checkpoint.state_schema import read_store_schema
 from iqkit.store.checkpoint.unsafe_row import RowDecoder
@@ -226,3 +226,101 @@ def test_a_joins_v2_stores_take_their_own_id_from_the_commit_log(tmp_path):
                     json.dumps([list(r["key"].values()), list(r["value"].values())]) for r in rows
                 )
                 assert got == want, f"{store} partition {p} version {batch['stateVersion']}"
+
+
+# -- a partition count that changes (offline repartitioning) --------------------------------
+def spark_reading(cell: str) -> dict[int, dict[int, dict[str, dict[str, int]]]]:
+    """State version → partition → user → value, as Spark 4.3's state reader read them."""
+    facts = json.loads((cell_folder(cell) / "statestore.json").read_text())
+    (read,) = facts["operators"][0]["reads"]
+    return {
+        batch["stateVersion"]: {
+            int(p): {r["key"]["user"]: r["value"] for r in rows}
+            for p, rows in batch["partitions"].items()
+        }
+        for batch in read["batches"]
+    }
+
+
+def test_each_version_has_the_partition_count_of_its_batch():
+    """Batches 0-1 ran with 3 partitions, the repartition wrote batch 2 with 5, batches 3-4
+    ran with 5; the operator's metadata still says 3. Every version holds, partition by
+    partition, what Spark's reader gives, keys route with the version's own count, and the
+    versions before the repartition keep theirs."""
+    checkpoint = cell_folder(REPARTITIONED) / "checkpoint"
+    oracle, model = spark_reading(REPARTITIONED), input_model(REPARTITIONED)
+    assert '"numPartitions":3' in (checkpoint / "state/0/_metadata/metadata").read_text()
+    counts = {1: 3, 2: 3, 3: 5, 4: 5, 5: 5}
+    assert {v: len(p) for v, p in oracle.items()} == counts
+    with iqkit.open(checkpoint) as engine:
+        assert engine.versions(STORE) == [1, 2, 3, 4, 5]
+        assert engine.manifest(STORE).partitions == 5
+        assert sorted(engine.lags()[STORE]) == [0, 1, 2, 3, 4]
+    for version, count in counts.items():
+        got = scan(checkpoint, version)
+        assert got == oracle[version], f"version {version}"
+        assert flat(got) == model[version], f"version {version}"
+        with iqkit.open(checkpoint, as_of=version) as engine:
+            assert engine.manifest(STORE).partitions == count
+            for p, rows in got.items():
+                for user, value in rows.items():
+                    assert engine.partition_for_key(STORE, user) == p
+                    request = StateQueryRequest.in_store(STORE).with_query(KeyQuery.with_key(user))
+                    assert engine.query(request).partition_results[p].result == value
+
+
+def test_histories_and_changes_cross_the_repartition():
+    """A key's history and the change feed of the newest version's partitions reach back
+    past the repartition: an older version's rows are taken from the partition that held
+    each key then (Spark's hash with that version's count)."""
+    checkpoint = cell_folder(REPARTITIONED) / "checkpoint"
+    model = input_model(REPARTITIONED)
+    with iqkit.open(checkpoint) as engine:
+        for user in sorted(model[5]):
+            query = MultiVersionedKeyQuery.with_key(user).with_ascending_timestamps()
+            request = StateQueryRequest.in_store(STORE).with_query(query)
+            (result,) = engine.query(request).partition_results.values()
+            assert result.is_success, result.failure_message
+            want = []
+            for version in range(1, 6):
+                value = model[version].get(user)
+                if value is not None and (not want or want[-1][1] != value):
+                    want.append((version, value))
+            assert [(r.version, r.value) for r in result.result] == want, user
+        request = StateQueryRequest.in_store(STORE).with_query(ChangesQuery.between(1, 5))
+        changes = []
+        for result in engine.query(request).partition_results.values():
+            assert result.is_success, result.failure_message
+            changes += [(c.version, c.key, c.value) for c in result.result]
+    want = [
+        (v, user, value)
+        for v in range(2, 6)
+        for user, value in model[v].items()
+        if model[v - 1].get(user) != value
+    ]
+    assert sorted(changes) == sorted(want)
+    assert not [c for c in changes if c[0] == 3]  # the repartition changed no value
+
+
+def test_an_engine_that_sees_the_count_change_under_it_refuses(tmp_path):
+    """An engine routes with the count it opened the store with: a repartition committed
+    while it stays open is refused in one line, and an engine opened again reads it."""
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(cell_folder(REPARTITIONED) / "checkpoint", copy)
+    later = tmp_path / "later"
+    later.mkdir()
+    for batch in (2, 3, 4):  # not committed yet: the repartition has not run
+        (copy / "commits" / str(batch)).rename(later / str(batch))
+    request = StateQueryRequest.in_store(STORE).with_query(RangeQuery.with_no_bounds())
+    with iqkit.open(copy) as engine:
+        assert engine.manifest(STORE).partitions == 3
+        assert all(r.is_success for r in engine.query(request).partition_results.values())
+        for batch in (2, 3, 4):
+            (later / str(batch)).rename(copy / "commits" / str(batch))
+        results = engine.query(request).partition_results
+        assert sorted(results) == [0, 1, 2]
+        for result in results.values():
+            assert not result.is_success
+            assert "repartitioned from 3 to 5" in result.failure_message
+            assert "\n" not in result.failure_message
+    assert flat(scan(copy, 5)) == input_model(REPARTITIONED)[5]
