@@ -148,8 +148,7 @@ class CheckpointFormat(StoreFormat):
         versions = committed_versions(self.objects)
         if not versions:
             return None
-        count = state_partitions(self.objects, found, versions[-1])
-        return version_record(self.objects, versions[-1], count)
+        return version_record(self.objects, versions[-1], found)
 
     # -- writing: refused before these are reached (``read_only``) ---------------------------
     def _ensure_store(self, manifest, *, settings, asked, create):  # type: ignore[no-untyped-def]

@@ -215,16 +215,23 @@ def batch_metadata(objects: ObjectStore, batch: int) -> dict[str, Any]:
 _SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
-def state_partitions(objects: ObjectStore, store: OperatorStore, version: int) -> int:
+def state_partitions(
+    objects: ObjectStore,
+    store: OperatorStore,
+    version: int,
+    *,
+    metadata: dict[str, Any] | None = None,
+) -> int:
     """How many partitions ``store`` has at state ``version`` (after batch ``version -
     1``): the shuffle partition count that batch's offsets log entry records. Quirk:
     Spark 4.2+'s offline repartitioning writes a batch of its own with the new count and
     leaves the operator metadata's ``numPartitions`` as it was, so the metadata is only
-    the fallback (no entry for the batch, or no count in it)."""
+    the fallback (no entry for the batch, or no count in it). ``metadata``: the batch's
+    metadata (``batch_metadata``), when read already."""
     if version < 1:
         return store.partitions
     try:
-        conf = batch_metadata(objects, version - 1).get("conf")
+        conf = (metadata or batch_metadata(objects, version - 1)).get("conf")
     except ObjectMissingError:
         return store.partitions
     count = conf.get(_SHUFFLE_PARTITIONS) if isinstance(conf, dict) else None

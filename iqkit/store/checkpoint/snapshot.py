@@ -75,10 +75,16 @@ def committed_versions(objects: ObjectStore) -> list[int]:
     return [b + 1 for b in committed_batches(objects)]
 
 
-def version_record(objects: ObjectStore, version: int, partitions: int) -> CheckpointVersion:
-    """Version ``version`` of a store of ``partitions`` partitions (its batch's sources
-    read from the offsets log)."""
-    stamp = batch_metadata(objects, version - 1).get("batchTimestampMs")
+def version_record(
+    objects: ObjectStore, version: int, partitions: int | OperatorStore
+) -> CheckpointVersion:
+    """Version ``version`` of a store of ``partitions`` partitions, or of ``store`` with
+    the count its batch recorded (``layout.state_partitions``); its batch's sources read
+    from the offsets log."""
+    metadata = batch_metadata(objects, version - 1)
+    stamp = metadata.get("batchTimestampMs")
+    if not isinstance(partitions, int):
+        partitions = state_partitions(objects, partitions, version, metadata=metadata)
     return CheckpointVersion(
         version,
         tuple(range(partitions)),
@@ -195,8 +201,7 @@ class CheckpointSnapshot:
     def published(self, version: int, partition: int | None = None) -> CheckpointVersion:
         if self.record is not None and self.record.version == version:
             return self.record
-        partitions = state_partitions(self.objects, self.store, version)
-        return version_record(self.objects, version, partitions)
+        return version_record(self.objects, version, self.store)
 
     def version_walk(self, p: int, records: Mapping[int, Any]) -> OpenedVersionsWalk:
         """Each version's partition opened as a query of it opens it (replayed once per
