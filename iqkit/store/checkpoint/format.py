@@ -11,7 +11,6 @@ asked, and reading opens no file for writing.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 from ...errors import IqkitError, StoreNotFoundError, UnknownStoreError
 from ..cache import FileCache, reader_cache
@@ -20,7 +19,7 @@ from ..format import StoreFormat
 from ..manifest import StoreManifest
 from ..objects import open_objects
 from ..roots import StoreRoot
-from .layout import OperatorStore, is_checkpoint, operator_stores, state_partitions
+from .layout import OperatorStore, is_checkpoint, operator_stores
 from .materialize import scratch_folder
 from .providers import StateReader
 from .shape import StateShape, UnsupportedStateError
@@ -116,13 +115,9 @@ class CheckpointFormat(StoreFormat):
                         rows = self._state_reader().first_key_rows(found, versions[-1], work_dir)
                         window_size = shape.window_size_ms(rows)
             provider = self._state_reader().provider_name
-            manifest = shape.manifest(found, window_size, provider)
-            if versions := committed_versions(self.objects):
-                # The newest version's count: the operator metadata's is not updated by a
-                # repartition (``layout.state_partitions``).
-                count = state_partitions(self.objects, found, versions[-1])
-                manifest = replace(manifest, partitions=count)
-            self._manifests[store] = manifest
+            # The operator metadata's partition count: a snapshot serves its version's
+            # own (``layout.state_partitions``: a repartition does not update the metadata).
+            manifest = self._manifests[store] = shape.manifest(found, window_size, provider)
         return manifest
 
     def partitioner(self, manifest: StoreManifest) -> Partitioner:

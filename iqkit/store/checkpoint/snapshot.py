@@ -130,7 +130,12 @@ class CheckpointSnapshot:
                     f"(committed: {listing})"
                 )
             self.record = self.published(pinned)
-            # The pinned version's own partition count: routing and fan-out use it.
+        else:
+            versions = committed_versions(objects)
+            self.record = self.published(versions[-1]) if versions else None
+        if self.record is not None:
+            # The served version's own partition count, not the operator metadata's (a
+            # repartition leaves that as it was): routing and fan-out use it.
             self.manifest = replace(manifest, partitions=len(self.record.partitions))
 
     # -- the served version ----------------------------------------------------------------

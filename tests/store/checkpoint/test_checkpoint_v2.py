@@ -22,6 +22,7 @@ import pytest
 
 import iqkit
 from iqkit import ChangesQuery, KeyQuery, MultiVersionedKeyQuery, RangeQuery, StateQueryRequest
+from iqkit.errors import StoreCorruptedError
 from iqkit.store.checkpoint.rocksdb_files import load_state
 from iqkit.store.checkpoint.state_schema import read_store_schema
 from iqkit.store.checkpoint.unsafe_row import RowDecoder
@@ -324,3 +325,20 @@ def test_an_engine_that_sees_the_count_change_under_it_refuses(tmp_path):
             assert "repartitioned from 3 to 5" in result.failure_message
             assert "\n" not in result.failure_message
     assert flat(scan(copy, 5)) == input_model(REPARTITIONED)[5]
+
+
+def test_a_damaged_partition_count_in_the_offsets_log_is_refused_naming_it(tmp_path):
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(cell_folder(REPARTITIONED) / "checkpoint", copy)
+    offsets = copy / "offsets" / "4"
+    text = offsets.read_text()
+    assert '"spark.sql.shuffle.partitions":"5"' in text
+    offsets.write_text(
+        text.replace('"spark.sql.shuffle.partitions":"5"', '"spark.sql.shuffle.partitions":"x5"')
+    )
+    (copy / "offsets" / ".4.crc").unlink(missing_ok=True)
+    with iqkit.open(copy) as engine, pytest.raises(StoreCorruptedError) as error:
+        engine.manifest(STORE)
+    assert "offsets/4" in str(error.value) and "spark.sql.shuffle.partitions" in str(error.value)
+    with iqkit.open(copy, as_of=4) as engine:  # the versions before it keep theirs
+        assert engine.manifest(STORE).partitions == 5
