@@ -10,7 +10,6 @@ asked, and reading opens no file for writing.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 from ...errors import IqkitError, StoreNotFoundError, UnknownStoreError
@@ -21,7 +20,7 @@ from ..manifest import StoreManifest
 from ..objects import open_objects
 from ..roots import StoreRoot
 from .joins import StoreReader, open_store
-from .layout import OperatorStore, is_checkpoint, operator_stores, partitions_at
+from .layout import OperatorStore, is_checkpoint, operator_stores
 from .materialize import scratch_folder
 from .providers import StateReader
 from .shape import StateShape, UnsupportedStateError
@@ -124,12 +123,9 @@ class CheckpointFormat(StoreFormat):
                         rows = self._state_reader().first_key_rows(found, versions[-1], work_dir)
                         window_size = shape.window_size_ms(rows)
             provider = self._state_reader().provider_name
-            manifest = shape.manifest(found, window_size, provider)
-            versions = committed_versions(self.objects)
-            if versions:  # the newest version's partitions (``layout.partitions_at``)
-                partitions = partitions_at(self.objects, found, versions[-1])
-                manifest = dataclasses.replace(manifest, partitions=partitions)
-            self._manifests[store] = manifest
+            # The operator metadata's partition count: a snapshot serves its version's
+            # own (``layout.state_partitions``: a repartition does not update the metadata).
+            manifest = self._manifests[store] = shape.manifest(found, window_size, provider)
         return manifest
 
     def partitioner(self, manifest: StoreManifest) -> Partitioner:
@@ -138,10 +134,6 @@ class CheckpointFormat(StoreFormat):
     def open_snapshot(self, store: str, pinned: int | None) -> CheckpointSnapshot:
         manifest = self.read_manifest(store)
         found = self._store(store)
-        if pinned is not None and pinned in committed_versions(self.objects):
-            # An older version may have had other partitions (an offline repartition since).
-            partitions = partitions_at(self.objects, found, pinned)
-            manifest = dataclasses.replace(manifest, partitions=partitions)
         return CheckpointSnapshot(
             self.objects,
             found,
@@ -159,9 +151,7 @@ class CheckpointFormat(StoreFormat):
         versions = committed_versions(self.objects)
         if not versions:
             return None
-        return version_record(
-            self.objects, versions[-1], partitions_at(self.objects, found, versions[-1])
-        )
+        return version_record(self.objects, versions[-1], found)
 
     # -- writing: refused before these are reached (``read_only``) ---------------------------
     def _ensure_store(self, manifest, *, settings, asked, create):  # type: ignore[no-untyped-def]

@@ -46,7 +46,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import StoreCorruptedError
+from ...errors import ObjectMissingError, StoreCorruptedError
 from ..objects import ObjectStore
 from . import transform
 from .codecs import StateFileError
@@ -59,8 +59,8 @@ __all__ = [
     "committed_batches",
     "is_checkpoint",
     "operator_stores",
-    "partitions_at",
     "state_folder",
+    "state_partitions",
 ]
 
 #: What a checkpoint has at its top (a root holding these is read as one).
@@ -216,25 +216,6 @@ def _served(metadata: OperatorMetadata) -> list[tuple[StoreInfo, str | None]]:
     return [(info, None) for info in metadata.stores]
 
 
-#: The setting that fixes a query's state partitions for life: Spark restores it from the
-#: offsets log on every restart, and only an offline repartition (Spark 4.2+) changes it.
-_PARTITIONS_SETTING = "spark.sql.shuffle.partitions"
-
-
-def partitions_at(objects: ObjectStore, store: OperatorStore, version: int) -> int:
-    """How many partitions ``store`` has at state ``version``: the offsets log's
-    ``spark.sql.shuffle.partitions`` of its batch (quirk: Spark 4.2+'s offline repartition
-    changes it from its batch on but leaves the operator metadata's ``numPartitions`` as it
-    was), else the operator's own count."""
-    conf = batch_metadata(objects, version - 1).get("conf")
-    recorded = conf.get(_PARTITIONS_SETTING) if isinstance(conf, dict) else None
-    try:
-        count = int(recorded) if recorded is not None else 0
-    except (TypeError, ValueError):
-        count = 0
-    return count if count > 0 else store.partitions
-
-
 #: The offsets log's header line; the batch's metadata (watermark, trigger time, the
 #: SQL settings the query started with) is the JSON line after it.
 _OFFSETS_HEADER = "v1"
@@ -265,3 +246,37 @@ def batch_metadata(objects: ObjectStore, batch: int) -> dict[str, Any]:
             f"checkpoint file {key} is not an offsets log entry: {exc}"
         ) from None
     return metadata
+
+
+#: The shuffle partition count a batch ran with, as its offsets log entry records it: the
+#: number of state partitions of every stateful operator at that batch.
+_SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
+
+def state_partitions(
+    objects: ObjectStore,
+    store: OperatorStore,
+    version: int,
+    *,
+    metadata: dict[str, Any] | None = None,
+) -> int:
+    """How many partitions ``store`` has at state ``version`` (after batch ``version -
+    1``): the shuffle partition count that batch's offsets log entry records. Quirk:
+    Spark 4.2+'s offline repartitioning writes a batch of its own with the new count and
+    leaves the operator metadata's ``numPartitions`` as it was, so the metadata is only
+    the fallback (no entry for the batch, or no count in it). ``metadata``: the batch's
+    metadata (``batch_metadata``), when read already."""
+    if version < 1:
+        return store.partitions
+    try:
+        conf = (metadata or batch_metadata(objects, version - 1)).get("conf")
+    except ObjectMissingError:
+        return store.partitions
+    count = conf.get(_SHUFFLE_PARTITIONS) if isinstance(conf, dict) else None
+    if count is None:
+        return store.partitions
+    if not str(count).isdigit() or int(count) < 1:
+        raise StoreCorruptedError(
+            f"checkpoint file offsets/{version - 1}: {_SHUFFLE_PARTITIONS} is {count!r}"
+        )
+    return int(count)

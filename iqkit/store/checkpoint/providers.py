@@ -17,7 +17,7 @@ from typing import Any
 from ...errors import IqkitError
 from ..objects import ObjectStore
 from . import hdfs_files, rocksdb_files, transform
-from .layout import OperatorStore, batch_metadata, state_folder
+from .layout import OperatorStore, batch_metadata, state_folder, state_partitions
 from .sessions import SESSION_OPERATOR, session_schema, session_shape
 from .shape import StateShape, UnsupportedStateError
 from .state_records import StateRecords, StateRows
@@ -395,7 +395,7 @@ class StateReader:
         read is passed over (its own queries fail, naming the file): a damaged partition
         must not fail the whole store; when none can be read, the first one's error."""
         first_error: IqkitError | None = None
-        for p in range(store.partitions):
+        for p in range(state_partitions(self.objects, store, version)):
             try:
                 files = self.version_files(store, p, version)
                 for key_row, _ in self.state_rows(store, version, files, work_dir):

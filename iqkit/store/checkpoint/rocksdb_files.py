@@ -70,10 +70,11 @@ Checkpoint format v2 (``spark.sql.streaming.stateStore.checkpointFormatVersion=2
 default in PySpark 4.3; Real-Time Mode queries need 2) names each file
 ``<v>_<unique id>.zip`` / ``.changelog``: a retried batch leaves files of several attempts
 for one version, and the commit log (``commits/<v - 1>``, ``stateUniqueIds``: operator id
-→ one list per partition of one id per store) names the one that counts; a changelog's
-lineage names the files of the versions before it. Spark then also writes a checksum file
-of its own, ``<name>.crc``, beside each (JSON: ``algorithm`` CRC32C, ``value``,
-``mainFileSize``): its size is checked.
+→ one list per partition of one id per store, in the order the operator's metadata lists
+its stores: a join's four) names the one that counts, and no other attempt's file is ever
+read; a changelog's lineage names the files of the versions before it. Spark then also
+writes a checksum file of its own, ``<name>.crc``, beside each (JSON: ``algorithm``
+CRC32C, ``value``, ``mainFileSize``): its size is checked.
 
 Everything read is checked: Hadoop's ``.<name>.crc`` beside a zip or changelog where it
 exists (local and HDFS checkpoints), the zip's own CRC-32 of each entry, a changelog's

@@ -14,25 +14,27 @@ helper process builds the next one (``prebuild``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import heapq
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...errors import IqkitError
+from ...errors import IqkitError, StoreCorruptedError
 from ...query.position import Position
 from ..cache import FileCache
 from ..format import OpenPartition
 from ..manifest import StoreManifest
+from ..names import DATA_PREFIX
 from ..objects import ObjectStore
 from ..partitions.layers import ReadCache, build_layers
 from ..partitions.partition import encode_commit_record
 from ..versions import OpenedVersionsWalk
 from . import prebuild
-from .layout import OperatorStore, batch_metadata, committed_batches
+from .layout import OperatorStore, batch_metadata, committed_batches, state_partitions
 from .materialize import open_partition
 from .positions import BatchSources, batch_sources
 from .providers import StateReader
-from .shape import StateShape
+from .shape import StateShape, UnsupportedStateError
 
 __all__ = ["CheckpointSnapshot", "CheckpointVersion"]
 
@@ -43,8 +45,9 @@ class CheckpointVersion:
     micro-batch whose commit made it (``version - 1``); ``sources`` what it had read."""
 
     version: int
-    #: The store's partitions: every one holds state in every version (Spark commits
-    #: each partition's store every batch).
+    #: The store's partitions at this version (its batch's count: a repartition changes
+    #: it, ``layout.state_partitions``): every one holds state (Spark commits each
+    #: partition's store every batch).
     partitions: tuple[int, ...] = ()
     sources: BatchSources | None = None
     created_at: float = 0.0
@@ -72,10 +75,16 @@ def committed_versions(objects: ObjectStore) -> list[int]:
     return [b + 1 for b in committed_batches(objects)]
 
 
-def version_record(objects: ObjectStore, version: int, partitions: int) -> CheckpointVersion:
-    """Version ``version`` of a store of ``partitions`` partitions (its batch's sources
-    read from the offsets log)."""
-    stamp = batch_metadata(objects, version - 1).get("batchTimestampMs")
+def version_record(
+    objects: ObjectStore, version: int, partitions: int | OperatorStore
+) -> CheckpointVersion:
+    """Version ``version`` of a store of ``partitions`` partitions, or of ``store`` with
+    the count its batch recorded (``layout.state_partitions``); its batch's sources read
+    from the offsets log."""
+    metadata = batch_metadata(objects, version - 1)
+    stamp = metadata.get("batchTimestampMs")
+    if not isinstance(partitions, int):
+        partitions = state_partitions(objects, partitions, version, metadata=metadata)
     return CheckpointVersion(
         version,
         tuple(range(partitions)),
@@ -120,7 +129,14 @@ class CheckpointSnapshot:
                     f"store {manifest.name!r} has no committed version {pinned} "
                     f"(committed: {listing})"
                 )
-            self.record = version_record(objects, pinned, manifest.partitions)
+            self.record = self.published(pinned)
+        else:
+            versions = committed_versions(objects)
+            self.record = self.published(versions[-1]) if versions else None
+        if self.record is not None:
+            # The served version's own partition count, not the operator metadata's (a
+            # repartition leaves that as it was): routing and fan-out use it.
+            self.manifest = replace(manifest, partitions=len(self.record.partitions))
 
     # -- the served version ----------------------------------------------------------------
     def current(self) -> CheckpointVersion | None:
@@ -128,7 +144,14 @@ class CheckpointSnapshot:
             return self.record
         versions = committed_versions(self.objects)
         if versions and (self.record is None or self.record.version != versions[-1]):
-            self.record = version_record(self.objects, versions[-1], self.manifest.partitions)
+            record = self.published(versions[-1])
+            if len(record.partitions) != self.manifest.partitions:
+                raise StoreCorruptedError(
+                    f"store {self.manifest.name!r}: the checkpoint was repartitioned from "
+                    f"{self.manifest.partitions} to {len(record.partitions)} partitions "
+                    f"(version {record.version}) since it was opened; open it again"
+                )
+            self.record = record
         return self.record
 
     def served(self) -> CheckpointVersion | IqkitError | None:
@@ -170,7 +193,7 @@ class CheckpointSnapshot:
         builds the partition before it (``prebuild``): queries that read every partition
         ask for them in turn."""
         key = (record.version, p)
-        if p < self.manifest.partitions and key not in self._open and key not in self._ahead:
+        if p < len(record.partitions) and key not in self._open and key not in self._ahead:
             ahead = prebuild.ask(
                 self.objects, self.store.name, self.cache, record.version, p, commit
             )
@@ -183,12 +206,13 @@ class CheckpointSnapshot:
     def published(self, version: int, partition: int | None = None) -> CheckpointVersion:
         if self.record is not None and self.record.version == version:
             return self.record
-        return version_record(self.objects, version, self.manifest.partitions)
+        return version_record(self.objects, version, self.store)
 
     def version_walk(self, p: int, records: Mapping[int, Any]) -> OpenedVersionsWalk:
         """Each version's partition opened as a query of it opens it (replayed once per
-        reader, the next built on the one before: ``materialize``)."""
-        return OpenedVersionsWalk(self, p, dict(records))
+        reader, the next built on the one before: ``materialize``); a version of another
+        partition count than the one served is read through ``_RepartitionedWalk``."""
+        return _RepartitionedWalk(self, p, dict(records))
 
     def reading(self) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext()
@@ -219,3 +243,68 @@ def _describe(versions: list[int]) -> str:
     if versions == list(range(versions[0], versions[-1] + 1)) and len(versions) > 3:
         return f"{versions[0]}-{versions[-1]}"
     return ", ".join(str(v) for v in versions)
+
+
+class _RepartitionedWalk(OpenedVersionsWalk):
+    """``OpenedVersionsWalk`` over versions whose partition count may differ from the one
+    served (Spark 4.2+'s offline repartitioning): partition ``p`` of such a version is
+    the keys its partitions held that Spark's hash with the served count puts in ``p``,
+    each key read where that version's count put it. Versions of the served count are
+    read as they are."""
+
+    def __init__(self, snapshot: CheckpointSnapshot, partition: int, records: dict) -> None:
+        super().__init__(snapshot, partition, records)
+        self._served = snapshot.manifest.partitions
+        self._partitioner = snapshot.shape.partitioner()
+        self._store = snapshot.manifest.name
+
+    def _count(self, version: int) -> int:
+        count = len(self._records[version].partitions)
+        if count != self._served and not self._partitioner.routes_keys:
+            raise UnsupportedStateError(
+                f"not supported yet: store {self._store!r} version {version} has {count} "
+                f"partitions and the version served {self._served} (the checkpoint was "
+                "repartitioned), and its keys cannot be routed (a window store): read "
+                f"version {version} with as_of={version}"
+            )
+        return count
+
+    def _own(self, version: int, q: int) -> Any:
+        self._opened.add(version)
+        return self._snapshot.partition(self._records[version], q).partition
+
+    def _route(self, key: bytes, count: int) -> int | None:
+        """The partition Spark's hash with ``count`` partitions puts the partition key
+        ``key`` in (``None``: not a key-value row's key)."""
+        if not key.startswith(DATA_PREFIX):
+            return None
+        return self._partitioner.partition(key[len(DATA_PREFIX) :], count)
+
+    def get(self, version: int, key: bytes) -> bytes | None:
+        count = self._count(version)
+        if count == self._served:
+            return super().get(version, key)
+        if self._route(key, self._served) != self._p:
+            return None  # not this partition's key in the layout served
+        owner = self._route(key, count)
+        return None if owner is None else self._own(version, owner).get(key)  # type: ignore[no-any-return]
+
+    def get_many(self, version: int, keys: list[bytes]) -> list[bytes | None]:
+        if self._count(version) == self._served:
+            return super().get_many(version, keys)
+        return [self.get(version, key) for key in keys]
+
+    def scan(self, version: int, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
+        count = self._count(version)
+        if count == self._served:
+            yield from super().scan(version, lower, upper)
+            return
+        mine = self._route
+        scans = [
+            (kv for chunk in self._own(version, q).scan_chunks(lower, upper) for kv in chunk)
+            for q in range(count)
+        ]
+        # Each partition scans in key order: merged, the keys stay in order.
+        for key, value in heapq.merge(*scans, key=lambda kv: kv[0]):
+            if mine(key, self._served) == self._p:
+                yield key, value
