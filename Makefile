@@ -40,7 +40,7 @@ test: $(STAMP) check-java check-chromium
 	$(PY) tests/spark/s3a_jars.py $(S3A_JARS)
 	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)
 	$(TEST_ENV) IQKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider \
-	    -n $(TEST_WORKERS) --dist loadfile tests
+	    -n $(TEST_WORKERS) --dist loadfile --durations=30 tests
 	$(TEST_ENV) IQKIT_STABLE_TIMINGS=1 $(PY) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks
 	rm -rf $(TEST_TMP)
 

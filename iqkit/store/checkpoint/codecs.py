@@ -51,12 +51,18 @@ from collections.abc import Callable, Sequence
 
 from ...errors import IqkitError
 
-__all__ = ["CODECS", "StateFileError", "decompress_state_file"]
+__all__ = ["CODECS", "StateFileError", "UnknownFormatError", "decompress_state_file"]
 
 
 class StateFileError(IqkitError):
     """A state file of a checkpoint is missing, cut short or damaged; the message is one
     line naming the file and what is wrong with it."""
+
+
+class UnknownFormatError(StateFileError):
+    """A checkpoint file says it is in a format version iqkit does not know: a newer
+    Spark's (or a damaged version marker). The refusal names the file, the version and
+    (``spark_release``) the Spark that wrote the checkpoint."""
 
 
 #: lz4-java's block stream.

@@ -10,7 +10,10 @@ asked, and reading opens no file for writing.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ...errors import IqkitError, StoreNotFoundError, UnknownStoreError
 from ..cache import FileCache, reader_cache
@@ -25,8 +28,24 @@ from .materialize import scratch_folder
 from .providers import StateReader
 from .shape import StateShape, UnsupportedStateError
 from .snapshot import CheckpointSnapshot, CheckpointVersion, committed_versions, version_record
+from .spark_release import attributed
 
 __all__ = ["CheckpointFormat"]
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _naming_spark(method: _Method) -> _Method:
+    """A public entry point whose refusals of something unknown name the Spark that
+    wrote the checkpoint (``spark_release.attributed``)."""
+
+    @functools.wraps(method)
+    def wrapper(self: CheckpointFormat, *args: Any, **kwargs: Any) -> Any:
+        with attributed(self.objects):
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 class CheckpointFormat(StoreFormat):
@@ -63,6 +82,7 @@ class CheckpointFormat(StoreFormat):
             return False
 
     # -- reading ---------------------------------------------------------------------------
+    @_naming_spark
     def check_root(self) -> None:
         local = self.root.local
         if local is not None and not os.path.isdir(local):
@@ -93,6 +113,7 @@ class CheckpointFormat(StoreFormat):
             raise UnknownStoreError(name, stores, where=where, notes=notes)
         return store
 
+    @_naming_spark
     def store_names(self) -> list[str]:
         return sorted(self._operator_stores())
 
@@ -108,6 +129,7 @@ class CheckpointFormat(StoreFormat):
         self._shape(store)
         return self._readers[store.name]
 
+    @_naming_spark
     def read_manifest(self, store: str) -> StoreManifest:
         manifest = self._manifests.get(store)
         if manifest is None:
@@ -131,6 +153,7 @@ class CheckpointFormat(StoreFormat):
     def partitioner(self, manifest: StoreManifest) -> Partitioner:
         return self._shape(self._store(manifest.name)).partitioner()
 
+    @_naming_spark
     def open_snapshot(self, store: str, pinned: int | None) -> CheckpointSnapshot:
         manifest = self.read_manifest(store)
         found = self._store(store)
@@ -144,6 +167,7 @@ class CheckpointFormat(StoreFormat):
             pinned,
         )
 
+    @_naming_spark
     def latest_published(self, store: str) -> CheckpointVersion | None:
         found = self._operator_stores().get(store)
         if found is None:

@@ -49,7 +49,7 @@ from typing import Any
 from ...errors import ObjectMissingError, StoreCorruptedError
 from ..objects import ObjectStore
 from . import transform
-from .codecs import StateFileError
+from .codecs import UnknownFormatError
 from .operators import INFERRED, operator_metadata
 from .state_schema import DEFAULT_STORE, OperatorMetadata, StoreInfo
 
@@ -231,7 +231,7 @@ def batch_metadata(objects: ObjectStore, batch: int) -> dict[str, Any]:
     header = lines[0].strip()
     if header != _OFFSETS_HEADER and _VERSION_LINE.fullmatch(header):
         # A later Spark's offsets log (its metadata line may mean something else there).
-        raise StateFileError(
+        raise UnknownFormatError(
             f"{objects.where(key)}: offsets log format {header} is not supported yet "
             f"(known: {_OFFSETS_HEADER})"
         )

@@ -16,7 +16,7 @@ import json
 import struct
 from collections.abc import Iterator
 
-from .codecs import StateFileError, decompress_state_file
+from .codecs import StateFileError, UnknownFormatError, decompress_state_file
 from .shape import UnsupportedStateError
 
 __all__ = ["COLUMN_FAMILIES", "DELETE", "MERGE", "PUT", "lineage", "records", "records_of"]
@@ -34,7 +34,9 @@ def records_of(raw: bytes, where: str) -> tuple[memoryview, int]:
     data = memoryview(decompress_state_file(raw, where))
     version, start = _changelog_format(data)
     if version not in (1, 2, 3, 4):
-        raise StateFileError(f"{where}: changelog format v{version} is not known")
+        raise UnknownFormatError(
+            f"{where}: changelog format v{version} is not supported yet (known: v1 to v4)"
+        )
     return data, start
 
 

@@ -98,7 +98,7 @@ from typing import Any
 from ...errors import ObjectMissingError
 from ..objects import ObjectStore
 from . import rocksdb_changelogs, rocksdb_snapshots
-from .codecs import StateFileError
+from .codecs import StateFileError, UnknownFormatError
 from .hdfs_files import check_hadoop_crc
 from .shape import UnsupportedStateError
 from .state_schema import read_operator_metadata
@@ -574,9 +574,10 @@ class _UniqueIdPlan(_Plan):
             ) from None
         header = text.split("\n", 1)[0].strip()
         if header not in _COMMIT_LOG_VERSIONS:
-            raise StateFileError(
+            newer = re.fullmatch(r"v[0-9]{1,9}", header)  # else a damaged header
+            raise (UnknownFormatError if newer else StateFileError)(
                 f"{self.objects.where(commit)}: commit log format "
-                f"{header if re.fullmatch(r'v[0-9]{1,9}', header) else repr(header[:20])} is not "
+                f"{header if newer else repr(header[:20])} is not "
                 f"supported yet (known: {', '.join(_COMMIT_LOG_VERSIONS)})"
             )
         try:

@@ -31,7 +31,7 @@ from typing import Any
 from ...errors import IqkitError, ObjectMissingError
 from ..objects import NotPlainFileError, ObjectStore, link_plain_file
 from ..partitions import rocks
-from .codecs import StateFileError
+from .codecs import StateFileError, UnknownFormatError
 
 __all__ = ["DEFAULT_DELIMITER", "families_of", "restore"]
 
@@ -149,7 +149,8 @@ def _snapshot_metadata(entries: dict[str, bytes], where: str) -> dict[str, Any]:
     """The ``metadata`` entry of a snapshot's ``entries`` (taken out of them), parsed."""
     header, _, body = entries.pop(_METADATA_ENTRY).partition(b"\n")
     if header.strip() != _METADATA_HEADER:
-        raise StateFileError(
+        newer = re.fullmatch(rb"v[0-9]{1,9}", header.strip())  # else a damaged header
+        raise (UnknownFormatError if newer else StateFileError)(
             f"{where}: snapshot metadata {header[:20]!r} is not supported yet (known: v1)"
         )
     try:

@@ -35,6 +35,7 @@ from .materialize import open_partition
 from .positions import BatchSources, batch_sources
 from .providers import StateReader
 from .shape import StateShape, UnsupportedStateError
+from .spark_release import attributed
 
 __all__ = ["CheckpointSnapshot", "CheckpointVersion"]
 
@@ -177,10 +178,11 @@ class CheckpointSnapshot:
             if ahead is not None:
                 ahead.wait()  # the helper's build of it, if it has begun: found in the cache
             commit = encode_commit_record({"position": record.position, "version": record.version})
-            part = open_partition(
-                self.reader, self.shape, self.store, self.cache, record.version, p, commit,
-                building=lambda: self._build_ahead(record, p + 1, commit),
-            )  # fmt: skip
+            with attributed(self.objects):  # a refusal names the Spark that wrote it
+                part = open_partition(
+                    self.reader, self.shape, self.store, self.cache, record.version, p, commit,
+                    building=lambda: self._build_ahead(record, p + 1, commit),
+                )  # fmt: skip
             entry = OpenPartition(part, build_layers(self.manifest, part, ReadCache()))
             entry.fetched = self.reader.trace_line(
                 self.store, p, record.version, part.built, part.base_version

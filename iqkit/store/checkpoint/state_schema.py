@@ -40,7 +40,7 @@ from typing import Any
 
 from ...errors import ObjectMissingError
 from ..objects import ObjectStore
-from .codecs import StateFileError
+from .codecs import StateFileError, UnknownFormatError
 
 __all__ = [
     "ColumnFamilySchema",
@@ -333,7 +333,7 @@ def _version(line: str, source: str, known: tuple[int, ...]) -> int:
         raise StateFileError(f"{source}: no format version line (found {line[:20]!r})")
     version = int(match[1])
     if version not in known:
-        raise StateFileError(
+        raise UnknownFormatError(
             f"{source}: format v{version} is not supported yet (known: "
             f"{', '.join(f'v{k}' for k in known)})"
         )

@@ -28,6 +28,8 @@ import iqkit
 from iqkit import KeyQuery, RangeQuery, StateQueryRequest
 from iqkit.errors import IqkitError
 from iqkit.query.window import WindowKeyQuery, WindowRangeQuery
+from iqkit.store.checkpoint.spark_release import written_by
+from iqkit.store.objects import open_objects
 
 CELLS_ROOT = Path(__file__).resolve().parents[2] / "data" / "checkpoints"
 #: The cells' operators this module covers, and the store iqkit names each one's state.
@@ -270,6 +272,7 @@ def test_a_schema_file_of_an_unknown_format_version_is_refused_naming_it(tmp_pat
     schema.write_bytes(b"\x00\x02v9" + data[4:])
     message = _first_line_error(checkpoint, "aggregate")
     assert "state/0/0/_metadata/schema" in message and "v9" in message
+    assert message.endswith("the checkpoint was written by Spark 3.5 or earlier"), message
 
 
 def test_a_35_state_folder_whose_schema_says_no_known_operator_is_refused(tmp_path) -> None:
@@ -297,19 +300,22 @@ def test_a_35_state_folder_whose_schema_says_no_known_operator_is_refused(tmp_pa
 
 
 @pytest.mark.parametrize(
-    ("line", "cell", "path", "old", "new", "named"),
+    ("line", "cell", "path", "old", "new", "named", "writer"),
     [
-        # The offsets log every line writes is v1; a later one is refused, not misread.
-        ("3.5.9", "agg-hdfs", "offsets/3", b"v1\n", b"v2\n", "offsets log format v2"),
+        # The offsets log every line writes is v1; a later one is refused, not misread
+        # (and the newest entry being a later format, the Spark is a later one).
+        ("3.5.9", "agg-hdfs", "offsets/3", b"v1\n", b"v2\n", "offsets log format v2",
+         "a Spark newer than 4.3 (its offsets log is format v2)"),
         # Operator metadata v1 (4.0+) and v2 (transformWithState, joins v3+).
-        ("4.3.0", "agg-hdfs", "state/0/_metadata/metadata", b"v1\n", b"v3\n", "format v3"),
+        ("4.3.0", "agg-hdfs", "state/0/_metadata/metadata", b"v1\n", b"v3\n", "format v3",
+         "Spark 4.3"),
         # The commit log is v1, and v2 with checkpoint format v2 (state file ids).
         ("4.3.0", "agg-ckptv2-rocksdb-changelog", "commits/3", b"v2\n", b"v7\n",
-         "commit log format v7"),
+         "commit log format v7", "Spark 4.3"),
     ],
 )  # fmt: skip
 def test_a_log_or_metadata_file_of_a_later_format_is_refused_naming_it(
-    tmp_path, line, cell, path, old, new, named
+    tmp_path, line, cell, path, old, new, named, writer
 ) -> None:
     checkpoint = _copy(cell, tmp_path, line)
     target = checkpoint / path
@@ -318,3 +324,54 @@ def test_a_log_or_metadata_file_of_a_later_format_is_refused_naming_it(
     target.write_bytes(new + data[len(old) :])
     message = _first_line_error(checkpoint, "aggregate")
     assert path in message and named in message, message
+    assert message.endswith(f"the checkpoint was written by {writer}"), message
+
+
+#: The release line each frozen line's folder is, as ``spark_release`` names it (4.0 and
+#: 4.1 record the same settings, so they are one answer).
+_LINE_NAMES = {
+    "3.5.9": "Spark 3.5 or earlier",
+    "4.0.5": "Spark 4.0 or 4.1",
+    "4.1.4": "Spark 4.0 or 4.1",
+    "4.2.1": "Spark 4.2",
+    "4.3.0": "Spark 4.3",
+}
+
+
+@pytest.mark.parametrize("line", sorted(_LINE_NAMES))
+def test_the_spark_that_wrote_a_checkpoint_is_told_from_its_offsets_log(line) -> None:
+    objects = open_objects(str(CELLS_ROOT / line / "agg-hdfs" / "checkpoint"))
+    assert written_by(objects) == _LINE_NAMES[line]
+
+
+def test_settings_no_known_line_records_are_a_newer_spark(tmp_path) -> None:
+    checkpoint = _copy("agg-hdfs", tmp_path, "4.3.0")
+    newest = max(checkpoint.glob("offsets/[0-9]*"), key=lambda p: int(p.name))
+    header, metadata, *sources = newest.read_text().split("\n")
+    entry = json.loads(metadata)
+    entry["conf"]["spark.sql.streaming.someFutureSetting"] = "true"
+    newest.write_text("\n".join([header, json.dumps(entry), *sources]))
+    assert written_by(open_objects(str(checkpoint))) == (
+        "a Spark newer than 4.3 (its offsets log records settings 4.3 does not)"
+    )
+
+
+@pytest.mark.parametrize("line", ["4.3.0"])
+def test_an_unknown_join_state_format_is_refused_naming_the_spark(line) -> None:
+    checkpoint = CELLS_ROOT / line / "join-inner-v4-rocksdb-changelog" / "checkpoint"
+    message = _first_line_error(checkpoint, "join.left")
+    assert "stream-stream join state format 4" in message
+    assert message.endswith(f"the checkpoint was written by {_LINE_NAMES[line]}"), message
+
+
+def test_an_unknown_operator_is_refused_naming_it_and_the_spark(tmp_path) -> None:
+    checkpoint = _copy("agg-hdfs", tmp_path, "4.3.0")
+    metadata = checkpoint / "state/0/_metadata/metadata"
+    text = metadata.read_text()
+    assert "stateStoreSave" in text
+    metadata.write_text(text.replace("stateStoreSave", "futureStatefulOperator"))
+    with iqkit.open(checkpoint) as engine:
+        (name,) = engine.store_names()
+    message = _first_line_error(checkpoint, name)
+    assert "futureStatefulOperator" in message
+    assert message.endswith("the checkpoint was written by Spark 4.3"), message
