@@ -106,3 +106,38 @@ def test_plots_store_their_pictures():
     }
     assert drawn["03_streaming_positions_lag"] >= 1  # lag per partition
     assert drawn["01_quickstart"] >= 1 and drawn["02_spark_batch"] >= 1  # window series
+
+
+def test_the_checkpoint_notebook_reads_a_join_sessions_and_transform_with_state():
+    """Issue 35: notebook 08 lists the stores of a stream-stream join, a session window
+    and a transformWithState job, and shows a key lookup, a scan and a history of each,
+    every one with rows."""
+    cells = code_cells("08_spark_checkpoints")
+    shown = "\n".join(text for cell in cells for o in cell["outputs"] for text in texts(o))
+    stores = ["join.left", "join.right", "sessions"]
+    stores += [f"transform.{name}" for name in ("views", "recent", "pages", "$timers")]
+    for store in stores:
+        assert re.search(rf"^\d+\s+{re.escape(store)}\s", shown, re.M), f"%iq stores: {store}"
+    for line in [
+        "get join.left ad-1",
+        "scan join.right",
+        "history join.left ad-1",
+        "get sessions bob",
+        "range sessions --from ann --to bob",
+        "history sessions ann",
+        "get transform.views bob",
+        'prefix transform.pages ["bob"]',
+        "history transform.views ann",
+    ]:
+        running = [
+            c
+            for c in cells
+            if f"%iq {line}" in "".join(c["source"]).splitlines()
+            or f"r = %iq {line}" in "".join(c["source"]).splitlines()
+        ]
+        assert running, f"no cell runs %iq {line}"
+        for cell in running:
+            results = [o for o in cell["outputs"] if o["output_type"] == "execute_result"]
+            assert results, line
+            table = "".join(results[-1]["data"]["text/plain"])
+            assert "rows=0" not in table and len(table.splitlines()) >= 2, (line, table)
