@@ -258,6 +258,8 @@ def _collect_twin(
 ) -> tuple[int, bool]:
     """``collect`` of one partition read from columnar twins: its tables as chunks, up
     to ``limit`` rows in all. Returns the new total and whether rows were left."""
+    from .store.columnar.twins import twin_table_columns  # pyarrow.parquet: twins only
+
     while True:
         t0 = time.perf_counter_ns()
         try:
@@ -275,7 +277,7 @@ def _collect_twin(
         else:
             left = False
         if table.num_rows:
-            chunks.append(shaper.twin_columns(p, table))
+            chunks.append(twin_table_columns(p, table))
             total += table.num_rows
             rows_per[p] += table.num_rows
             if progress is not None:
@@ -462,6 +464,8 @@ def _twin_batches(
     """``store_batches`` of partitions read from columnar twins: the schema from each
     partition's first table (a whole twin file's columns, not a sample of rows), the
     batches its tables cut to ``batch_size``."""
+    from .store.columnar.twins import twin_table_columns  # pyarrow.parquet: twins only
+
     store = shaper.store
     firsts: dict[int, pa.Table] = {}
     try:
@@ -471,7 +475,7 @@ def _twin_batches(
             if first is not None:
                 firsts[p] = first
         if schema is None:
-            samples = [shaper.twin_columns(p, t) for p, t in firsts.items()]
+            samples = [twin_table_columns(p, t) for p, t in firsts.items()]
             rows = sum(t.num_rows for t in firsts.values())
             conformer = _infer_columns(store, samples or [shaper.empty_columns()], rows)
         else:
@@ -494,7 +498,7 @@ def _twin_batches(
                     offset = 0
                     while offset < table.num_rows:
                         take = min(batch_size - filled, table.num_rows - offset)
-                        piece = shaper.twin_columns(p, table.slice(offset, take))
+                        piece = twin_table_columns(p, table.slice(offset, take))
                         pieces.append(conformer.batch(piece, [p]))
                         offset += take
                         filled += take

@@ -1,8 +1,10 @@
-"""The import rules docs/ARCHITECTURE.md states (issue 12, items 7 and 10).
+"""The import rules docs/ARCHITECTURE.md states.
 
-- Inside each subpackage, no module imports, directly or through others, a module that
-  imports it back -- counting imports inside functions, which hide a cycle without
-  removing it (only ``if TYPE_CHECKING:`` imports, never run, are left out).
+- No import circles anywhere in the package: no module imports, directly or through
+  others, a module that imports it back. Every import counts, wherever it is written: at
+  the top, inside a function (which hides a circle without removing it) or under ``if
+  TYPE_CHECKING:`` (a circle for whoever reads, tests or moves the modules, even if it
+  never runs). Two modules that need each other hold one concept in the wrong place.
 - Between the package's parts, imports go one way: ``LAYERS`` says what each part may
   import (the query model no I/O, ``store`` nothing above it, Spark nothing of the
   notebook layer, ...).
@@ -11,15 +13,13 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from pathlib import Path
-
-import pytest
 
 import iqkit
 
 ROOT = Path(iqkit.__file__).parent
 PACKAGE = ROOT / "jupyter"
-SUBPACKAGES = ("query", "store", "spark", "jupyter", "sqlsession")
 
 #: What each part of ``iqkit`` may import (its own modules aside). ``__init__`` (the
 #: public API), ``__main__`` (the CLI) and ``demo`` sit on top and may import any part.
@@ -71,26 +71,6 @@ def _imported_modules(tree: ast.AST, here: tuple[str, ...]) -> set[tuple[str, ..
     return found
 
 
-def _imports(tree: ast.AST, package: str = "jupyter") -> set[str]:
-    """The sibling modules of ``package`` that ``tree`` (one of its modules) imports."""
-    return {
-        path[1]
-        for path in _imported_modules(tree, (package,))
-        if len(path) > 1 and path[0] == package
-    }
-
-
-def import_graph(package: str = "jupyter") -> dict[str, set[str]]:
-    """Module → the sibling modules it imports (the package's ``__init__`` left out: it
-    is imported before any of them by definition)."""
-    folder = ROOT / package
-    modules = {p.stem: p for p in folder.glob("*.py") if p.stem != "__init__"}
-    return {
-        name: _imports(ast.parse(path.read_text(encoding="utf-8")), package) & modules.keys()
-        for name, path in modules.items()
-    }
-
-
 def part_imports() -> dict[str, set[str]]:
     """Each part of ``iqkit`` (a top-level module or subpackage) → the other parts its
     modules import."""
@@ -105,48 +85,172 @@ def part_imports() -> dict[str, set[str]]:
     return graph
 
 
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle as ``[a, b, ..., a]``, or ``None``."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-
-    def visit(name: str, path: list[str]) -> list[str] | None:
-        state[name] = 1
-        for nxt in sorted(graph[name]):
-            if state.get(nxt) == 1:
-                return [*path[path.index(nxt) :], nxt]
-            if nxt not in state:
-                cycle = visit(nxt, [*path, nxt])
-                if cycle:
-                    return cycle
-        state[name] = 2
-        return None
-
-    for name in sorted(graph):
-        if name not in state:
-            cycle = visit(name, [name])
-            if cycle:
-                return cycle
-    return None
+def _module_files(base: Path, packages: Sequence[str]) -> dict[str, Path]:
+    """Dotted module name → file, for the packages (or single modules) ``packages`` in
+    folder ``base``; a package's ``__init__.py`` is the package's own name."""
+    files: dict[str, Path] = {}
+    for top in packages:
+        folder = base / top
+        paths = sorted(folder.rglob("*.py")) if folder.is_dir() else [folder.with_suffix(".py")]
+        for path in paths:
+            parts = path.relative_to(base).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
 
 
-def test_the_cycle_finder_finds_cycles():
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+def module_graph(base: Path, packages: Sequence[str]) -> dict[str, set[str]]:
+    """Module → the modules of ``packages`` it imports, read from the source (nothing is
+    imported): every ``import`` and ``from ... import`` anywhere in the file, at the top,
+    inside functions and under ``if TYPE_CHECKING:``. Relative imports are resolved; ``from
+    pkg import name`` means the submodule ``pkg.name`` when there is one, else ``pkg``."""
+    files = _module_files(base, packages)
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name.split(".") if path.stem == "__init__" else name.split(".")[:-1]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    start = package[: len(package) - (node.level - 1)]
+                    module = ".".join([*start, *(node.module.split(".") if node.module else [])])
+                else:
+                    module = node.module or ""
+                for alias in node.names:
+                    sub = f"{module}.{alias.name}"
+                    found.add(sub if sub in files else module)
+        graph[name] = (found & files.keys()) - {name}
+    return graph
 
 
-def test_jupyter_modules_import_each_other_without_cycles():
-    graph = import_graph()
-    assert {"magic", "session", "complete"} <= graph.keys()  # the package was read
-    cycle = find_cycle(graph)
-    assert cycle is None, "import cycle in iqkit/jupyter: " + " -> ".join(cycle or [])
+def _path(graph: dict[str, set[str]], start: str, goal: str, within: set[str]) -> list[str]:
+    """The shortest import path from ``start`` to ``goal`` through ``within`` (both
+    ends excluded)."""
+    came: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt: list[str] = []
+        for here in frontier:
+            for there in sorted(graph[here] & within):
+                if there in came or there == start:
+                    continue
+                came[there] = here
+                if there == goal:
+                    path = [goal]
+                    while path[-1] != start:
+                        path.append(came[path[-1]])
+                    return path[::-1][1:-1]
+                nxt.append(there)
+        frontier = nxt
+    raise AssertionError(f"no path from {start} to {goal}")  # pragma: no cover
 
 
-@pytest.mark.parametrize("package", SUBPACKAGES)
-def test_no_subpackage_has_an_import_cycle(package):
-    graph = import_graph(package)
-    assert len(graph) >= 3  # the package was read
-    cycle = find_cycle(graph)
-    assert cycle is None, f"import cycle in iqkit/{package}: " + " -> ".join(cycle or [])
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle of ``graph``: each strongly connected set of more than one
+    module (Tarjan's algorithm), as a path that visits all of them and returns to its
+    first, ``[a, b, ..., a]``, following imports."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[set[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        # Iterative depth-first search: (module, its imports still to visit).
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, todo = work[-1]
+            child = next(todo, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(component)
+    circles = []
+    for component in components:
+        order = sorted(component)
+        walk = [order[0]]
+        for goal in [*order[1:], order[0]]:
+            if goal in walk[1:] and goal != order[0]:
+                continue  # visited on the way to an earlier one
+            walk += [*_path(graph, walk[-1], goal, component), goal]
+        circles.append(walk)
+    return sorted(circles)
+
+
+def _write_package(folder: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def test_the_module_graph_reads_every_form_of_import(tmp_path):
+    _write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from .a import A\n",
+            "pkg/a.py": "import os\nfrom . import b\nfrom .sub import c\n",
+            "pkg/b.py": "if TYPE_CHECKING:\n    from .sub.c import C\n",
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/c.py": "def f():\n    from .. import a\n    import pkg.b\n",
+            "pkg/sub/d.py": "from pkg import A\nfrom ..sub import nothing_here\n",
+        },
+    )
+    assert module_graph(tmp_path, ["pkg"]) == {
+        "pkg": {"pkg.a"},
+        "pkg.a": {"pkg.b", "pkg.sub.c"},
+        "pkg.b": {"pkg.sub.c"},
+        "pkg.sub": set(),
+        "pkg.sub.c": {"pkg.a", "pkg.b"},
+        "pkg.sub.d": {"pkg", "pkg.sub"},
+    }
+
+
+def test_the_circle_finder_finds_every_circle(tmp_path):
+    _write_package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/one.py": "from . import two\n",
+            "pkg/two.py": "def f():\n    from .one import x\n",
+            "pkg/three.py": "from .one import y\n",
+        },
+    )
+    assert import_circles(module_graph(tmp_path, ["pkg"])) == [["pkg.one", "pkg.two", "pkg.one"]]
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": {"d"}, "f": {"a"}}
+    assert import_circles(graph) == [["a", "b", "c", "a"], ["d", "e", "d"]]
+    # A set of modules that no single cycle visits is named as one walk through them all.
+    star = {"hub": {"x", "y"}, "x": {"hub"}, "y": {"hub"}}
+    assert import_circles(star) == [["hub", "x", "hub", "y", "hub"]]
+    assert import_circles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_no_module_of_the_package_is_in_an_import_circle():
+    graph = module_graph(ROOT.parent, ["iqkit", "pyspark_iqkit"])
+    assert {"iqkit.jupyter.magic", "iqkit.store.checkpoint.layout", "pyspark_iqkit"} <= graph.keys()
+    circles = import_circles(graph)
+    assert not circles, "import circles (move the concept both need to where it belongs):\n" + (
+        "\n".join(" -> ".join(circle) for circle in circles)
+    )
 
 
 def test_the_part_reader_sees_imports_of_every_form():

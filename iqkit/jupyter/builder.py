@@ -29,19 +29,19 @@ from __future__ import annotations
 import html
 from collections import ChainMap
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from IPython.core.error import UsageError
 
 from ..errors import IqkitError
 from ..store.encoding.serdes import get_serde
 from ..store.kinds import StoreKind
+from . import render
 from .command import IQCommand
 from .parse import parse_bound, parse_partitions
 from .render import table_style
-
-if TYPE_CHECKING:  # the session builds panels (%iq panel): importing it back is a cycle
-    from .session import IQSession
+from .result import lag_html
+from .session import IQSession
 
 __all__ = ["MISSING_IPYWIDGETS", "IQPanel", "split_keys"]
 
@@ -499,8 +499,6 @@ class IQPanel:
 
     def _render(self, result: Any) -> tuple[str, str, str, str]:
         """HTML for the Rows, Partitions, Trace and Lag tabs (render.py's tables)."""
-        from . import render
-
         failed = len(result.partitions) - result.ok_partitions
         n = len(result)
         summary = (
@@ -517,7 +515,7 @@ class IQPanel:
                 "<code>panel.result.rows</code> (%config IQMagics.displaylimit shows more)."
             )
         try:
-            lag = render.lag_html(result)
+            lag = lag_html(result)
         except Exception as exc:  # lag is extra: the query's own result still shows
             lag = _note(f"Lag unavailable: {html.escape(_message(exc))}")
         return (

@@ -1,10 +1,12 @@
 """The ``%iq`` / ``%%iq`` magics: a thin layer over parse → session → result.
 
 ``IQMagics`` parses the line (``parse.py``), hands the :class:`IQCommand` to its
-:class:`IQSession` and returns what comes back; IPython displays it. Settings are
-traitlets, so ``%config IQMagics.displaylimit = 20`` works and ``%config IQMagics``
-lists them. The same method is registered as ``%iq`` and ``%iqkit`` (the long alias,
-for notebooks where ``iq`` is taken).
+:class:`IQSession` and returns what comes back; IPython displays it. The two commands
+that are views built on the session, ``%iq panel`` (``builder.py``) and ``%iq watch``
+(``watch.py``), are built here, so the session never imports what is built on it.
+Settings are traitlets, so ``%config IQMagics.displaylimit = 20`` works and ``%config
+IQMagics`` lists them. The same method is registered as ``%iq`` and ``%iqkit`` (the long
+alias, for notebooks where ``iq`` is taken).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from traitlets import Bool, Enum, Int, List, TraitError, Unicode, observe, valid
 from traitlets.config import Configurable
 
 from ..sqlsession import SQL_ACCESS
+from .builder import IQPanel
+from .command import IQCommand
 from .complete import register_completer
 from .parse import check_result_name, overview, parse_line
-from .session import IQSession
-from .watch import WatchRun
+from .session import VIEWS, IQSession, usage_errors
+from .watch import WatchRun, watch
 
 __all__ = ["IQMagics", "live_magics", "live_session"]
 
@@ -106,7 +110,7 @@ class IQMagics(Magics, Configurable):
             check_result_name(name, self.shell.user_ns_hidden)
         namespace = dict(self.shell.user_ns) if self.shell is not None else {}
         namespace.update(local_ns or {})
-        result = self.session.execute(command, namespace)
+        result = self.run(command, namespace)
         if name and self.shell is not None:
             # A watch names the last result it showed (what the display ended on).
             self.shell.user_ns[name] = result.result if isinstance(result, WatchRun) else result
@@ -117,6 +121,18 @@ class IQMagics(Magics, Configurable):
         return result
 
     iq.__doc__ = overview()
+
+    def run(self, command: IQCommand, namespace: dict[str, Any]) -> Any:
+        """What ``command`` shows: the panel and a watch are views built here on the
+        session (they run their queries through it), every other command the session
+        runs itself."""
+        action = command.action
+        if action not in VIEWS:
+            return self.session.execute(command, namespace)
+        with usage_errors(action):
+            if action == "panel":
+                return IQPanel(self.session, namespace=namespace)
+            return watch(self.session, command, namespace)
 
     def close(self) -> None:
         self.session.close()

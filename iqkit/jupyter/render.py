@@ -1,4 +1,9 @@
-"""How an ``IQResult`` looks: HTML for Jupyter, plain text for terminals and logs.
+"""How iqkit's tables look: HTML for Jupyter, plain text for terminals and logs.
+
+The pieces every view is made of: escaped HTML tables of Arrow tables and DataFrames,
+cells, inline bar charts, aligned text tables and the stable-timings rule. A result's
+own view (``result.py``'s ``result_html`` and ``result_text``), the panel and ``%iq
+watch`` are put together from them; this module knows no result.
 
 Every table is written here with ``html.escape`` rather than ``DataFrame.to_html``:
 that is several times slower (see ``bench/bench_render.py``) and escapes nothing inside
@@ -25,30 +30,24 @@ import os
 from collections.abc import Callable, Collection, Sequence
 from datetime import date, datetime
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 
-from ..query.lag import NO_SOURCE
-from .history import VERSION_QUERIES
-
-if TYPE_CHECKING:
-    from .result import IQResult
-
 __all__ = [
+    "COMMIT_TIME_COLUMNS",
     "STABLE_TIMINGS_ENV",
     "TIME_PLACEHOLDER",
+    "bar_cell",
     "clip",
+    "duration_text",
     "frame_html",
-    "lag_html",
-    "result_html",
-    "result_text",
     "shown_time",
     "stable_timings",
     "table_html",
+    "table_style",
     "text_table",
-    "truncation_note",
     "with_stable_timings",
 ]
 
@@ -75,8 +74,6 @@ def table_style(scope: str) -> str:
     return _TABLE_CSS.replace("SCOPE", scope)
 
 
-_STYLE = table_style("iqkit-result")
-
 _NULL_CELL = '<td class="null">null</td>'
 
 #: Set (to anything but "" or "0") to show wall-clock figures as :data:`TIME_PLACEHOLDER`.
@@ -87,7 +84,6 @@ TIME_PLACEHOLDER = "‹time›"
 TIMING_COLUMNS = ("elapsed_ms", "nanoseconds")
 #: The columns of a version result's rows that hold commit times (wall clock too).
 COMMIT_TIME_COLUMNS = ("timestamp", "valid_to")
-_FAILED_ROW = ' style="background:#fdecea"'
 #: A row whose key changed since the previous refresh of ``%iq watch``.
 CHANGED_ROW = ' class="iq-changed" style="background:#fff3c4"'
 
@@ -127,28 +123,6 @@ def with_stable_timings(
     for name in columns:
         shown[name] = [None if _is_null(v) else TIME_PLACEHOLDER for v in shown[name]]
     return shown
-
-
-def _commit_times(r: IQResult) -> Sequence[str]:
-    """The columns of ``r``'s rows shown as :data:`TIME_PLACEHOLDER`: a version result's
-    commit times (a key-value row's own ``timestamp`` field is data, never hidden)."""
-    return COMMIT_TIME_COLUMNS if isinstance(r.query, VERSION_QUERIES) else ()
-
-
-def _shown_rows(r: IQResult, limit: int) -> pa.Table:
-    """The first ``limit`` rows (0 = all) of ``r`` as shown: with :func:`stable_timings`
-    on, a version result's commit times are :data:`TIME_PLACEHOLDER` (nulls stay null)."""
-    table = r.arrow()
-    if limit and table.num_rows > limit:
-        table = table.slice(0, limit)
-    if not stable_timings():
-        return table
-    for name in _commit_times(r):
-        if name in table.column_names:
-            shown = [None if v is None else TIME_PLACEHOLDER for v in table[name].to_pylist()]
-            i = table.column_names.index(name)
-            table = table.set_column(i, name, pa.array(shown, pa.string()))
-    return table
 
 
 # -- cells ---------------------------------------------------------------------------------
@@ -263,7 +237,7 @@ def frame_html(
 
 
 # -- small charts --------------------------------------------------------------------------
-def _bar_cell(value: Any, largest: int, color: str, unknown: str = "unknown") -> str:
+def bar_cell(value: Any, largest: int, color: str, unknown: str = "unknown") -> str:
     """A number with a bar proportional to it (pure HTML)."""
     if _is_null(value):
         return f'<td class="null">{escape(unknown)}</td>'
@@ -276,176 +250,14 @@ def _bar_cell(value: Any, largest: int, color: str, unknown: str = "unknown") ->
     return f'<td class="n" style="white-space:nowrap">{bar}{value:,}</td>'
 
 
-def _ms(ns: float) -> str:
+def duration_text(ns: float) -> str:
+    """A duration in nanoseconds as people read it (``0.042 ms``, ``12.5 ms``, ``1.20 s``)."""
     ms = ns / 1e6
     if ms < 1:
         return f"{ms:.3f} ms"
     if ms < 1000:
         return f"{ms:.1f} ms"
     return f"{ms / 1000:.2f} s"
-
-
-# -- the result --------------------------------------------------------------------------
-def _summary(r: IQResult) -> str:
-    failed = len(r.result.partition_results) - r.ok_partitions
-    parts = [
-        f"<b>{escape(r.store)}</b>",
-        escape(r.query_type),
-        f"{len(r):,} row{'s' if len(r) != 1 else ''}",
-        f"partitions {r.ok_partitions} ok / "
-        + (f'<span style="color:#b00020">{failed} failed</span>' if failed else "0 failed"),
-        shown_time(_ms(r.elapsed_ns)),
-    ]
-    if r.version is not None:
-        parts.append(f"version {r.version}")
-    if r.truncated:
-        parts.append(f'<span style="color:#b26a00">truncated at {len(r):,} rows</span>')
-    return '<div class="iq-summary">' + " · ".join(parts) + "</div>"
-
-
-def truncation_note(r: IQResult) -> str:
-    """What a result cut off by the fetch limit says (HTML and text alike): how many
-    rows were read, that reading stopped there with rows left, how to read more."""
-    return (
-        f"Reading stopped at the fetch limit after {len(r):,} rows; the store has more. "
-        "Read more with --limit N (--limit 0 reads everything), or for every query "
-        "%config IQMagics.autolimit = N."
-    )
-
-
-def _rows_section(r: IQResult, highlight: Collection[int]) -> str:
-    n = len(r)
-    if n == 0:
-        notes = "".join(f"<br>{escape(note)}" for note in r.notes)
-        return f'<div class="iq-note">No rows.{notes}</div>'
-    limit = r.display_limit
-    html = table_html(_shown_rows(r, limit), 0, highlight)
-    notes = []
-    if limit and n > limit:
-        notes.append(
-            f"Showing the first {limit:,} of {n:,} rows. All rows: <code>.rows</code> "
-            "(DataFrame) or <code>.arrow()</code> of the result; show more with "
-            "<code>%config IQMagics.displaylimit = 0</code> (0 = all)."
-        )
-    if r.truncated:
-        notes.append(escape(truncation_note(r)))
-    if notes:
-        html += '<div class="iq-note">' + "<br>".join(notes) + "</div>"
-    return html
-
-
-def _lags_or_error(r: IQResult) -> tuple[dict[int, Any] | None, str | None]:
-    try:
-        return r.lag_infos, None
-    except Exception as exc:  # display must not fail because lag could not be read
-        return None, f"{type(exc).__name__}: {exc}"
-
-
-def _partitions_section(r: IQResult, lags: dict[int, Any] | None) -> str:
-    frame = r.partitions
-    if frame.empty:
-        return '<div class="iq-note">The query ran on no partition.</div>'
-    rows = frame["rows"]
-    largest_rows = int(rows.max()) if rows.notna().any() else 0
-    show = pd.DataFrame(
-        {
-            "partition": frame["partition"],
-            "status": frame["status"],
-            "rows": rows,
-        }
-    )
-    cells: dict[str, Callable[[Any], str]] = {
-        "rows": lambda v: _bar_cell(v, largest_rows, "#5b8def", unknown="—"),
-        "status": lambda v: (
-            '<td style="color:#b00020;font-weight:bold">failed</td>'
-            if v == "failed"
-            else f"<td>{escape(str(v))}</td>"
-        ),
-    }
-    if lags is not None:
-        per = [None if (i := lags.get(p)) is None else i.offset_lag for p in frame["partition"]]
-        known = [v for v in per if v is not None]
-        largest_lag = max(known, default=0)
-        show["lag"] = pd.array(per, dtype="Int64")
-        cells["lag"] = lambda v: _bar_cell(v, largest_lag, "#e8a33d")
-    show["elapsed"] = [
-        None if pd.isna(v) else shown_time(f"{v:.3f} ms") for v in frame["elapsed_ms"]
-    ]
-    show["position"] = frame["position"]
-    failures = [
-        None if reason is None else f"{reason}: {message}"
-        for reason, message in zip(frame["failure_reason"], frame["message"], strict=True)
-    ]
-    if any(f is not None for f in failures):
-        show["failure"] = failures
-        cells["failure"] = lambda v: (
-            "<td></td>" if v is None else f'<td style="color:#b00020">{escape(v)}</td>'
-        )
-    attrs = [_FAILED_ROW if s == "failed" else "" for s in frame["status"]]
-    return frame_html(show, cells=cells, row_attrs=attrs)
-
-
-def _trace_section(r: IQResult) -> str:
-    trace = r.trace
-    opened = " open" if r.show_trace else ""
-    if trace.empty:
-        body = (
-            '<div class="iq-note">No execution info: run the query with '
-            "<code>--trace</code> to see each layer and its time.</div>"
-        )
-    else:
-        body = frame_html(trace)
-    return (
-        f"<details{opened}><summary>Execution trace ({len(trace)} steps)</summary>{body}</details>"
-    )
-
-
-def lag_html(r: IQResult) -> str:
-    """A result's lag table, or, when its store has no source recorded, that in words
-    (never a table of nulls). The result view and the panel's Lag tab both show this."""
-    if r.has_source is False:
-        return (
-            f'<div class="iq-note">{escape(NO_SOURCE.capitalize())} for '
-            f"{escape(r.store)}: its writer recorded no end offsets of an input (a "
-            "batch <code>write_store</code> has no source), so its lag is unknown.</div>"
-        )
-    return frame_html(r.lag)
-
-
-def _lag_section(r: IQResult, lags: dict[int, Any] | None, error: str | None) -> str:
-    if error is not None:
-        body = f'<div class="iq-note">Lag unavailable: {escape(error)}</div>'
-        title = "Lag (unavailable)"
-    elif not lags:  # not given, or the query ran on no partition that has a lag
-        return ""
-    elif not r.has_source:
-        body = lag_html(r)
-        title = f"Lag ({NO_SOURCE})"
-    else:
-        body = lag_html(r)
-        known = [i.offset_lag for i in lags.values()]
-        total = "unknown" if any(v is None for v in known) else f"{sum(known):,} records behind"
-        title = f"Lag ({total})"
-    return f"<details><summary>{escape(title)}</summary>{body}</details>"
-
-
-def result_html(r: IQResult, highlight: Collection[int] = ()) -> str:
-    """The notebook view of a result: summary, rows, partitions, trace, lag, line; the
-    rows numbered in ``highlight`` marked as changed (``%iq watch``)."""
-    lags, error = _lags_or_error(r)
-    parts = [
-        '<div class="iqkit-result">',
-        _STYLE,
-        _summary(r),
-        _rows_section(r, highlight),
-        _partitions_section(r, lags),
-        _trace_section(r),
-        _lag_section(r, lags, error),
-    ]
-    if r.line:
-        parts.append(f'<div class="iq-note">Equivalent: <code>{escape(r.line)}</code></div>')
-    parts.append("</div>")
-    return "".join(parts)
 
 
 # -- text ----------------------------------------------------------------------------------
@@ -466,28 +278,3 @@ def text_table(frame: pd.DataFrame, width: int = 40) -> list[str]:
     for cells in zip(*columns, strict=True):
         lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
     return lines
-
-
-def result_text(r: IQResult, highlight: Collection[int] = ()) -> str:
-    """``repr`` plus the first ``display_limit`` rows and any failure, as plain text
-    (no timings: the same data always prints the same); the rows numbered in
-    ``highlight`` start with ``*``."""
-    lines = [repr(r)]
-    n = len(r)
-    limit = r.display_limit
-    if n:
-        shown = r.rows if not limit else r.rows.head(limit)
-        table = text_table(with_stable_timings(shown, _commit_times(r)))
-        if highlight:
-            marks = ["  "] + ["* " if i in highlight else "  " for i in range(len(shown))]
-            table = [mark + line for mark, line in zip(marks, table, strict=True)]
-        lines += table
-        if len(shown) < n:
-            where = " in .rows" if r.truncated else " (.rows has them all)"
-            lines.append(f"… {n - len(shown):,} more rows{where}")
-    if r.truncated:
-        lines.append(truncation_note(r))
-    lines += r.notes
-    for p, qr in r.failures.items():
-        lines.append(f"partition {p} failed: {qr.failure_reason.name}: {qr.failure_message}")
-    return "\n".join(lines)

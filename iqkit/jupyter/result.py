@@ -4,13 +4,18 @@
 An ``IQResult`` keeps the request, the engine's ``StateQueryResult`` and the collected
 rows (Arrow), and derives pandas DataFrames from them on first use (then caches them):
 ``.rows``, ``.partitions``, ``.trace``, ``.lag``. Display truncates, the data never
-does: ``.rows`` always holds every row that was read. Rendering is in ``render.py``.
+does: ``.rows`` always holds every row that was read.
+
+How a result looks is here too (``result_html`` for Jupyter, ``result_text`` for
+terminals and logs: what ``_repr_html_`` and ``str`` show, and what ``%iq watch`` and the
+panel show of it), put together from ``render.py``'s escaped tables, cells and bars: a
+result's view needs the result, and the result needs its view.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from html import escape
 from typing import Any, ClassVar
 
@@ -39,7 +44,7 @@ from ..store.inputs import binds, offset_lag, records_behind
 from ..store.manifest import StoreManifest
 from ..tables import Collected, to_pandas
 from . import render
-from .history import history_plot
+from .history import VERSION_QUERIES, history_plot
 
 __all__ = [
     "STORE_PROBLEMS",
@@ -48,9 +53,13 @@ __all__ = [
     "TimingFrame",
     "compact_position",
     "lag_frame",
+    "lag_html",
     "parse_trace_line",
     "problem",
+    "result_html",
+    "result_text",
     "stores_frame",
+    "truncation_note",
 ]
 
 PARTITION_COLUMNS = [
@@ -357,7 +366,7 @@ class IQResult:
 
     # -- display -------------------------------------------------------------------------
     def _repr_html_(self) -> str:
-        return render.result_html(self)
+        return result_html(self)
 
     def __repr__(self) -> str:
         ok = self.ok_partitions
@@ -369,7 +378,7 @@ class IQResult:
         )
 
     def __str__(self) -> str:
-        return render.result_text(self)
+        return result_text(self)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(repr(self) if cycle else str(self))
@@ -411,6 +420,223 @@ def _reversed_bounds_note(query: Any, manifest: StoreManifest) -> str | None:
         f"to its upper key. For keys from {lo} down to {hi}, swap --from and --to and add "
         "--desc."
     )
+
+
+# -- how a result looks -------------------------------------------------------------------
+#: The style of a result's HTML (render.py's tables, inside ``iqkit-result``).
+_STYLE = render.table_style("iqkit-result")
+_FAILED_ROW = ' style="background:#fdecea"'
+
+
+def _commit_times(r: IQResult) -> Sequence[str]:
+    """The columns of ``r``'s rows shown as :data:`render.TIME_PLACEHOLDER`: a version result's
+    commit times (a key-value row's own ``timestamp`` field is data, never hidden)."""
+    return render.COMMIT_TIME_COLUMNS if isinstance(r.query, VERSION_QUERIES) else ()
+
+
+def _shown_rows(r: IQResult, limit: int) -> pa.Table:
+    """The first ``limit`` rows (0 = all) of ``r`` as shown: with :func:`render.stable_timings`
+    on, a version result's commit times are :data:`render.TIME_PLACEHOLDER` (nulls stay null)."""
+    table = r.arrow()
+    if limit and table.num_rows > limit:
+        table = table.slice(0, limit)
+    if not render.stable_timings():
+        return table
+    for name in _commit_times(r):
+        if name in table.column_names:
+            shown = [
+                None if v is None else render.TIME_PLACEHOLDER for v in table[name].to_pylist()
+            ]
+            i = table.column_names.index(name)
+            table = table.set_column(i, name, pa.array(shown, pa.string()))
+    return table
+
+
+def _summary(r: IQResult) -> str:
+    failed = len(r.result.partition_results) - r.ok_partitions
+    parts = [
+        f"<b>{escape(r.store)}</b>",
+        escape(r.query_type),
+        f"{len(r):,} row{'s' if len(r) != 1 else ''}",
+        f"partitions {r.ok_partitions} ok / "
+        + (f'<span style="color:#b00020">{failed} failed</span>' if failed else "0 failed"),
+        render.shown_time(render.duration_text(r.elapsed_ns)),
+    ]
+    if r.version is not None:
+        parts.append(f"version {r.version}")
+    if r.truncated:
+        parts.append(f'<span style="color:#b26a00">truncated at {len(r):,} rows</span>')
+    return '<div class="iq-summary">' + " · ".join(parts) + "</div>"
+
+
+def truncation_note(r: IQResult) -> str:
+    """What a result cut off by the fetch limit says (HTML and text alike): how many
+    rows were read, that reading stopped there with rows left, how to read more."""
+    return (
+        f"Reading stopped at the fetch limit after {len(r):,} rows; the store has more. "
+        "Read more with --limit N (--limit 0 reads everything), or for every query "
+        "%config IQMagics.autolimit = N."
+    )
+
+
+def _rows_section(r: IQResult, highlight: Collection[int]) -> str:
+    n = len(r)
+    if n == 0:
+        notes = "".join(f"<br>{escape(note)}" for note in r.notes)
+        return f'<div class="iq-note">No rows.{notes}</div>'
+    limit = r.display_limit
+    html = render.table_html(_shown_rows(r, limit), 0, highlight)
+    notes = []
+    if limit and n > limit:
+        notes.append(
+            f"Showing the first {limit:,} of {n:,} rows. All rows: <code>.rows</code> "
+            "(DataFrame) or <code>.arrow()</code> of the result; show more with "
+            "<code>%config IQMagics.displaylimit = 0</code> (0 = all)."
+        )
+    if r.truncated:
+        notes.append(escape(truncation_note(r)))
+    if notes:
+        html += '<div class="iq-note">' + "<br>".join(notes) + "</div>"
+    return html
+
+
+def _lags_or_error(r: IQResult) -> tuple[dict[int, Any] | None, str | None]:
+    try:
+        return r.lag_infos, None
+    except Exception as exc:  # display must not fail because lag could not be read
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _partitions_section(r: IQResult, lags: dict[int, Any] | None) -> str:
+    frame = r.partitions
+    if frame.empty:
+        return '<div class="iq-note">The query ran on no partition.</div>'
+    rows = frame["rows"]
+    largest_rows = int(rows.max()) if rows.notna().any() else 0
+    show = pd.DataFrame(
+        {
+            "partition": frame["partition"],
+            "status": frame["status"],
+            "rows": rows,
+        }
+    )
+    cells: dict[str, Callable[[Any], str]] = {
+        "rows": lambda v: render.bar_cell(v, largest_rows, "#5b8def", unknown="—"),
+        "status": lambda v: (
+            '<td style="color:#b00020;font-weight:bold">failed</td>'
+            if v == "failed"
+            else f"<td>{escape(str(v))}</td>"
+        ),
+    }
+    if lags is not None:
+        per = [None if (i := lags.get(p)) is None else i.offset_lag for p in frame["partition"]]
+        known = [v for v in per if v is not None]
+        largest_lag = max(known, default=0)
+        show["lag"] = pd.array(per, dtype="Int64")
+        cells["lag"] = lambda v: render.bar_cell(v, largest_lag, "#e8a33d")
+    show["elapsed"] = [
+        None if pd.isna(v) else render.shown_time(f"{v:.3f} ms") for v in frame["elapsed_ms"]
+    ]
+    show["position"] = frame["position"]
+    failures = [
+        None if reason is None else f"{reason}: {message}"
+        for reason, message in zip(frame["failure_reason"], frame["message"], strict=True)
+    ]
+    if any(f is not None for f in failures):
+        show["failure"] = failures
+        cells["failure"] = lambda v: (
+            "<td></td>" if v is None else f'<td style="color:#b00020">{escape(v)}</td>'
+        )
+    attrs = [_FAILED_ROW if s == "failed" else "" for s in frame["status"]]
+    return render.frame_html(show, cells=cells, row_attrs=attrs)
+
+
+def _trace_section(r: IQResult) -> str:
+    trace = r.trace
+    opened = " open" if r.show_trace else ""
+    if trace.empty:
+        body = (
+            '<div class="iq-note">No execution info: run the query with '
+            "<code>--trace</code> to see each layer and its time.</div>"
+        )
+    else:
+        body = render.frame_html(trace)
+    return (
+        f"<details{opened}><summary>Execution trace ({len(trace)} steps)</summary>{body}</details>"
+    )
+
+
+def lag_html(r: IQResult) -> str:
+    """A result's lag table, or, when its store has no source recorded, that in words
+    (never a table of nulls). The result view and the panel's Lag tab both show this."""
+    if r.has_source is False:
+        return (
+            f'<div class="iq-note">{escape(NO_SOURCE.capitalize())} for '
+            f"{escape(r.store)}: its writer recorded no end offsets of an input (a "
+            "batch <code>write_store</code> has no source), so its lag is unknown.</div>"
+        )
+    return render.frame_html(r.lag)
+
+
+def _lag_section(r: IQResult, lags: dict[int, Any] | None, error: str | None) -> str:
+    if error is not None:
+        body = f'<div class="iq-note">Lag unavailable: {escape(error)}</div>'
+        title = "Lag (unavailable)"
+    elif not lags:  # not given, or the query ran on no partition that has a lag
+        return ""
+    elif not r.has_source:
+        body = lag_html(r)
+        title = f"Lag ({NO_SOURCE})"
+    else:
+        body = lag_html(r)
+        known = [i.offset_lag for i in lags.values()]
+        total = "unknown" if any(v is None for v in known) else f"{sum(known):,} records behind"
+        title = f"Lag ({total})"
+    return f"<details><summary>{escape(title)}</summary>{body}</details>"
+
+
+def result_html(r: IQResult, highlight: Collection[int] = ()) -> str:
+    """The notebook view of a result: summary, rows, partitions, trace, lag, line; the
+    rows numbered in ``highlight`` marked as changed (``%iq watch``)."""
+    lags, error = _lags_or_error(r)
+    parts = [
+        '<div class="iqkit-result">',
+        _STYLE,
+        _summary(r),
+        _rows_section(r, highlight),
+        _partitions_section(r, lags),
+        _trace_section(r),
+        _lag_section(r, lags, error),
+    ]
+    if r.line:
+        parts.append(f'<div class="iq-note">Equivalent: <code>{escape(r.line)}</code></div>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def result_text(r: IQResult, highlight: Collection[int] = ()) -> str:
+    """``repr`` plus the first ``display_limit`` rows and any failure, as plain text
+    (no timings: the same data always prints the same); the rows numbered in
+    ``highlight`` start with ``*``."""
+    lines = [repr(r)]
+    n = len(r)
+    limit = r.display_limit
+    if n:
+        shown = r.rows if not limit else r.rows.head(limit)
+        table = render.text_table(render.with_stable_timings(shown, _commit_times(r)))
+        if highlight:
+            marks = ["  "] + ["* " if i in highlight else "  " for i in range(len(shown))]
+            table = [mark + line for mark, line in zip(marks, table, strict=True)]
+        lines += table
+        if len(shown) < n:
+            where = " in .rows" if r.truncated else " (.rows has them all)"
+            lines.append(f"… {n - len(shown):,} more rows{where}")
+    if r.truncated:
+        lines.append(truncation_note(r))
+    lines += r.notes
+    for p, qr in r.failures.items():
+        lines.append(f"partition {p} failed: {qr.failure_reason.name}: {qr.failure_message}")
+    return "\n".join(lines)
 
 
 class TimingFrame(pd.DataFrame):

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -51,14 +51,28 @@ from .messages import Message
 from .parse import command_help, overview
 from .values import bound_value, key_value, time_value, variable
 
-__all__ = ["DEFAULT_ROOT", "IQSession", "default_root"]
+__all__ = ["DEFAULT_ROOT", "VIEWS", "IQSession", "default_root", "usage_errors"]
 
 DEFAULT_ROOT = "stores"
+#: The commands that are views built on a session (the panel, a watch's display): the
+#: magic builds them (magic.py); a session runs every other command, the queries those
+#: views run included.
+VIEWS = ("panel", "watch")
 
 
 def default_root() -> str:
     """``$IQKIT_ROOT``, else ``./stores``."""
     return os.environ.get("IQKIT_ROOT") or DEFAULT_ROOT
+
+
+@contextmanager
+def usage_errors(action: str) -> Iterator[None]:
+    """An ``IqkitError`` raised in the block as a ``UsageError`` naming the ``%iq``
+    action: one line in a notebook (``UnknownStoreError``'s did-you-mean included)."""
+    try:
+        yield
+    except IqkitError as exc:
+        raise UsageError(f"%iq {action}: {exc}") from None
 
 
 class IQSession:
@@ -152,10 +166,8 @@ class IQSession:
     def execute(self, command: IQCommand, namespace: Mapping[str, Any] | None = None) -> Any:
         """Run one command; user mistakes raise ``UsageError`` (one line in a notebook)."""
         ns = namespace if namespace is not None else {}
-        try:
+        with usage_errors(command.action):
             return self._dispatch(command, ns)
-        except IqkitError as exc:  # UnknownStoreError included (its did-you-mean)
-            raise UsageError(f"%iq {command.action}: {exc}") from None
 
     def _dispatch(self, command: IQCommand, ns: Mapping[str, Any]) -> Any:
         action = command.action
@@ -184,14 +196,11 @@ class IQSession:
             return self.sql(command, ns)
         if action == "help":
             return Message(command_help(command.path) if command.path else overview())
-        if action == "panel":
-            from .builder import IQPanel
-
-            return IQPanel(self, namespace=ns)
-        if action == "watch":
-            from .watch import watch
-
-            return watch(self, command, ns)
+        if action in VIEWS:
+            raise UsageError(
+                f"%iq {action}: shown by the %iq magic, not run by a session"
+                + (" (outside it: iqkit.panel())" if action == "panel" else "")
+            )
         raise UsageError(f"%iq: {action!r} is not implemented")  # pragma: no cover
 
     def name_result(self, name: str, result: Any) -> None:

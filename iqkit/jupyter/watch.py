@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from IPython.core.error import UsageError
 
@@ -42,12 +42,9 @@ from ..query import (
 from ..query.lag import NO_SOURCE
 from ..store.encoding.ordered import short_repr
 from ..store.rows import RowSchema
-from . import render
 from .command import IQCommand
-from .result import IQResult, compact_position
-
-if TYPE_CHECKING:  # the session runs watch (%iq watch): importing it back is a cycle
-    from .session import IQSession
+from .result import IQResult, compact_position, result_html, result_text
+from .session import IQSession
 
 __all__ = ["DEFAULT_EVERY", "WatchRun", "WatchUpdate", "WatchView", "watch"]
 
@@ -182,14 +179,14 @@ class WatchView:
         )
         if changes:
             html += f"<div class='iq-watch-changes iq-note'>{escape(changes)}</div>"
-        return html + render.result_html(u.result, set(u.highlighted)) + "</div>"
+        return html + result_html(u.result, set(u.highlighted)) + "</div>"
 
     def __repr__(self) -> str:
         lines = [" · ".join(self._head())]
         changes = self._changes_text()
         if changes:
             lines.append(changes)
-        lines.append(render.result_text(self.update.result, set(self.update.highlighted)))
+        lines.append(result_text(self.update.result, set(self.update.highlighted)))
         return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ from IPython.lib.pretty import pretty
 
 import iqkit
 from iqkit import RangeQuery, StateQueryRequest
-from iqkit.jupyter import render
+from iqkit.jupyter import render, result
 from iqkit.jupyter.result import IQResult
 
 EVIL = "<script>alert(1)</script>"
@@ -192,7 +192,7 @@ def test_an_empty_result_says_so(totals):
 def test_summary_line(totals):
     with iqkit.open(totals) as engine:
         r = result_of(engine, scan("totals"))
-    summary = Page(render._summary(r)).visible
+    summary = Page(result._summary(r)).visible
     assert summary.startswith("totals · RangeQuery · 21 rows · partitions 3 ok / 1 failed · ")
     # the elapsed time (a chain store's first reader builds its databases: maybe seconds)
     assert re.search(r"\d m?s · version 2$", summary)
@@ -205,7 +205,7 @@ def test_never_written_partitions_read_ok_in_the_summary(root):
         w.put("a", 1, partition=2)
     with iqkit.open(root) as engine:
         r = result_of(engine, scan("sparse"))
-    summary = Page(render._summary(r)).visible
+    summary = Page(result._summary(r)).visible
     assert summary.startswith("sparse · RangeQuery · 1 row · partitions 4 ok / 0 failed · ")
     page = Page(r._repr_html_())
     statuses = [row["cells"][1] for row in page.tables[1][1:]]
@@ -348,10 +348,10 @@ def test_a_truncated_result_says_it_stopped_at_the_limit_not_that_rows_has_all(t
     assert "… 3 more rows in .rows" in lines
     assert not any("has them all" in line for line in lines)
     stopped = [line for line in lines if "fetch limit" in line]
-    assert stopped == [render.truncation_note(r)]
+    assert stopped == [result.truncation_note(r)]
     assert "after 5 rows" in stopped[0] and "--limit 0" in stopped[0]
     assert "IQMagics.autolimit" in stopped[0]
-    assert render.truncation_note(r) in Page(r._repr_html_()).visible
+    assert result.truncation_note(r) in Page(r._repr_html_()).visible
 
 
 @pytest.mark.parametrize(
@@ -391,7 +391,7 @@ def test_stable_timings_show_a_placeholder_and_runs_display_the_same(totals, mon
     assert shown[0] == shown[1]  # what nbval compares in a notebook's stored outputs
     page = Page(shown[0][0])
     placeholder = render.TIME_PLACEHOLDER
-    assert f" · {placeholder} · " in Page(render._summary(r)).visible
+    assert f" · {placeholder} · " in Page(result._summary(r)).visible
     partitions, trace = page.tables[1], page.tables[2]
     elapsed = partitions[0]["cells"].index("elapsed")
     measured = r.partitions["elapsed_ms"].notna().tolist()
@@ -416,6 +416,6 @@ def test_timings_are_shown_unless_asked(totals, monkeypatch, setting):
     with iqkit.open(totals) as engine:
         r = result_of(engine, scan("totals"), show_trace=True)
     assert not any(render.TIME_PLACEHOLDER in text for text in _timings_shown(r))
-    assert re.search(r"\d m?s\b", Page(render._summary(r)).visible)
+    assert re.search(r"\d m?s\b", Page(result._summary(r)).visible)
     trace = Page(r._repr_html_()).tables[2]
     assert all(row["cells"][-1].isdigit() for row in trace[1:])

@@ -355,7 +355,7 @@ def _compact(
         if twin is None:
             rocks.write_sst(base, rocks.scan(db, b"", None))
         else:
-            from ..columnar import twins  # pyarrow: imported by writers only
+            from ..columnar import merge, twins  # pyarrow: imported by writers only
 
             assert manifest is not None
             if all(f.twin_readable for f in files):
@@ -365,7 +365,7 @@ def _compact(
                     # checked whole before pyarrow reads them (integrity.py)
                     check_twins(objects, files, [os.fspath(p) for p in twin_paths])
                     made = twins.try_write(
-                        twins.write_merged_twin, twin, manifest, twin_paths, delta_rows
+                        merge.write_merged_twin, twin, manifest, twin_paths, delta_rows
                     )
             else:  # an earlier iqkit's files: the twin from the base's rows
                 rows = list(rocks.scan(db, b"", None))

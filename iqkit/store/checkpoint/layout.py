@@ -10,7 +10,8 @@ counts; Spark before 4.0 writes none, and ``operators`` tells the operator from 
 An operator may be served as parts other than the stores it lists: a stream-stream join
 as its two sides, ``left`` and ``right``, each read from the operator's internal stores
 by ``joins``; a transformWithState operator as its state variables and its timers, each
-read from the operator's one store by ``transform``.
+read from the operator's one store by ``transform`` (its variables listed by
+``variables``).
 
 Versions: Spark's state version N is the state after batch N - 1, and only a committed
 batch counts (``commits/<N - 1>`` exists). A batch still running has written no commit,
@@ -48,10 +49,10 @@ from typing import Any
 
 from ...errors import ObjectMissingError, StoreCorruptedError
 from ..objects import ObjectStore
-from . import transform
 from .codecs import UnknownFormatError
 from .operators import INFERRED, operator_metadata
 from .state_schema import DEFAULT_STORE, OperatorMetadata, StoreInfo
+from .variables import OPERATORS, StateVariable, not_supported, store_variables, variable_of
 
 __all__ = [
     "OperatorStore",
@@ -135,9 +136,15 @@ class OperatorStore:
                 f"not supported yet: {self.operator.source} {names} the operator "
                 f"{self.operator_name!r}, which iqkit does not know (store {self.name!r})"
             )
-        if self.operator_name in transform.OPERATORS:
-            return transform.not_supported(self)
+        if self.operator_name in OPERATORS:
+            return not_supported(self.operator, self.variable, self.name)
         return None
+
+    @property
+    def state_variable(self) -> StateVariable:
+        """transformWithState: the state variable the store serves (``StateFileError``
+        if the operator's metadata lists none)."""
+        return variable_of(self.operator, self.variable)
 
     @property
     def note(self) -> str:
@@ -203,14 +210,14 @@ def _served(metadata: OperatorMetadata) -> list[tuple[StoreInfo, str | None]]:
     """The stores ``metadata``'s operator is served as, each (the store read, the state
     variable served from it): a join's parts (``_PARTS``), each with the partitions of
     the operator's first store; a transformWithState operator's state variables and
-    timers (``transform.store_variables``), each from its one store; else the stores it
+    timers (``variables.store_variables``), each from its one store; else the stores it
     lists."""
     parts = _PARTS.get(metadata.operator_name)
     if parts is not None and metadata.stores:
         first = metadata.stores[0]
         return [(StoreInfo(part, 0, first.num_partitions), None) for part in parts]
-    if metadata.operator_name in transform.OPERATORS and metadata.stores:
-        variables = transform.store_variables(metadata)
+    if metadata.operator_name in OPERATORS and metadata.stores:
+        variables = store_variables(metadata)
         if variables:
             return [(metadata.stores[0], v.name) for v in variables]
     return [(info, None) for info in metadata.stores]

@@ -260,7 +260,7 @@ class StateReader:
         window's (``sessions``), else any store's (``shape``)."""
         schema = self._schema(store)
         if store.variable is not None:
-            return transform.shape_of(schema, transform.variable_of(store))
+            return transform.shape_of(schema, store.state_variable)
         return session_shape(store, dict(schema.key_schema), dict(schema.value_schema))
 
     def _decoders_of(self, store: OperatorStore) -> tuple[RowDecoder, RowDecoder]:
@@ -326,7 +326,7 @@ class StateReader:
                 )
             return transform.state_rows(  # type: ignore[return-value]
                 self.objects, files.folder, version, files.plan, work_dir,
-                schema=self._schema(store), variable=transform.variable_of(store),
+                schema=self._schema(store), variable=store.state_variable,
                 conf=self.conf, row_checksums=self.row_checksums,
             )  # fmt: skip
         keys, values = self._decoders_of(store)

@@ -12,7 +12,8 @@ What the checkpoint says (Spark 4.0 to 4.3, checked on the frozen checkpoints):
   state variables, ``{"stateName", "stateVariableType": "ValueState" | "ListState" |
   "MapState" | "TimerState", "ttlEnabled"}``; the timers are listed by their family's
   name, ``$procTimers_keyToTimestamp`` (processing time) or
-  ``$eventTimers_keyToTimestamp`` (event time).
+  ``$eventTimers_keyToTimestamp`` (event time). ``variables`` reads that list (the
+  layout names the stores from it, below this module).
 * The v3 schema file names every column family with its key and value schemas, its
   schema ids and its key encoding: a variable's family is named after it; the others
   (``default``, ``$ttl_<var>``, ``$rowCounter_<var>``, ``$procTimers_timestampToKey``,
@@ -60,31 +61,14 @@ from .avro_rows import AvroRowDecoder
 from .codecs import StateFileError
 from .rocksdb_files import ReplayPlan, load_family_state, split_families
 from .shape import StateShape, UnsupportedStateError, _ddl, _json_ready
-from .state_schema import ColumnFamilySchema, OperatorMetadata, StoreSchema
+from .state_schema import ColumnFamilySchema, StoreSchema
 from .unsafe_row import RowDecoder
+from .variables import LIST, MAP, TIMER, VALUE, StateVariable
 
 if TYPE_CHECKING:
     from .layout import OperatorStore
 
-__all__ = [
-    "OPERATORS",
-    "TIMERS",
-    "StateVariable",
-    "TransformShape",
-    "not_supported",
-    "shape_of",
-    "state_rows",
-    "store_variables",
-]
-
-#: The operator names Spark records for transformWithState and its Python variants.
-OPERATORS = frozenset(
-    {"transformWithStateExec", "transformWithStateInPandasExec", "transformWithStateInPySparkExec"}
-)
-#: The store suffix of the timers (a name no state variable can have: Spark reserves "$").
-TIMERS = "$timers"
-VALUE, LIST, MAP, TIMER = "ValueState", "ListState", "MapState", "TimerState"
-_KINDS = (VALUE, LIST, MAP, TIMER)
+__all__ = ["TransformShape", "shape_of", "state_rows"]
 
 _ENCODING = "spark.sql.streaming.stateStore.encodingFormat"
 _MERGE_OPERATOR = "spark.sql.streaming.stateStore.rocksdb.mergeOperatorVersion"
@@ -94,60 +78,6 @@ _DELIMITERS = {"1": b",", "2": b""}
 _INT32_LE = struct.Struct("<i")
 _SCHEMA_ID = struct.Struct("<h")
 _ENCODING_VERSION = 0
-
-
-@dataclass(frozen=True)
-class StateVariable:
-    """One served store of the operator: a state variable, or the timers (``family`` is
-    then the timers' column family)."""
-
-    name: str
-    kind: str
-    family: str
-    ttl: bool = False
-
-
-def store_variables(metadata: OperatorMetadata) -> list[StateVariable]:
-    """The operator's stores, one per state variable its metadata lists (a type iqkit
-    does not know too: listed, and refused when read), and ``$timers`` where it has
-    timers; empty when its metadata lists none (v1 metadata, a damaged file)."""
-    listed = metadata.properties.get("stateVariables")
-    out: list[StateVariable] = []
-    for item in listed if isinstance(listed, list) else ():
-        if not isinstance(item, dict) or not isinstance(item.get("stateName"), str):
-            continue
-        name, kind = item["stateName"], str(item.get("stateVariableType"))
-        if kind == TIMER:
-            if name.endswith("Timers_keyToTimestamp"):
-                out.append(StateVariable(TIMERS, TIMER, name))
-            continue
-        out.append(StateVariable(name, kind, name, bool(item.get("ttlEnabled"))))
-    return out
-
-
-def variable_of(store: OperatorStore) -> StateVariable:
-    """The variable ``store`` serves (``StateFileError`` if its metadata lists none)."""
-    for variable in store_variables(store.operator):
-        if variable.name == store.variable:
-            return variable
-    raise StateFileError(f"{store.operator.source}: lists no state variable {store.variable!r}")
-
-
-def not_supported(store: OperatorStore) -> str | None:
-    """Why iqkit does not serve ``store`` of a transformWithState operator (one line), or
-    ``None``."""
-    if store.variable is None:
-        return (
-            f"not supported yet: {store.operator_name} whose metadata "
-            f"({store.operator.source}) lists no state variables, store {store.name!r}"
-        )
-    kind = variable_of(store).kind
-    if kind not in _KINDS:
-        return (
-            f"not supported yet: a {kind} state variable of {store.operator_name}, "
-            f"store {store.name!r}"
-        )
-    return None
 
 
 # -- the shape -----------------------------------------------------------------------------

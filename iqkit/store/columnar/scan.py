@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from ...errors import StoreCorruptedError
 from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
+from ..rows import VALUE
 from .shaping import _assemble, _Column, _unified_type
 from .twins import DELETED, JSON_TEXT, KEY_BYTES, KEY_FROM, LAYOUT, key_bounds, key_bytes
 
@@ -347,6 +348,22 @@ class TwinScan:
             merged, sort_keys=[(KEY_BYTES, "descending" if self.reverse else "ascending")]
         )
         return merged.take(order)
+
+    @staticmethod
+    def stored_rows(table: pa.Table, value_serde: Any) -> list[tuple[bytes, bytes]]:
+        """The rows of one of this scan's tables (``__key`` in) as the ``(key, value)``
+        bytes RocksDB holds for them: the ``value`` column serialized back, exact where
+        ``twins.values_from_columns``. What a scan's ``KeyValue`` rows are decoded from
+        when they are read from the twins (``layers.ScanIterator.over_twins``)."""
+        keys = table.column(KEY_BYTES).to_pylist()
+        column = table.column(VALUE).combine_chunks()
+        encoded = value_serde.serialize_arrow(column)
+        values = (
+            encoded.to_pylist()
+            if encoded is not None
+            else [value_serde.serialize(v) for v in column.to_pylist()]
+        )
+        return list(zip(keys, values, strict=True))
 
 
 @contextlib.contextmanager

@@ -508,22 +508,6 @@ class _Shaper:
             return None
         return value.take_twin()  # type: ignore[no-any-return]
 
-    def twin_columns(self, p: int, table: pa.Table) -> dict[str, _Column]:
-        """``columns`` of a twin table of partition ``p``: its row columns as they are
-        (the twin was shaped by this module when it was written)."""
-        from .twins import HIDDEN, JSON_TEXT
-
-        n = table.num_rows
-        cols = {PARTITION: _Column(pa.array(np.full(n, p, dtype=np.int32), pa.int32()))}
-        for name, field in zip(table.column_names, table.schema, strict=True):
-            if name in HIDDEN:
-                continue
-            column = table.column(name)
-            array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-            json_text = bool(field.metadata and field.metadata.get(JSON_TEXT))
-            cols[name] = _Column(array, json=json_text)
-        return cols
-
     def empty_columns(self) -> dict[str, _Column]:
         """The columns of a result without rows (types from the serdes where known)."""
         types = self.rows.arrow_types().items()

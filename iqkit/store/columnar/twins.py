@@ -50,8 +50,8 @@ from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
 from ..names import TWIN_SUFFIX, twin_key
 from ..partitions.layers import kv_chunk_decoder
-from ..rows import PARTITION, VALUE, RowSchema, ddl_arrow_type, value_decoders
-from .shaping import _Shaper, _Stored
+from ..rows import PARTITION, RowSchema, ddl_arrow_type, value_decoders
+from .shaping import _Column, _Shaper, _Stored
 
 __all__ = [
     "DELETED",
@@ -70,6 +70,7 @@ __all__ = [
     "twin_key",
     "try_write",
     "twin_table",
+    "twin_table_columns",
     "write_twin",
     "write_twin_of_arrays",
     "twin_source_columns",
@@ -274,47 +275,20 @@ def write_twin_of_rows(
     return write_twin(path, twin_table(manifest, rows))
 
 
-def write_merged_twin(
-    path: str | os.PathLike[str],
-    manifest: StoreManifest,
-    older: Sequence[str | os.PathLike[str]],
-    delta_rows: Sequence[tuple[bytes, bytes | None]],
-) -> int:
-    """Write at ``path`` the twin of a compacted base: the live rows of the twins
-    ``older`` (oldest first) with the delta ``delta_rows`` on top, merged in C
-    (``TwinScan``) rather than decoded again from the base's bytes."""
-    from .scan import TwinScan
-
-    delta = f"{os.fspath(path)}.delta"
-    write_twin(delta, twin_table(manifest, delta_rows))
-    try:
-        table = TwinScan([*older, delta], KV_LOWER, KV_UPPER, manifest=manifest).table()
-        if key_column_of(manifest) is not None:
-            table = table.drop_columns([KEY_BYTES])  # the scan derived it: not stored
-    finally:
-        os.unlink(delta)
-    # The merge does not keep the files' schema metadata: without its layout the
-    # compacted twin would be taken for a stale one and never read.
-    metadata = {**(table.schema.metadata or {}), LAYOUT: layout_of(manifest)}
-    derived = key_column_of(manifest)
-    if derived is not None:
-        metadata[KEY_FROM] = derived.encode()
-    return write_twin(path, table.replace_schema_metadata(metadata))
-
-
-def stored_rows(table: pa.Table, value_serde: Any) -> list[tuple[bytes, bytes]]:
-    """The rows of a twin table (as ``TwinScan`` reads it: ``__key`` in) as the
-    ``(key, value)`` bytes RocksDB holds for them: the ``value`` column serialized back,
-    exact where ``values_from_columns``."""
-    keys = table.column(KEY_BYTES).to_pylist()
-    column = table.column(VALUE).combine_chunks()
-    encoded = value_serde.serialize_arrow(column)
-    values = (
-        encoded.to_pylist()
-        if encoded is not None
-        else [value_serde.serialize(v) for v in column.to_pylist()]
-    )
-    return list(zip(keys, values, strict=True))
+def twin_table_columns(p: int, table: pa.Table) -> dict[str, _Column]:
+    """A twin table of partition ``p`` as shaped columns (the ``_Shaper.columns`` form
+    ``iqkit.tables`` assembles): its row columns as they are (the twin was shaped by
+    :mod:`iqkit.store.columnar.shaping` when it was written), its own left out."""
+    n = table.num_rows
+    cols = {PARTITION: _Column(pa.array(np.full(n, p, dtype=np.int32), pa.int32()))}
+    for name, field in zip(table.column_names, table.schema, strict=True):
+        if name in HIDDEN:
+            continue
+        column = table.column(name)
+        array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+        json_text = bool(field.metadata and field.metadata.get(JSON_TEXT))
+        cols[name] = _Column(array, json=json_text)
+    return cols
 
 
 def row_columns(table: pa.Table) -> list[str]:

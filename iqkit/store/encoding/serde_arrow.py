@@ -10,27 +10,11 @@ importing the serdes (every store operation does) never imports them.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from .serdes import Serde
-
-
-def unpack_fixed(
-    serde: Serde, datas: Sequence[bytes], offset: int, code: str, width: int
-) -> list[Any]:
-    """Decode equal-width big-endian values with one ``struct.unpack`` call (``x`` pad
-    bytes skip the ``offset`` prefix)."""
-    if not datas:
-        return []
-    if set(map(len, datas)) != {width + offset}:
-        return [serde.deserialize(d[offset:]) for d in datas]  # raises the serde's message
-    fmt = f">{len(datas)}{code}" if not offset else ">" + ("x" * offset + code) * len(datas)
-    return list(struct.unpack(fmt, b"".join(datas)))
 
 
 def arrow_numbers(values: pa.Array) -> Any:

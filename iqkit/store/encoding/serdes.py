@@ -56,7 +56,6 @@ from iqkit.store.encoding.serde_arrow import (
     binary_after,
     decode_fixed_arrow,
     fixed_width_binary,
-    unpack_fixed,
     valid_mask,
 )
 
@@ -378,6 +377,19 @@ def _parse_int(serde: Serde, text: str, lo: int, hi: int) -> int:
     return value
 
 
+def _unpack_fixed(
+    serde: Serde, datas: Sequence[bytes], offset: int, code: str, width: int
+) -> list[Any]:
+    """Decode equal-width big-endian values with one ``struct.unpack`` call (``x`` pad
+    bytes skip the ``offset`` prefix)."""
+    if not datas:
+        return []
+    if set(map(len, datas)) != {width + offset}:
+        return [serde.deserialize(d[offset:]) for d in datas]  # raises the serde's message
+    fmt = f">{len(datas)}{code}" if not offset else ">" + ("x" * offset + code) * len(datas)
+    return list(struct.unpack(fmt, b"".join(datas)))
+
+
 class _BigEndianIntSerde(Serde):
     """Fixed-width big-endian two's complement; subclasses set the width."""
 
@@ -412,7 +424,7 @@ class _BigEndianIntSerde(Serde):
         return decode_fixed_arrow(datas, offset, f">i{self.WIDTH}", self.arrow_type())
 
     def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
-        return unpack_fixed(self, datas, offset, self.CODE, self.WIDTH)
+        return _unpack_fixed(self, datas, offset, self.CODE, self.WIDTH)
 
     def deserialize(self, data: bytes) -> int:
         try:
@@ -524,7 +536,7 @@ class DoubleSerde(Serde):
         return decode_fixed_arrow(datas, offset, ">f8", self.arrow_type())
 
     def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
-        return unpack_fixed(self, datas, offset, "d", 8)
+        return _unpack_fixed(self, datas, offset, "d", 8)
 
     def deserialize(self, data: bytes) -> float:
         try:

@@ -594,7 +594,7 @@ class TypedKeyValueLayer(_TypedLayer):
                 twins,
                 self._kv_chunk(strip),
                 strip,
-                self._stored if exact else None,
+                partial(twins.stored_rows, value_serde=self.value_serde) if exact else None,
                 partial(self.inner.scan_chunks, lower, upper, reverse, _UNTRACED),
             )
         chunks = self.inner.scan_chunks(lower, upper, reverse, trace)
@@ -617,13 +617,6 @@ class TypedKeyValueLayer(_TypedLayer):
             if trace.enabled:
                 trace.add("ColumnarScan", t0, f"not read ({exc}); rows are read from RocksDB")
             return None
-
-    def _stored(self, table: Any) -> list[tuple[bytes, bytes]]:
-        """A twin table's rows as the ``(key, value)`` bytes RocksDB holds: the value
-        column serialized back (its serde's Arrow type gives the stored bytes exactly)."""
-        from ..columnar.twins import stored_rows  # pyarrow: only once twins are read
-
-        return stored_rows(table, self.value_serde)
 
     def _prefix(self, query: PrefixScanQuery, trace: Trace) -> KeyValueIterator[Any, Any]:
         serde = get_serde(query.prefix_serde) if query.prefix_serde else None
