@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import pandas as pd
 import pyarrow as pa
 
-from ..engine import StateEngine, served_version
+from ..engine import served_version
 from ..errors import IqkitError
 from ..query import (
     LagInfo,
@@ -58,7 +58,6 @@ __all__ = [
     "problem",
     "result_html",
     "result_text",
-    "stores_frame",
     "truncation_note",
 ]
 
@@ -73,22 +72,6 @@ PARTITION_COLUMNS = [
 ]
 TRACE_COLUMNS = ["partition", "step", "layer", "detail", "nanoseconds"]
 LAG_COLUMNS = ["store", "partition", "topic", "input_partition", "current", "end", "lag"]
-STORES_COLUMNS = [
-    "name",
-    "kind",
-    "partitions",
-    "key_serde",
-    "value_serde",
-    "partitioner",
-    "version",
-    "approx_rows",
-    "position",
-    "lag",
-]
-#: ``%iq stores`` adds these for a Spark checkpoint's stores (their manifest's
-#: ``spark_*`` properties, store/checkpoint/shape.py): the stateful operator, the key and
-#: value schemas, and the state store provider that wrote them.
-CHECKPOINT_COLUMNS = ["operator", "key_schema", "value_schema", "provider"]
 #: ``%iq lag`` and ``%iq stores`` add this column when some store cannot be read: why
 #: (null on the healthy stores' rows). A root whose stores are all fine shows no such column.
 ERROR_COLUMN = "error"
@@ -660,7 +643,7 @@ class TimingFrame(pd.DataFrame):
 
 
 # -- %iq lag -------------------------------------------------------------------------------
-def _nullable(value: int | None) -> Any:
+def nullable(value: int | None) -> Any:
     return pd.NA if value is None else value
 
 
@@ -762,7 +745,7 @@ def lag_frame(
                 for in_p in sorted(current.partition_positions(topic)):
                     components.setdefault((topic, in_p), None)
             if not components:
-                records.append((store, p, None, pd.NA, pd.NA, pd.NA, _nullable(info.offset_lag)))
+                records.append((store, p, None, pd.NA, pd.NA, pd.NA, nullable(info.offset_lag)))
                 continue
             for topic, in_p in sorted(components):
                 have = current.offset(topic, in_p)
@@ -773,7 +756,7 @@ def lag_frame(
                     else None
                 )
                 records.append(
-                    (store, p, topic, in_p, _nullable(have), _nullable(end_offset), _nullable(lag))
+                    (store, p, topic, in_p, nullable(have), nullable(end_offset), nullable(lag))
                 )
     columns = list(LAG_COLUMNS)
     if errors:
@@ -796,98 +779,3 @@ def lag_frame(
     )
     frame.no_source = tuple(no_source)
     return frame
-
-
-# -- %iq stores ------------------------------------------------------------------------------
-def _approx_rows(engine: StateEngine, store: str) -> int | None:
-    """The engine's row estimate (:meth:`StateEngine.approximate_rows`); ``None`` (shown
-    as NA) when the store's partitions cannot be read: one column never hides a row."""
-    try:
-        return engine.approximate_rows(store)
-    except (IqkitError, OSError):
-        return None
-
-
-def stores_frame(engine: Any) -> pd.DataFrame:
-    """``%iq stores``: one row per store under the engine's root with its settings, the
-    version served, approximate rows, merged position, total offset lag (in words,
-    ``"no source recorded"``, when the store's end offsets are unknown: a table for
-    reading, so its ``lag`` column mixes counts and that text) and, when some store is
-    broken, ``error``: null, or why the store could not be read (its other columns are
-    then NA; one broken store never hides the others)."""
-    records = []
-    errors = False
-    for name in engine.store_names():
-        try:
-            records.append((*_store_row(engine, name), None))
-        except STORE_PROBLEMS as exc:
-            errors = True
-            records.append((name, *[pd.NA] * (len(STORES_COLUMNS) - 1), problem(exc)))
-    frame = pd.DataFrame.from_records(records, columns=[*STORES_COLUMNS, ERROR_COLUMN])
-    spark_stores = _checkpoint_facts(engine, frame["name"])
-    if spark_stores is not None:
-        for i, column in enumerate(CHECKPOINT_COLUMNS):
-            frame.insert(3 + i, column, [facts[i] for facts in spark_stores])
-    frame = frame.astype(
-        {
-            "kind": "object",
-            "partitions": "Int64",
-            "version": "Int64",
-            "approx_rows": "Int64",
-            "lag": "object",
-            ERROR_COLUMN: "object",
-        }
-    )
-    return frame if errors else frame.drop(columns=[ERROR_COLUMN])
-
-
-def _checkpoint_facts(engine: Any, names: Any) -> list[tuple[Any, ...]] | None:
-    """Per store, ``CHECKPOINT_COLUMNS``' values; ``None`` when no store is a Spark
-    checkpoint's (the columns are then left out)."""
-    facts: list[tuple[Any, ...]] = []
-    for name in names:
-        try:
-            properties = engine.manifest(name).properties
-        except STORE_PROBLEMS:
-            facts.append((pd.NA,) * len(CHECKPOINT_COLUMNS))
-            continue
-        if "spark_operator" not in properties:
-            facts.append((pd.NA,) * len(CHECKPOINT_COLUMNS))
-            continue
-        columns = zip(properties["key_columns"], properties["key_types"], strict=True)
-        keys = ", ".join(f"{c} {t}" for c, t in columns)
-        facts.append(
-            (
-                f"{properties['spark_operator']} (id {properties['spark_operator_id']})",
-                keys,
-                properties.get("value_schema", ""),
-                properties.get("spark_provider", pd.NA),
-            )
-        )
-    if all(f[0] is pd.NA for f in facts):
-        return None
-    return facts
-
-
-def _store_row(engine: Any, name: str) -> tuple[Any, ...]:
-    manifest = engine.manifest(name)
-    infos = engine.lags(stores=[name]).get(name, {})
-    position = Position.empty()
-    for info in infos.values():
-        position = position.merge(info.current_position)
-    known = [i.offset_lag for i in infos.values()]
-    lag: Any = NO_SOURCE
-    if known and all(v is not None for v in known):
-        lag = sum(known)  # type: ignore[arg-type]
-    return (
-        name,
-        manifest.kind.value,  # the kind's name, a plain str (not the StoreKind enum)
-        manifest.partitions,
-        manifest.key_serde,
-        manifest.value_serde,
-        manifest.partitioner,
-        _nullable(engine.version(name)),
-        _nullable(_approx_rows(engine, name)),
-        compact_position(position),
-        lag,
-    )

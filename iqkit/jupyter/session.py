@@ -183,7 +183,7 @@ class IQSession:
                 path = os.fspath(variable(path, ns, "open"))  # %iq open :root
             return self.open(path)
         if action == "stores":
-            from .result import stores_frame
+            from .stores_table import stores_frame
 
             return stores_frame(self.engine)
         if action == "lag":

@@ -13,13 +13,12 @@ from iqkit import FailureReason, KeyQuery, LagInfo, Position, RangeQuery, StateQ
 from iqkit.jupyter.result import (
     LAG_COLUMNS,
     PARTITION_COLUMNS,
-    STORES_COLUMNS,
     TRACE_COLUMNS,
     compact_position,
     lag_frame,
     parse_trace_line,
-    stores_frame,
 )
+from iqkit.jupyter.stores_table import STORES_COLUMNS, stores_frame
 from iqkit.store.partitions.layers import twin_scans
 
 run = iq_result

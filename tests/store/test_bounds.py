@@ -163,7 +163,7 @@ _ENTRY_POINTS = textwrap.dedent(
     import contextlib, io, json, sys
     import iqkit
     from iqkit.__main__ import main
-    from iqkit.jupyter.result import stores_frame
+    from iqkit.jupyter.stores_table import stores_frame
 
     root, store = sys.argv[1], sys.argv[2]
     out = {}

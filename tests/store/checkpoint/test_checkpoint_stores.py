@@ -442,7 +442,7 @@ def test_a_version_is_replayed_once_then_read_from_the_cache(agg_checkpoint, tmp
 
 
 def test_iq_stores_shows_the_operator_schemas_and_provider(spark, agg_checkpoint):
-    from iqkit.jupyter.result import stores_frame
+    from iqkit.jupyter.stores_table import stores_frame
 
     value = spark.read.format("statestore").load(agg_checkpoint).schema["value"].dataType
     value_columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in value.fields)
