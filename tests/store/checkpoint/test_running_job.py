@@ -9,13 +9,16 @@ second), so versions the readers hold go while they read. Every answer must be a
 version the model knows, at the version its trace and its position both say, or, for a
 version that is gone, the one line saying so and naming the newest. Nothing here asserts
 on time: the test waits for what it observes (commits, deleted files), with a generous
-limit only so a stuck query fails instead of hanging.
+limit only so a stuck query fails instead of hanging. The same rules are checked on a
+frozen checkpoint with the maintenance done by hand (a version gone; a file missing from a
+version Spark keeps, which is damage and names the file).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -273,3 +276,62 @@ def test_readers_of_a_running_query_see_whole_versions_or_gone(
             restart_state_store_maintenance(spark)  # later queries start it with their own
             for engine in engines:
                 engine.close()
+
+
+# -- the same rules on a frozen checkpoint, maintenance done by hand (no Spark) ----------
+#: A frozen checkpoint (Spark 4.3, HDFS provider): versions 1 to 4, a snapshot at
+#: version 3 in each of its three partitions.
+FROZEN = Path(__file__).resolve().parents[2] / "data" / "checkpoints" / "4.3.0" / "agg-hdfs"
+
+
+def _frozen_copy(tmp_path: Path) -> Path:
+    if not (FROZEN / "checkpoint").is_dir():
+        pytest.skip("frozen checkpoint 4.3.0/agg-hdfs not here (tests/data/checkpoints)")
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(FROZEN / "checkpoint", copy)
+    return copy
+
+
+def _maintain(checkpoint: Path, below: int) -> None:
+    """What Spark's maintenance does with a snapshot at ``below`` and few versions to
+    retain: every partition's state files of the versions before it deleted."""
+    for path in checkpoint.glob("state/0/*/*"):
+        match = _STATE_FILE.fullmatch(path.name.removeprefix(".").removesuffix(".crc"))
+        if match and int(match[1]) < below:
+            path.unlink()
+
+
+def test_a_pinned_version_spark_deleted_is_gone_in_one_line_naming_the_newest(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("IQKIT_CACHE", os.fspath(tmp_path / "iqkit-cache"))
+    checkpoint = _frozen_copy(tmp_path)
+    with iqkit.open(checkpoint, as_of=2) as pinned, iqkit.open(checkpoint, as_of=3) as kept:
+        partitions = pinned.manifest(STORE).partitions
+        _maintain(checkpoint, below=3)
+        gone = (
+            f"store '{STORE}' version 2 is gone (Spark's maintenance deleted it); the newest is 4"
+        )
+        result = pinned.query(_scan_request())
+        assert {p: r.failure_message for p, r in result.partition_results.items()} == {
+            p: f"store '{STORE}' partition {p}: VersionGoneError: {gone}" for p in range(partitions)
+        }
+        with pytest.raises(VersionGoneError, match=re.escape(gone)):
+            iqkit.open(checkpoint, as_of=2)
+        # Version 3 is its snapshot: still whole.
+        result = kept.query(_scan_request())
+        assert all(r.is_success for r in result.partition_results.values())
+    with pytest.raises(ValueError, match="has no committed version 5 "):
+        iqkit.open(checkpoint, as_of=5)
+
+
+def test_a_file_missing_from_a_version_spark_keeps_is_damage_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("IQKIT_CACHE", os.fspath(tmp_path / "iqkit-cache"))
+    checkpoint = _frozen_copy(tmp_path)
+    (checkpoint / "state/0/1/4.delta").unlink()
+    with iqkit.open(checkpoint) as engine:
+        result = engine.query(_scan_request())
+    assert result.partition_results[0].is_success
+    failure = result.partition_results[1].failure_message
+    assert "StateFileError" in failure and "state/0/1/4.delta: missing" in failure
+    assert "\n" not in failure
