@@ -7,7 +7,8 @@ partition of a version is Spark's state files for it replayed (``providers``), d
 and turned into iqkit's row layout (``shape``: a whole column at a time where its shape
 allows, else row by row), then built into a database in the cache (``materialize``) and
 served through the same query layers as every store; it is kept for the snapshot's life,
-so each (partition, version) is read once per reader. While a partition is built, a
+so each (partition, version) is read once per reader (an unpinned reader lets go of a
+version's partitions when it moves on to a newer one). While a partition is built, a
 helper process builds the next one (``prebuild``).
 
 A running query keeps committing while a reader reads, and Spark's maintenance deletes
@@ -171,6 +172,9 @@ class CheckpointSnapshot:
         self.pinned = pinned
         self.record: CheckpointVersion | None = None
         self._open: dict[tuple[int, int], OpenPartition] = {}
+        #: Partitions of versions an unpinned reader moved on from, closed once no scan
+        #: of theirs still reads (``_retire``).
+        self._retired: list[OpenPartition] = []
         #: Partitions the helper process was asked to build (``prebuild``), by version.
         self._ahead: dict[tuple[int, int], prebuild.Ahead] = {}
         if pinned is not None:
@@ -197,6 +201,8 @@ class CheckpointSnapshot:
 
     # -- the served version ----------------------------------------------------------------
     def current(self) -> CheckpointVersion | None:
+        if self._retired:
+            self._close_retired()
         if self.pinned is not None:
             return self.record
         versions = committed_versions(self.objects)
@@ -210,7 +216,27 @@ class CheckpointSnapshot:
                     f"(version {record.version}) since it was opened; open it again"
                 )
             self.record = record
+            self._retire(record.version)
         return self.record
+
+    def _retire(self, served: int) -> None:
+        """Let go of the partitions of versions before ``served``: a reader kept open on a
+        running query moves on every batch, and must not hold every version it served
+        (their databases stay in the cache, for whoever asks for them again)."""
+        for key in [key for key in self._open if key[0] != served]:
+            self._retired.append(self._open.pop(key))
+        self._ahead = {key: ahead for key, ahead in self._ahead.items() if key[0] == served}
+        self._close_retired()
+
+    def _close_retired(self) -> None:
+        """Close each retired partition no scan reads any more."""
+        reading = []
+        for entry in self._retired:
+            if entry.partition.open_iterators:
+                reading.append(entry)
+            else:
+                entry.partition.close()
+        self._retired = reading
 
     def served(self) -> CheckpointVersion | IqkitError | None:
         try:
@@ -318,7 +344,8 @@ class CheckpointSnapshot:
 
     def close(self) -> None:
         self._ahead.clear()  # the helper's builds land in the cache, for whoever opens them
-        entries, self._open = list(self._open.values()), {}
+        entries, self._open = [*self._open.values(), *self._retired], {}
+        self._retired = []
         for entry in entries:
             entry.partition.close()
 

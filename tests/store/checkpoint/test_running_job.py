@@ -335,3 +335,41 @@ def test_a_file_missing_from_a_version_spark_keeps_is_damage_naming_it(tmp_path,
     failure = result.partition_results[1].failure_message
     assert "StateFileError" in failure and "state/0/1/4.delta: missing" in failure
     assert "\n" not in failure
+
+
+def _open_under(folder: Path) -> set[str]:
+    """Paths under ``folder`` this process holds open (``/proc/self/fd``)."""
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed since the listing
+        if target.startswith(f"{folder}{os.sep}"):
+            held.add(target)
+    return held
+
+
+def test_a_long_lived_engine_lets_go_of_the_versions_it_moved_on_from(tmp_path, monkeypatch):
+    cache = tmp_path / "iqkit-cache"
+    monkeypatch.setenv("IQKIT_CACHE", os.fspath(cache))
+    checkpoint = _frozen_copy(tmp_path)
+    commit = (checkpoint / "commits" / "3").read_bytes()
+    (checkpoint / "commits" / "3").unlink()  # batch 3 still running: version 3 the newest
+    with iqkit.open(checkpoint) as engine:
+        result = engine.query(_scan_request().enable_execution_info())
+        assert served_version(result) == 3
+        for partition in result.partition_results.values():
+            assert list(partition.result)  # read to the end: no scan of version 3 open
+        held = _open_under(cache)
+        assert any(f"{os.sep}3-" in path for path in held)  # version 3's databases
+        (checkpoint / "commits" / "3").write_bytes(commit)  # batch 3 committed
+        result = engine.query(_scan_request().enable_execution_info())
+        assert served_version(result) == 4
+        assert all(list(r.result) for r in result.partition_results.values())
+        # Version 4's databases may be built on version 3's (its SSTs shared, one inode):
+        # what only version 3's databases hold must be closed.
+        fours = {f.stat().st_ino for f in cache.glob("dbs/*/spark-state/*/*/4-*/*.sst")}
+        held = _open_under(cache)
+        threes = [path for path in held if f"{os.sep}3-" in path]
+        assert held and not [path for path in threes if os.stat(path).st_ino not in fours]
