@@ -34,7 +34,7 @@ from typing import Any
 from ...errors import IqkitError, ObjectMissingError, StoreCorruptedError
 from ...query.position import Position
 from ..cache import FileCache
-from ..format import OpenPartition
+from ..format import OpenPartition, close_unread
 from ..manifest import StoreManifest
 from ..names import DATA_PREFIX
 from ..objects import ObjectStore
@@ -229,14 +229,7 @@ class CheckpointSnapshot:
         self._close_retired()
 
     def _close_retired(self) -> None:
-        """Close each retired partition no scan reads any more."""
-        reading = []
-        for entry in self._retired:
-            if entry.partition.open_iterators:
-                reading.append(entry)
-            else:
-                entry.partition.close()
-        self._retired = reading
+        self._retired = close_unread(self._retired)
 
     def served(self) -> CheckpointVersion | IqkitError | None:
         try:
