@@ -57,6 +57,7 @@ __all__ = [
     "NEVER_WRITTEN",
     "JobCommit",
     "check_job_mode",
+    "close_unread",
     "OpenPartition",
     "PublishedVersion",
     "Publisher",
@@ -105,6 +106,18 @@ class OpenPartition:
         #: trace; None when there is nothing to say (a partition on a local root that
         #: this reader already had open).
         self.fetched: str | None = None
+
+
+def close_unread(entries: list[OpenPartition]) -> list[OpenPartition]:
+    """Close each of ``entries`` (partitions a reader moved on from) that no scan reads
+    any more; the ones still read, to close later."""
+    reading = []
+    for entry in entries:
+        if entry.partition.open_iterators:
+            reading.append(entry)
+        else:
+            entry.partition.close()
+    return reading
 
 
 def empty_partition(manifest: StoreManifest) -> OpenPartition:

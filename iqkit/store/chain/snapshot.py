@@ -34,7 +34,14 @@ from typing import Any, NoReturn
 from ...errors import IqkitError, StoreCorruptedError
 from ...query.position import Position
 from ..cache import FileCache
-from ..format import MAX_OPEN_PARTITIONS, OpenPartition, TwinFile, TwinFiles, empty_partition
+from ..format import (
+    MAX_OPEN_PARTITIONS,
+    OpenPartition,
+    TwinFile,
+    TwinFiles,
+    close_unread,
+    empty_partition,
+)
 from ..integrity import KNOWN_DAMAGE, remembering
 from ..names import CHAIN_SST_DIR
 from ..objects import ObjectStore
@@ -543,13 +550,7 @@ class ChainSnapshot:
         self._close_retired()
 
     def _close_retired(self) -> None:
-        reading = []
-        for entry in self._retired:
-            if entry.partition.open_iterators:
-                reading.append(entry)
-            else:
-                entry.partition.close()
-        self._retired = reading
+        self._retired = close_unread(self._retired)
 
     @property
     def serves_key_lookups(self) -> bool:

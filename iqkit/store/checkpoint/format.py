@@ -27,7 +27,7 @@ from .layout import OperatorStore, is_checkpoint, operator_stores
 from .materialize import scratch_folder
 from .providers import StateReader
 from .shape import StateShape, UnsupportedStateError
-from .snapshot import CheckpointSnapshot, CheckpointVersion, committed_versions, version_record
+from .snapshot import CheckpointSnapshot, CheckpointVersion, committed_versions, newest_record
 from .spark_release import attributed
 
 __all__ = ["CheckpointFormat"]
@@ -172,10 +172,7 @@ class CheckpointFormat(StoreFormat):
         found = self._operator_stores().get(store)
         if found is None:
             return None
-        versions = committed_versions(self.objects)
-        if not versions:
-            return None
-        return version_record(self.objects, versions[-1], found)
+        return newest_record(self.objects, found)
 
     # -- writing: refused before these are reached (``read_only``) ---------------------------
     def _ensure_store(self, manifest, *, settings, asked, create):  # type: ignore[no-untyped-def]

@@ -186,9 +186,9 @@ class JoinSideReader:
         folder = f"{self.store.folder}/{partition}"
         return VersionFiles(folder, parts, "\n".join([self.base.query_id, *keys]))
 
-    def oldest_version(self, store: OperatorStore) -> int | None:
-        """The oldest version every internal store can still rebuild."""
-        oldest = [self.base.oldest_version(s) for s in self._stores()]
+    def oldest_version(self, store: OperatorStore, partition: int = 0) -> int | None:
+        """The oldest version every internal store can still rebuild (``partition``'s)."""
+        oldest = [self.base.oldest_version(s, partition) for s in self._stores()]
         if any(v is None for v in oldest):
             return None
         return max(v for v in oldest if v is not None)

@@ -151,18 +151,20 @@ def open_partition(
     commit: bytes,
     *,
     building: Callable[[], object] = lambda: None,
+    files: VersionFiles | None = None,
 ) -> StatePartition:
     """Partition ``p`` of ``store`` at ``version``, from its database in ``cache``, built
     first if no process has built it; the database holds ``commit`` as its commit
     record, with the state files it was rebuilt from (``STATE_FILES``). ``building`` is
-    called first when this call is the one that builds.
+    called first when this call is the one that builds; ``files``: the version's files,
+    when the caller listed them already (``StateReader.version_files``).
 
     A build starts from an older version's database in the cache where one was rebuilt
     from the same files as the start of this version's (the same snapshot and deltas,
     and this version only adds deltas): only the files added since are read, and only
     the keys they touch are decoded (``StateReader.changed_state``), in bulk where the
     shape allows."""
-    files = reader.version_files(store, p, version)
+    files = files if files is not None else reader.version_files(store, p, version)
     where = f"Spark state {reader.where(store, p, version)}"
     folder = state_folder_in_cache(
         cache, reader.objects, store.name, p, version, files.names, shape

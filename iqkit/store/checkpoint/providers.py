@@ -335,10 +335,10 @@ class StateReader:
         )
         return StateRows(records, keys, values)
 
-    def oldest_version(self, store: OperatorStore) -> int | None:
-        """The oldest version Spark can still rebuild (partition 0's files say; ``None``:
-        no state files yet)."""
-        return self._files.oldest(self.objects, state_folder(store, 0))
+    def oldest_version(self, store: OperatorStore, partition: int = 0) -> int | None:
+        """The oldest version Spark can still rebuild (``partition``'s files say, one
+        listing; ``None``: no state files yet)."""
+        return self._files.oldest(self.objects, state_folder(store, partition))
 
     def where(self, store: OperatorStore, partition: int, version: int) -> str:
         return f"{state_folder(store, partition)} version {version}"

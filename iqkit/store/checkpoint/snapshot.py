@@ -7,8 +7,20 @@ partition of a version is Spark's state files for it replayed (``providers``), d
 and turned into iqkit's row layout (``shape``: a whole column at a time where its shape
 allows, else row by row), then built into a database in the cache (``materialize``) and
 served through the same query layers as every store; it is kept for the snapshot's life,
-so each (partition, version) is read once per reader. While a partition is built, a
+so each (partition, version) is read once per reader (an unpinned reader lets go of a
+version's partitions when it moves on to a newer one). While a partition is built, a
 helper process builds the next one (``prebuild``).
+
+A running query keeps committing while a reader reads, and Spark's maintenance deletes
+old versions' files meanwhile (the state files below the newest ``minBatchesToRetain``
+versions, and the offsets and commit log entries of old batches). A reader never
+serves part of a version: every partition of a query is read at the one version it
+listed, from the files one listing of its folder names. A file listed and then deleted
+before it is read, or a log entry gone, is checked against a new listing: when the
+version is no longer retained the answer is ``VersionGoneError``, one line naming the
+version and the newest committed one (a partition's failure, or ``iqkit.open``'s error
+for ``as_of``), never the file that happened to go first; an unpinned reader that lists
+a version whose log entry goes before it reads it lists again and serves the newest.
 """
 
 from __future__ import annotations
@@ -19,10 +31,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...errors import IqkitError, StoreCorruptedError
+from ...errors import IqkitError, ObjectMissingError, StoreCorruptedError
 from ...query.position import Position
 from ..cache import FileCache
-from ..format import OpenPartition
+from ..format import OpenPartition, close_unread
 from ..manifest import StoreManifest
 from ..names import DATA_PREFIX
 from ..objects import ObjectStore
@@ -30,6 +42,7 @@ from ..partitions.layers import ReadCache, build_layers
 from ..partitions.partition import encode_commit_record
 from ..versions import OpenedVersionsWalk
 from . import prebuild
+from .codecs import StateFileError
 from .layout import OperatorStore, batch_metadata, committed_batches, state_partitions
 from .materialize import open_partition
 from .positions import BatchSources, batch_sources
@@ -37,7 +50,7 @@ from .providers import StateReader
 from .shape import StateShape, UnsupportedStateError
 from .spark_release import attributed
 
-__all__ = ["CheckpointSnapshot", "CheckpointVersion"]
+__all__ = ["CheckpointSnapshot", "CheckpointVersion", "VersionGoneError", "newest_record"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,22 @@ class CheckpointVersion:
         return end.to_map() if end is not None else None
 
 
+class VersionGoneError(IqkitError, ValueError):
+    """A state version Spark no longer keeps: its maintenance deleted the version's files,
+    or its batch's offsets and commit log entries, since the version was listed (module
+    docstring). A ``ValueError`` too: ``as_of`` of such a version fails ``iqkit.open``
+    as any version it cannot serve does."""
+
+
+def version_gone(objects: ObjectStore, store: str, version: int) -> VersionGoneError:
+    """``version`` of ``store`` gone, in one line naming the newest committed version."""
+    versions = committed_versions(objects)
+    newest = f"the newest is {versions[-1]}" if versions else "no version is committed now"
+    return VersionGoneError(
+        f"store {store!r} version {version} is gone (Spark's maintenance deleted it); {newest}"
+    )
+
+
 def committed_versions(objects: ObjectStore) -> list[int]:
     """Every committed state version, ascending (module docstring)."""
     return [b + 1 for b in committed_batches(objects)]
@@ -97,9 +126,33 @@ def version_record(
     )
 
 
+#: How many times an unpinned reader lists the commits again when the newest version it
+#: listed lost its offsets log entry before it was read (``newest_record``): each time,
+#: Spark committed ``minBatchesToRetain`` batches in between.
+_RELISTS = 3
+
+
+def newest_record(objects: ObjectStore, store: OperatorStore) -> CheckpointVersion | None:
+    """The newest committed version's record (``None``: nothing committed). Quirk: Spark
+    purges old batches' offsets log entries while a query runs, so a reader slower than
+    ``minBatchesToRetain`` batches finds the entry of the version it listed gone; it lists
+    again and takes the newest then (a re-pin), and only after ``_RELISTS`` such races
+    says the version is gone."""
+    for _ in range(_RELISTS):
+        versions = committed_versions(objects)
+        if not versions:
+            return None
+        try:
+            return version_record(objects, versions[-1], store)
+        except ObjectMissingError:
+            continue
+    raise version_gone(objects, store.name, versions[-1])
+
+
 class CheckpointSnapshot:
     """``store`` of the checkpoint ``objects`` for one reader; ``pinned``: serve that
-    version (``ValueError`` naming the committed ones if it is not one)."""
+    version (``ValueError`` naming the committed ones if it is not one yet,
+    ``VersionGoneError`` if Spark no longer keeps it)."""
 
     def __init__(
         self,
@@ -120,20 +173,28 @@ class CheckpointSnapshot:
         self.pinned = pinned
         self.record: CheckpointVersion | None = None
         self._open: dict[tuple[int, int], OpenPartition] = {}
+        #: Partitions of versions an unpinned reader moved on from, closed once no scan
+        #: of theirs still reads (``_retire``).
+        self._retired: list[OpenPartition] = []
         #: Partitions the helper process was asked to build (``prebuild``), by version.
         self._ahead: dict[tuple[int, int], prebuild.Ahead] = {}
         if pinned is not None:
             versions = self.versions()
             if pinned not in versions:
+                newest = self.latest_number()
+                if newest is not None and pinned < newest:
+                    raise version_gone(objects, manifest.name, pinned)
                 listing = _describe(versions)
                 raise ValueError(
                     f"store {manifest.name!r} has no committed version {pinned} "
                     f"(committed: {listing})"
                 )
-            self.record = self.published(pinned)
+            try:
+                self.record = self.published(pinned)
+            except ObjectMissingError:  # its offsets log entry purged since the listing
+                raise version_gone(objects, manifest.name, pinned) from None
         else:
-            versions = committed_versions(objects)
-            self.record = self.published(versions[-1]) if versions else None
+            self.record = newest_record(objects, store)
         if self.record is not None:
             # The served version's own partition count, not the operator metadata's (a
             # repartition leaves that as it was): routing and fan-out use it.
@@ -141,11 +202,14 @@ class CheckpointSnapshot:
 
     # -- the served version ----------------------------------------------------------------
     def current(self) -> CheckpointVersion | None:
+        if self._retired:
+            self._close_retired()
         if self.pinned is not None:
             return self.record
         versions = committed_versions(self.objects)
         if versions and (self.record is None or self.record.version != versions[-1]):
-            record = self.published(versions[-1])
+            record = newest_record(self.objects, self.store)
+            assert record is not None  # commits are purged oldest first, never all
             if len(record.partitions) != self.manifest.partitions:
                 raise StoreCorruptedError(
                     f"store {self.manifest.name!r}: the checkpoint was repartitioned from "
@@ -153,7 +217,20 @@ class CheckpointSnapshot:
                     f"(version {record.version}) since it was opened; open it again"
                 )
             self.record = record
+            self._retire(record.version)
         return self.record
+
+    def _retire(self, served: int) -> None:
+        """Let go of the partitions of versions before ``served``: a reader kept open on a
+        running query moves on every batch, and must not hold every version it served
+        (their databases stay in the cache, for whoever asks for them again)."""
+        for key in [key for key in self._open if key[0] != served]:
+            self._retired.append(self._open.pop(key))
+        self._ahead = {key: ahead for key, ahead in self._ahead.items() if key[0] == served}
+        self._close_retired()
+
+    def _close_retired(self) -> None:
+        self._retired = close_unread(self._retired)
 
     def served(self) -> CheckpointVersion | IqkitError | None:
         try:
@@ -166,7 +243,8 @@ class CheckpointSnapshot:
         return versions[-1] if versions else None
 
     def versions(self) -> list[int]:
-        """Committed versions whose state Spark still keeps (``providers``), ascending."""
+        """Committed versions whose state Spark still keeps (``providers``: partition 0's
+        files say), ascending."""
         oldest = self.reader.oldest_version(self.store)
         return [v for v in committed_versions(self.objects) if oldest is None or v >= oldest]
 
@@ -179,16 +257,45 @@ class CheckpointSnapshot:
                 ahead.wait()  # the helper's build of it, if it has begun: found in the cache
             commit = encode_commit_record({"position": record.position, "version": record.version})
             with attributed(self.objects):  # a refusal names the Spark that wrote it
-                part = open_partition(
-                    self.reader, self.shape, self.store, self.cache, record.version, p, commit,
-                    building=lambda: self._build_ahead(record, p + 1, commit),
-                )  # fmt: skip
+                try:
+                    files = self.reader.version_files(self.store, p, record.version)
+                except StateFileError:
+                    if self._gone(record.version, p):
+                        gone = version_gone(self.objects, self.manifest.name, record.version)
+                        raise gone from None
+                    raise
+                try:
+                    part = open_partition(
+                        self.reader, self.shape, self.store, self.cache, record.version, p, commit,
+                        building=lambda: self._build_ahead(record, p + 1, commit), files=files,
+                    )  # fmt: skip
+                except (StateFileError, ObjectMissingError):
+                    if self._gone(record.version, p) or any(
+                        not self.objects.exists(key) for key in files.keys
+                    ):  # a file listed above, deleted since: only Spark's maintenance deletes
+                        gone = version_gone(self.objects, self.manifest.name, record.version)
+                        raise gone from None
+                    raise
             entry = OpenPartition(part, build_layers(self.manifest, part, ReadCache()))
             entry.fetched = self.reader.trace_line(
                 self.store, p, record.version, part.built, part.base_version
             )
             self._open[(record.version, p)] = entry
         return entry
+
+    def _gone(self, version: int, p: int) -> bool:
+        """Whether ``version``, which a file of partition ``p`` failed to read, is gone
+        (module docstring), by a new listing: its batch's commit purged, or its state
+        deleted, in partition ``p`` and in partition 0 (the one ``versions`` lists), as
+        Spark's maintenance deletes every partition's. A file missing from a version
+        Spark still keeps is damage, and its error says which file."""
+        if version not in committed_versions(self.objects):
+            return True
+        for q in {0, p}:
+            oldest = self.reader.oldest_version(self.store, q)
+            if oldest is None or version >= oldest:
+                return False
+        return True
 
     def _build_ahead(self, record: CheckpointVersion, p: int, commit: bytes) -> None:
         """Have the helper process build partition ``p`` of ``record`` while this one
@@ -234,7 +341,8 @@ class CheckpointSnapshot:
 
     def close(self) -> None:
         self._ahead.clear()  # the helper's builds land in the cache, for whoever opens them
-        entries, self._open = list(self._open.values()), {}
+        entries, self._open = [*self._open.values(), *self._retired], {}
+        self._retired = []
         for entry in entries:
             entry.partition.close()
 

@@ -60,6 +60,15 @@ def session_conf(spark, settings: Mapping[str, str]) -> Iterator[None]:
                 spark.conf.set(key, value)
 
 
+def restart_state_store_maintenance(spark) -> None:
+    """Quirk: Spark schedules its state store maintenance task once per executor (local
+    mode: this JVM), with the interval and shutdown timeouts of the first query that
+    needed it, and never reschedules it; an earlier test's query may have fixed the 60 s
+    default. Stopping the task lets the next query start it again with the session's
+    current settings."""
+    spark._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stopMaintenanceTask()
+
+
 def _query(kind: str, source):
     """(the DataFrame of ``kind``'s query over ``source``, its output mode)."""
     from pyspark.sql import functions as F

@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from jobs import run_stream, state_rows
+from jobs import restart_state_store_maintenance, run_stream, state_rows
 
 import iqkit
 from iqkit import RangeQuery, StateQueryRequest
@@ -68,13 +68,6 @@ BATCHES = [
 ]
 #: Small batches fed after ``BATCHES`` until Spark has written a snapshot.
 MORE = [[record(400 + i, f"w{i}", i)] for i in range(6)]
-
-
-def restart_state_store_maintenance(spark) -> None:
-    """Quirk: Spark schedules its maintenance task once per executor, with the interval of
-    the first query that needed it; stopping it lets the next query start it with the
-    session's current one (see ``test_hdfs_state``)."""
-    spark._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stopMaintenanceTask()
 
 
 def has_snapshot(checkpoint: Path, provider: str) -> bool:

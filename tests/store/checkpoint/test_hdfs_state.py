@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from jobs import INPUT_SCHEMA, run_stream, state_rows
+from jobs import INPUT_SCHEMA, restart_state_store_maintenance, run_stream, state_rows
 
 from iqkit.store.checkpoint.hdfs_files import (
     StateFileError,
@@ -307,14 +307,6 @@ SNAPSHOT_CONF = {
     "spark.sql.streaming.stateStore.minDeltasForSnapshot": "1",
     "spark.sql.streaming.stateStore.maintenanceInterval": "100ms",
 }
-
-
-def restart_state_store_maintenance(spark) -> None:
-    """Quirk: Spark schedules its state store maintenance task once per executor, with the
-    interval of the first query that needed it, and never reschedules it; an earlier test's
-    query fixed it at the 60 s default. Stopping the task lets the next query start it
-    again with the session's current interval (local mode: the executor is this JVM)."""
-    spark._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stopMaintenanceTask()
 
 
 def snapshot_with_later_delta(checkpoint: Path) -> tuple[int, int] | None:

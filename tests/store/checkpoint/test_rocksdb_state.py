@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from jobs import run_stream, session_conf, state_rows
+from jobs import restart_state_store_maintenance, run_stream, session_conf, state_rows
 
 from iqkit.store.checkpoint.rocksdb_files import (
     StateFileError,
@@ -69,14 +69,6 @@ VARIANTS = {
         },
     ),
 }
-
-
-def restart_state_store_maintenance(spark) -> None:
-    """Quirk: Spark schedules its state store maintenance task once per executor, with the
-    interval of the first query that needed it, and never reschedules it. Stopping it lets
-    the next query start it with the session's current interval (local mode: the executor
-    is this JVM)."""
-    spark._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stopMaintenanceTask()
 
 
 @pytest.fixture(scope="module")
