@@ -225,10 +225,12 @@ class StateReader:
             )
             if store.operator_name == SESSION_OPERATOR:
                 schema = session_schema(store, schema)
-            if len(schema.column_families) > 1:
+            if len(schema.column_families) > 1 or store.variable is not None:
                 # A store in several column families (transformWithState, join state
                 # format 3) is decoded family by family, by ``transform`` or ``joins``:
-                # it may have no default family to make decoders of.
+                # it may have no default family to make decoders of. A transformWithState
+                # of one variable and no timers has one family, named after the variable,
+                # and no ``default`` either.
                 self._schemas[store.name] = schema
                 return schema
             try:
