@@ -51,6 +51,7 @@ __all__ = [
     "PartitionFiles",
     "StateFileError",
     "apply_delta",
+    "frame_records",
     "check_hadoop_crc",
     "delta_records",
     "delta_version",
@@ -289,7 +290,23 @@ _SHORT_RUN = 8
 _MOST_SKIPPED = 256
 
 
-def _frame(where: str, records: bytes, row_checksums: bool, *, removals: bool) -> _Framed:
+def frame_records(where: str, records: bytes) -> StateRecords:
+    """The records of ``records`` framed as a delta file's are (``[key size: int32 BE]
+    [key][value size: int32 BE][value]``, a value size of -1 a removal, a key size of -1
+    the end, nothing after it), column-wise, every size checked, values whole: the framing
+    a RocksDB changelog of formats 1 and 3 shares with delta files (``rocksdb_changelogs``).
+    ``StateFileError`` naming ``where`` for anything out of place."""
+    framed = _frame(where, records, False, removals=True, whole_words=False)
+    removed = framed.removed
+    return StateRecords(
+        framed.records, framed.key_starts, framed.key_lengths, framed.value_starts,
+        framed.value_lengths, removed if removed.any() else None,
+    )  # fmt: skip
+
+
+def _frame(
+    where: str, records: bytes, row_checksums: bool, *, removals: bool, whole_words: bool = True
+) -> _Framed:
     """Find the records of one state file (the framing in the module docstring), every
     size checked; ``StateFileError`` naming ``where`` for anything out of place.
 
@@ -345,15 +362,16 @@ def _frame(where: str, records: bytes, row_checksums: bool, *, removals: bool) -
         raise StateFileError(f"{where}: damaged records ({exc})") from None
     if position != end:
         raise StateFileError(f"{where}: {end - position} bytes after the last record")
-    return _records_of_runs(records, np.array(runs, dtype=np.int64).reshape(-1, 4), prefix)
+    runs_array = np.array(runs, dtype=np.int64).reshape(-1, 4)
+    return _records_of_runs(records, runs_array, prefix, whole_words)
 
 
-def _records_of_runs(records: bytes, runs: np.ndarray, prefix: int) -> _Framed:
+def _records_of_runs(records: bytes, runs: np.ndarray, prefix: int, whole_words: bool) -> _Framed:
     """Every record of ``runs`` (rows of: first record's start, records, key size, value
     size), where its key and value lie. A removal's key, and a value, start after the
     row checksum (``prefix`` bytes) when there is one; a value is its whole 8-byte words
     (Spark before 2.3 appended 4 stray bytes to some values, and Spark itself reads only
-    whole words of a value)."""
+    whole words of a value); every byte of it where not ``whole_words``."""
     starts, counts, key_sizes, value_sizes = runs.T
     total = int(counts.sum())
     first_of_run = np.cumsum(counts) - counts
@@ -365,7 +383,8 @@ def _records_of_runs(records: bytes, runs: np.ndarray, prefix: int) -> _Framed:
     removed = value_size == -1
     skip = np.where(removed, np.minimum(prefix, key_size), 0)
     value_starts = position + 8 + key_size + prefix
-    value_lengths = np.where(removed, 0, (value_size - prefix) // 8 * 8)
+    sizes = value_size - prefix
+    value_lengths = np.where(removed, 0, sizes // 8 * 8 if whole_words else sizes)
     return _Framed(
         records, position + 4 + skip, key_size - skip, value_starts, value_lengths, removed
     )

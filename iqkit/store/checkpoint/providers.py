@@ -164,6 +164,15 @@ class _RocksDBFiles:
         self, objects: ObjectStore, files: VersionFiles, version: int, *,
         row_checksums: bool, work_dir: str | os.PathLike[str],
     ) -> StateRecords:  # fmt: skip
+        # Changelogs framed straight into columns, as delta files are (row checksums and
+        # prefix-scan keys go through the dict replay).
+        if not row_checksums:
+            records = rocksdb_files.load_records(
+                objects, files.folder, version, plan=files.plan, work_dir=work_dir,
+                key_form=files.key_form,
+            )  # fmt: skip
+            if records is not None:
+                return records
         state = self.load(objects, files, version, row_checksums=row_checksums, work_dir=work_dir)
         return StateRecords.of_mapping(state)
 
@@ -225,10 +234,12 @@ class StateReader:
             )
             if store.operator_name == SESSION_OPERATOR:
                 schema = session_schema(store, schema)
-            if len(schema.column_families) > 1:
+            if len(schema.column_families) > 1 or store.variable is not None:
                 # A store in several column families (transformWithState, join state
                 # format 3) is decoded family by family, by ``transform`` or ``joins``:
-                # it may have no default family to make decoders of.
+                # it may have no default family to make decoders of. A transformWithState
+                # of one variable and no timers has one family, named after the variable,
+                # and no ``default`` either.
                 self._schemas[store.name] = schema
                 return schema
             try:

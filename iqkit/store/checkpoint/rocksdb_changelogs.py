@@ -16,10 +16,23 @@ import json
 import struct
 from collections.abc import Iterator
 
-from .codecs import StateFileError, UnknownFormatError, decompress_state_file
-from .shape import UnsupportedStateError
+import numpy as np
 
-__all__ = ["COLUMN_FAMILIES", "DELETE", "MERGE", "PUT", "lineage", "records", "records_of"]
+from .codecs import StateFileError, UnknownFormatError, decompress_state_file
+from .hdfs_files import frame_records
+from .shape import UnsupportedStateError
+from .state_records import StateRecords
+
+__all__ = [
+    "COLUMN_FAMILIES",
+    "DELETE",
+    "MERGE",
+    "PUT",
+    "framed_records",
+    "lineage",
+    "records",
+    "records_of",
+]
 
 _INT32_BE = struct.Struct(">i")
 _UTF_LENGTH = struct.Struct(">H")
@@ -93,6 +106,33 @@ def records(
         raise StateFileError(f"{where}: damaged records ({exc})") from None
     if position != end:
         raise StateFileError(f"{where}: {end - position} bytes after the last record")
+
+
+def framed_records(data: memoryview, start: int, where: str) -> StateRecords | None:
+    """``records`` of a changelog of format 1 or 3 held column-wise (``state_records``),
+    for a plain store's first open in bulk: the keys' and values' rows without Spark's
+    encoding version byte, deletes marked ``removed``. ``None`` (read them with
+    ``records``, which names what is wrong) for formats 2 and 4, and where a key or value
+    does not start with the version byte 0. ``StateFileError`` for damaged framing."""
+    version = _changelog_format(data)[0] if start else 1
+    if version in (2, 4):
+        return None
+    position = start + 2 + _UTF_LENGTH.unpack_from(data, start)[0] if version == 3 else start
+    framed = frame_records(where, bytes(data[position:]))
+    live = np.ones(len(framed), dtype=bool) if framed.removed is None else ~framed.removed
+    buffer = np.frombuffer(framed.data, dtype=np.uint8)
+    if (
+        (framed.key_lengths < 1).any()
+        or (framed.value_lengths[live] < 1).any()
+        or buffer[framed.key_starts].any()
+        or buffer[framed.value_starts[live]].any()
+    ):
+        return None
+    return StateRecords(
+        framed.data, framed.key_starts + 1, framed.key_lengths - 1,
+        np.where(live, framed.value_starts + 1, framed.value_starts),
+        np.where(live, framed.value_lengths - 1, 0), framed.removed,
+    )  # fmt: skip
 
 
 def _framed(data: memoryview, position: int) -> tuple[memoryview, memoryview | None, int]:

@@ -101,6 +101,7 @@ from . import rocksdb_changelogs, rocksdb_snapshots
 from .codecs import StateFileError, UnknownFormatError
 from .hdfs_files import check_hadoop_crc
 from .shape import UnsupportedStateError
+from .state_records import StateRecords
 from .state_schema import read_operator_metadata
 from .unsafe_row import RowDecoder
 
@@ -116,6 +117,7 @@ __all__ = [
     "list_files",
     "list_versions",
     "load_family_state",
+    "load_records",
     "load_state",
     "oldest_version",
     "plan_replay",
@@ -297,6 +299,42 @@ def load_state(
     if plan is None or plan.version != version:
         plan = plan_replay(objects, partition_dir, version, files=files)
     return _replay(objects, plan, work_dir, _PlainRecords(key_form, row_checksums))[0]
+
+
+def load_records(
+    objects: ObjectStore,
+    partition_dir: str,
+    version: int,
+    *,
+    work_dir: str | os.PathLike[str],
+    plan: ReplayPlan | None = None,
+    key_form: KeyForm = PLAIN_KEYS,
+) -> StateRecords | None:
+    """``load_state`` held column-wise (``state_records``): the snapshot's live rows, then
+    every changelog's records framed in bulk, in replay order (``StateRecords.live`` keeps
+    the ones ``load_state`` keeps), with no Python object per changelog record. ``None``
+    where only ``load_state`` reads the version: keys laid out for prefix scans, and a
+    changelog ``rocksdb_changelogs.framed_records`` does not frame in bulk."""
+    if key_form.prefix_scan:
+        return None
+    if plan is None or plan.version != version:
+        plan = plan_replay(objects, partition_dir, version)
+    files, records = plan.files, _PlainRecords(key_form, False)
+    parts: list[StateRecords] = []
+    if plan.base is not None:
+        base, uid = plan.base
+        where = objects.where(files.key(base, _SNAPSHOT, uid))
+        rows, families = _snapshot_rows(objects, files, base, uid, work_dir=work_dir)
+        parts.append(StateRecords.of_mapping(records.snapshot(rows, families, where)))
+    for changelog, uid in plan.changelogs:
+        key = files.key(changelog, _CHANGELOG, uid)
+        framed = rocksdb_changelogs.framed_records(
+            *_changelog(objects, plan, key), objects.where(key)
+        )
+        if framed is None:
+            return None
+        parts.append(framed)
+    return StateRecords.concat(parts)
 
 
 def load_family_state(

@@ -105,6 +105,26 @@ class StateRecords:
         return dict(self.live().items())
 
     @classmethod
+    def concat(cls, parts: list[StateRecords]) -> StateRecords:
+        """The records of ``parts``, one after another (replay order), in one buffer."""
+        if not parts:
+            return cls.of_mapping({})
+        if len(parts) == 1:
+            return parts[0]
+        bases = np.cumsum([0] + [len(p.data) for p in parts[:-1]])
+        removed = np.concatenate(
+            [np.zeros(len(p), dtype=bool) if p.removed is None else p.removed for p in parts]
+        )
+        return cls(
+            b"".join(p.data for p in parts),
+            np.concatenate([p.key_starts + base for p, base in zip(parts, bases, strict=True)]),
+            np.concatenate([p.key_lengths for p in parts]),
+            np.concatenate([p.value_starts + base for p, base in zip(parts, bases, strict=True)]),
+            np.concatenate([p.value_lengths for p in parts]),
+            removed if removed.any() else None,
+        )
+
+    @classmethod
     def of_changes(cls, changes: Mapping[bytes, bytes | None]) -> StateRecords:
         """The records of ``changes`` (key bytes → value bytes, ``None``: a removal), in
         its order."""

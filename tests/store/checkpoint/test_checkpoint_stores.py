@@ -537,6 +537,64 @@ def test_transform_with_state_serves_each_state_variable_as_spark_reads_it(spark
     assert any(len(elements) > 1 for elements in want["transform.seen"].values())
 
 
+def test_transform_with_state_of_one_map_variable_and_no_timers_is_read(spark, tmp_path):
+    """A processor with a single state variable and no timers keeps its state in one
+    column family, and none named ``default``: still the variable's store, keyed by
+    (grouping key, user key), as Spark's reader reads it."""
+    import json
+
+    from jobs import INPUT_SCHEMA, PROVIDERS, session_conf
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+    from test_hdfs_state import BATCHES
+
+    class Amounts(StatefulProcessor):
+        def init(self, handle):
+            self.amounts = handle.getMapState("amounts", "id long", "amount long")
+
+        def handleInputRows(self, key, rows, timerValues):
+            import pandas as pd
+
+            for frame in rows:
+                for i, amount in zip(frame["id"], frame["amount"], strict=True):
+                    self.amounts.updateValue((int(i),), (int(amount),))
+            yield pd.DataFrame({"user": [key[0]]})
+
+        def close(self):
+            pass
+
+    inputs, checkpoint = tmp_path / "input", os.fspath(tmp_path / "ckpt")
+    inputs.mkdir()
+    settings = {"spark.sql.streaming.stateStore.providerClass": PROVIDERS["rocksdb"]}
+    with session_conf(spark, settings):
+        for number, batch in enumerate(BATCHES[:2]):
+            text = "".join(json.dumps(r) + "\n" for r in batch)
+            (inputs / f"batch-{number}.json").write_text(text, encoding="utf-8")
+            source = spark.readStream.schema(INPUT_SCHEMA).json(os.fspath(inputs))
+            query = (
+                source.groupBy("user")
+                .transformWithStateInPandas(Amounts(), "user string", "Update", "None")
+                .writeStream.format("noop")
+                .outputMode("update")
+                .option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+    rows = spark.read.format("statestore").option("stateVarName", "amounts").load(checkpoint)
+    want = {
+        (r["key"]["user"], r["user_map_key"]["id"]): r["user_map_value"]
+        for r in (row.asDict(recursive=True) for row in rows.collect())
+    }
+    assert len(want) == 7
+    with iqkit.open(checkpoint) as engine:
+        assert engine.store_names() == ["transform.amounts"]
+        got = {k: v for p in _scan(engine, "transform.amounts").values() for k, v in p.items()}
+        assert got == want
+        key = ("u1", 2)
+        request = StateQueryRequest.in_store("transform.amounts").with_query(KeyQuery.with_key(key))
+        assert engine.query(request).only_partition_result().result == want[key]
+
+
 @pytest.mark.parametrize("provider", ["hdfs", "rocksdb-changelog"])
 @pytest.mark.parametrize("kind", ["agg", "window", "flatmap"])
 def test_a_newer_version_is_built_on_an_older_ones_database(

@@ -17,11 +17,14 @@ from pathlib import Path
 
 import pytest
 from jobs import restart_state_store_maintenance, run_stream, session_conf, state_rows
+from test_hdfs_state import lz4_block_stream
 
+from iqkit.store.checkpoint.codecs import decompress_state_file
 from iqkit.store.checkpoint.rocksdb_files import (
     StateFileError,
     list_files,
     list_versions,
+    load_records,
     load_state,
     oldest_version,
 )
@@ -243,6 +246,57 @@ def test_a_cut_short_changelog_raises_naming_it(checkpoints, tmp_path):
     with pytest.raises(StateFileError) as error:
         load_state(objects, f"state/0/{partition}", version, work_dir=tmp_path / "work")
     assert_names_file(error, f"state/0/{partition}/{version}.changelog")
+
+
+FROZEN = Path(__file__).resolve().parents[2] / "data" / "checkpoints"
+
+
+@pytest.mark.parametrize(
+    ("cell", "deletes"),
+    [
+        ("4.3.0/agg-rocksdb-changelog", False),
+        ("4.3.0/window-rocksdb-changelog", True),  # the watermark evicts windows
+        ("3.5.9/dedup-within-wm-rocksdb-changelog", True),
+        ("4.3.0/agg-ckptv2-rocksdb-changelog", False),  # files named <version>_<id>
+    ],
+)
+def test_changelogs_framed_in_bulk_give_the_state_the_dict_replay_gives(cell, deletes, tmp_path):
+    """``load_records`` (changelogs framed column-wise, for the first open) keeps, key by
+    key, what ``load_state`` keeps, on snapshot + changelog and changelog-only versions
+    alike, deletes included."""
+    checkpoint = FROZEN / cell / "checkpoint"
+    objects = open_objects(checkpoint)
+    checked = removals = 0
+    for folder in sorted(checkpoint.glob("state/0/[0-9]*")):
+        partition = f"state/0/{folder.name}"
+        for version in list_versions(objects, partition):
+            want = load_state(objects, partition, version, work_dir=tmp_path / "a")
+            records = load_records(objects, partition, version, work_dir=tmp_path / "b")
+            assert records is not None, (partition, version)
+            assert records.to_dict() == want, (partition, version)
+            removals += records.removed is not None
+            checked += 1
+    assert checked and bool(removals) == deletes
+
+
+def test_a_cut_short_changelog_framed_in_bulk_raises_naming_it(tmp_path):
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(FROZEN / "4.3.0/agg-rocksdb-changelog/checkpoint", copy)
+    for crc in copy.rglob(".*.crc"):  # only the framing can tell
+        crc.unlink()
+    objects = open_objects(copy)
+    needed = [  # changelogs of versions with no snapshot: the version needs them
+        path
+        for path in copy.glob("state/0/*/*.changelog")
+        if int(path.stem) not in list_files(objects, f"state/0/{path.parent.name}").snapshots
+    ]
+    path = max(needed, key=lambda p: p.stat().st_size)
+    records = decompress_state_file(path.read_bytes(), "x")
+    path.write_bytes(lz4_block_stream(records[: len(records) - 5]))  # into the last record
+    partition, version = f"state/0/{path.parent.name}", int(path.stem)
+    with pytest.raises(StateFileError) as error:
+        load_records(objects, partition, version, work_dir=tmp_path / "work")
+    assert_names_file(error, f"{partition}/{version}.changelog")
 
 
 def snapshot_ssts(checkpoint: Path, partition: int, version: int) -> list[Path]:
