@@ -1,6 +1,6 @@
 """``import iqkit`` stays light: Spark's Python workers import it for every iqkit function
 they unpickle, and the CLI starts with it. pandas, duckdb, tqdm and IPython are imported
-where they are used (see docs/DECISIONS.md, "Cheap in Spark's Python workers")."""
+where they are used (see docs/DECISIONS.md, "Spark's Python workers")."""
 
 from __future__ import annotations
 

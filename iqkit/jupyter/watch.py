@@ -1,7 +1,7 @@
 """``%iq watch QUERY [--for S] [--every S]``: a query re-run on each new version of its
 store, in one display updated in place.
 
-The cell blocks while it watches (docs/DECISIONS.md, "Issue 24: versions as data"): it
+The cell blocks while it watches (docs/DECISIONS.md, "`%iq watch`"): it
 polls ``engine.version(store)`` (a cheap check: the engine looks for the next version
 record) every ``--every`` seconds, re-runs the query when the version moved, and updates
 the one display it made with IPython's display handle. It stops after ``--for`` seconds

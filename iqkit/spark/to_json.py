@@ -120,7 +120,7 @@ def _float_pieces(col: pa.Array) -> list[Any]:
     Quirk: before Java 19, ``Double.toString`` sometimes writes more digits than the
     shortest (``9.999999999999999E22`` for 1e23; most often beyond 10^16, and for many
     float32s beyond 10^7); those texts read back as the same number, but their bytes
-    differ from the shortest text written here (docs/DECISIONS.md)."""
+    differ from the shortest text written here (docs/DECISIONS.md "Spark writes")."""
     text = col.cast(pa.string())
     magnitude = pc.abs(col.cast(pa.float64()))
     within = pc.and_(pc.greater_equal(magnitude, 1e-3), pc.less(magnitude, 1e7))

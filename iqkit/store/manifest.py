@@ -24,7 +24,8 @@ DEFAULT_RETENTION = 10
 #: read: a manifest is a file anyone can write, and readers do per-partition work (a
 #: fan-out query, lags), so a count of 10**9 must be damage, not an hour of work. Far
 #: above what a stateful job uses: Kafka advises a few thousand partitions per broker and
-#: Spark jobs rarely shuffle into more than tens of thousands (docs/DECISIONS.md).
+#: Spark jobs rarely shuffle into more than tens of thousands (docs/DECISIONS.md
+#: "Stores and their manifest").
 MAX_PARTITIONS = 100_000
 
 #: The settings that make a store's data readable and routable: a store asked for again

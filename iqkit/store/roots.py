@@ -6,8 +6,8 @@ current directory. Every API that takes a root turns it into a ``StoreRoot`` her
 a URL is never treated as a local path.
 
 Object storage goes through fsspec (s3fs, gcsfs, adlfs: the extras ``s3``, ``gcs``,
-``azure``; docs/DECISIONS.md says why). Credentials and endpoints are the filesystem
-library's own business: for S3, botocore reads ``AWS_ACCESS_KEY_ID``,
+``azure``; docs/DECISIONS.md "Object storage" says why). Credentials and endpoints are
+the filesystem library's own business: for S3, botocore reads ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION``,
 ``AWS_ENDPOINT_URL`` and ``AWS_PROFILE`` / the shared config files; gcsfs reads
 ``GOOGLE_APPLICATION_CREDENTIALS``; adlfs reads ``AZURE_STORAGE_*``; fsspec adds its

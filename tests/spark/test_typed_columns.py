@@ -207,7 +207,7 @@ def stored_bytes(root, store: str) -> dict[bytes, bytes]:
 
 #: Doubles and floats Java spells in scientific notation or plainly (Spark's JSON writer
 #: uses Double.toString); before Java 19 it writes some with more digits than the
-#: shortest (docs/DECISIONS.md), so these are ones every Java spells alike.
+#: shortest (docs/DECISIONS.md "Spark writes"), so these are ones every Java spells alike.
 DOUBLES = [0.0, -0.0, 1.0, 1e7, 9999999.5, 1e-3, 9.99e-4, 1.5e-7, 12345678.9, 1e15, -2.5e10,
            0.1, 1 / 3, 1e-300, 1.7976931348623157e308, 123456.789e3]
 FLOATS = [0.0, 1.0, 0.1, 1e7, 1.5e-7, 3.25e-4, 16777216.0, -2.5e6, 1e-3]

@@ -287,7 +287,7 @@ def test_progress_counts_windows_not_rocksdb_keys(spark, tmp_path, capsys):
     rows_written, puts = written_counts(tmp_path, "w")
     assert rows_written == 40
     # On the shuffle path a partition's commit record is the first key of its SST,
-    # written before the rows stream in, so it carries no counts (docs/DECISIONS.md);
+    # written before the rows stream in, so it carries no counts (docs/DECISIONS.md "Spark writes");
     # written in place, the commit records count windows too.
     assert puts == 40
     write_store(

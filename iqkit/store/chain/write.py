@@ -6,7 +6,7 @@ uploads it under a unique name and returns the new chain: the previous files plu
 delta. What a commit uploads is proportional to what it changed, not to the store.
 
 Every read of a chain ingests all its files, so long chains slow the first open (about
-8 ms per file; docs/DECISIONS.md). Once a chain would exceed ``COMPACT_AFTER_DELTAS``
+8 ms per file; docs/DECISIONS.md "Compaction"). Once a chain would exceed ``COMPACT_AFTER_DELTAS``
 deltas, the commit compacts instead: it builds the chain plus its changes into a local
 RocksDB, writes every live row into one new base SST (no tombstones), and uploads only
 that. Older versions keep their files until retention drops them. A commit also
@@ -86,7 +86,8 @@ __all__ = [
 Change = tuple[bytes, bytes | None]
 
 #: The longest chain a commit leaves (base + this many deltas); the next commit compacts.
-#: Measured: 1 base + 4 deltas opens in ~43 ms, + 16 in ~145 ms (docs/DECISIONS.md).
+#: Measured: 1 base + 4 deltas opens in ~43 ms, + 16 in ~145 ms
+#: (docs/DECISIONS.md "Compaction").
 COMPACT_AFTER_DELTAS = 8
 
 

@@ -26,7 +26,7 @@ that keeps a twin well under the size of its SST. Keys sorted and unique are wri
 with Parquet's delta encoding; a column takes a dictionary only when it repeats values.
 
 The commit record and iqkit's other reserved keys are not rows and are not in a twin.
-Window stores have no twins yet: their scans read RocksDB (docs/DECISIONS.md).
+Window stores have no twins yet: their scans read RocksDB (docs/DECISIONS.md "Twins beside SSTs").
 
 pyarrow is imported here, so this module is imported only where twins are written or
 read (never by ``import iqkit``).
