@@ -40,7 +40,6 @@ def test_nothing_cites_a_document_outside_the_repository():
     assert not citing, "cites a document the repository does not hold:\n" + "\n".join(citing)
 
 
-
 #: What a work log writes and a decision does not: test counts, measurements, tables.
 _WORK_LOG = re.compile(
     r"\b\d[\d,]* (?:of about [\d,]+ )?(?:tests?|passed|failed|errored)\b"
@@ -48,15 +47,61 @@ _WORK_LOG = re.compile(
 )
 
 
-def test_decisions_of_issue_13_hold_decisions_not_a_work_log():
+def _decisions() -> str:
+    return (REPO / "docs" / "DECISIONS.md").read_text(encoding="utf-8")
+
+
+def test_decisions_hold_decisions_not_a_work_log():
     # docs/DECISIONS.md states each decision and its reason; test counts and session
     # stories are not reasons, and figures live in BENCHMARKS.md (faults in RELIABILITY.md).
-    text = (REPO / "docs" / "DECISIONS.md").read_text(encoding="utf-8")
-    start = text.index("## Object storage (issue 13")
-    stretch = text[start : text.index("\n## Issue 20", start)]
-    assert "## Spark jobs on object roots" in stretch  # the stretch was found
-    log = [line.strip() for line in stretch.splitlines() if _WORK_LOG.search(line)]
+    lines = _decisions().splitlines()
+    assert lines[0] == "# Decisions"  # the file was read
+    log = [line.strip() for line in lines if _WORK_LOG.search(line)]
     assert not log, "work log in DECISIONS.md:\n" + "\n".join(log)
+
+
+#: A heading that names an issue orders decisions by when they were made, not by topic.
+_ISSUE_HEADING = re.compile(r"^#+ .*\bissues?\b", re.IGNORECASE)
+
+
+def test_no_decisions_heading_names_an_issue():
+    headings = [line for line in _decisions().splitlines() if line.startswith("#")]
+    assert headings[0] == "# Decisions"  # the headings were read
+    naming = [line for line in headings if _ISSUE_HEADING.search(line)]
+    assert not naming, "DECISIONS.md headings name issues:\n" + "\n".join(naming)
+
+
+#: DECISIONS.md is read by a newcomer in one sitting: decisions as they stand, no history.
+MAX_DECISIONS_LINES = 1000
+
+
+def test_decisions_stay_within_their_length_bound():
+    n = len(_decisions().splitlines())
+    assert 0 < n <= MAX_DECISIONS_LINES, f"docs/DECISIONS.md: {n} lines, over {MAX_DECISIONS_LINES}"
+
+
+#: A pointer into DECISIONS.md by heading text, as in: DECISIONS.md "Integrity".
+_DECISIONS_POINTER = re.compile(r'DECISIONS(?:\.md)?\)?,? "([^"]+)"')
+
+
+def test_every_pointer_into_decisions_names_a_heading():
+    lines = _decisions().splitlines()
+    headings = [line.lstrip("#").strip().lower() for line in lines if line.startswith("#")]
+    texts = [*_texts(), REPO / "BENCHMARKS.md", REPO / "RELIABILITY.md", REPO / "pyproject.toml"]
+    texts += sorted((REPO / "notebooks").glob("*.ipynb"))
+    pointers = [
+        (path.relative_to(REPO).as_posix(), quoted)
+        for path in texts
+        if path.name != "test_source_rules.py"
+        for quoted in _DECISIONS_POINTER.findall(path.read_text(encoding="utf-8"))
+    ]
+    assert ("RELIABILITY.md", "Integrity") in pointers  # the pointers were found
+    dangling = [
+        f"{name}: {quoted!r}"
+        for name, quoted in pointers
+        if not any(heading.startswith(quoted.lower()) for heading in headings)
+    ]
+    assert not dangling, "pointers into DECISIONS.md naming no heading:\n" + "\n".join(dangling)
 
 
 def test_every_module_stays_within_the_line_bound():
