@@ -541,11 +541,8 @@ def test_transform_with_state_of_one_map_variable_and_no_timers_is_read(spark, t
     """A processor with a single state variable and no timers keeps its state in one
     column family, and none named ``default``: still the variable's store, keyed by
     (grouping key, user key), as Spark's reader reads it."""
-    import json
-
-    from jobs import INPUT_SCHEMA, PROVIDERS, session_conf
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
-    from test_hdfs_state import BATCHES
+    from test_hdfs_state import run_processor
 
     class Amounts(StatefulProcessor):
         def init(self, handle):
@@ -562,24 +559,7 @@ def test_transform_with_state_of_one_map_variable_and_no_timers_is_read(spark, t
         def close(self):
             pass
 
-    inputs, checkpoint = tmp_path / "input", os.fspath(tmp_path / "ckpt")
-    inputs.mkdir()
-    settings = {"spark.sql.streaming.stateStore.providerClass": PROVIDERS["rocksdb"]}
-    with session_conf(spark, settings):
-        for number, batch in enumerate(BATCHES[:2]):
-            text = "".join(json.dumps(r) + "\n" for r in batch)
-            (inputs / f"batch-{number}.json").write_text(text, encoding="utf-8")
-            source = spark.readStream.schema(INPUT_SCHEMA).json(os.fspath(inputs))
-            query = (
-                source.groupBy("user")
-                .transformWithStateInPandas(Amounts(), "user string", "Update", "None")
-                .writeStream.format("noop")
-                .outputMode("update")
-                .option("checkpointLocation", checkpoint)
-                .trigger(availableNow=True)
-                .start()
-            )
-            query.awaitTermination()
+    checkpoint = os.fspath(run_processor(spark, Amounts(), "user string", tmp_path))
     rows = spark.read.format("statestore").option("stateVarName", "amounts").load(checkpoint)
     want = {
         (r["key"]["user"], r["user_map_key"]["id"]): r["user_map_value"]

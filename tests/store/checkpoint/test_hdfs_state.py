@@ -179,9 +179,6 @@ def test_transform_with_state_schema_files_describe_each_state_variable(spark, t
 def run_transform_with_state(spark, folder: Path) -> Path:
     """Two micro-batches of a transformWithStateInPandas query with a value, a list and
     a map state variable, on the RocksDB provider."""
-    import json
-
-    from jobs import PROVIDERS, session_conf
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -212,6 +209,16 @@ def run_transform_with_state(spark, folder: Path) -> Path:
         def close(self):
             pass
 
+    return run_processor(spark, Totals(), "user string, total long", folder)
+
+
+def run_processor(spark, processor, output_schema: str, folder: Path) -> Path:
+    """``processor`` run by transformWithStateInPandas over the users of ``BATCHES[:2]``,
+    one micro-batch each, on the RocksDB provider; its checkpoint folder."""
+    import json
+
+    from jobs import PROVIDERS, session_conf
+
     inputs, checkpoint = folder / "input", folder / "ckpt"
     inputs.mkdir()
     settings = {"spark.sql.streaming.stateStore.providerClass": PROVIDERS["rocksdb"]}
@@ -222,7 +229,7 @@ def run_transform_with_state(spark, folder: Path) -> Path:
             source = spark.readStream.schema(INPUT_SCHEMA).json(str(inputs))
             query = (
                 source.groupBy("user")
-                .transformWithStateInPandas(Totals(), "user string, total long", "Update", "None")
+                .transformWithStateInPandas(processor, output_schema, "Update", "None")
                 .writeStream.format("noop")
                 .outputMode("update")
                 .option("checkpointLocation", str(checkpoint))
