@@ -3,10 +3,14 @@
 - No citation of a document the repository does not hold ("SPEC §2", "the SPEC"): a
   reader cannot follow it, so the rule it stood for is written out where it applies.
 - Every ``iqkit`` module stays within ``MAX_MODULE_LINES``: past it a module holds more
-  than one concept and is split along its seam (docs/ARCHITECTURE.md's tree)."""
+  than one concept and is split along its seam (docs/ARCHITECTURE.md's tree).
+- docs/ARCHITECTURE.md cites only files that exist, and a name it writes as a call
+  (``StateEngine.query()``) after a file is defined in that file: its walks through the
+  tree stay true when code is renamed or moved."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -142,3 +146,94 @@ def test_nothing_outside_the_format_modules_asks_which_format_a_store_is_in():
                 found.append(f"{name}:{number}: {line.strip()}")
     assert (REPO / "iqkit" / "store" / "chain" / "records.py").is_file()  # the skipped exist
     assert not found, "format tests outside the format modules:\n" + "\n".join(found)
+
+
+#: docs/ARCHITECTURE.md's citations of code: a backticked file (``iqkit/engine.py``,
+#: ``tests/faults.py``), any ``iqkit/...py`` path (code blocks included), and a backticked
+#: name called with no arguments (``StateEngine.query()``, ``commit_version()``).
+_CITED_FILE = re.compile(r"`([\w./-]+\.py)`")
+_PACKAGE_PATH = re.compile(r"(?<![\w/.-])iqkit/[\w/]+\.py\b")
+_CITED_NAME = re.compile(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?)\(\)`")
+#: Where a file cited by its bare name (``make_checkpoints.py``) may live.
+_SOURCE_FOLDERS = ("iqkit", "tests", "notebooks", "bench", "pyspark_iqkit")
+#: A line that starts a step of a walk (a list item), or a heading: a name cited after
+#: it belongs to the file cited after it.
+_NEW_STEP = re.compile(r"^\s*(?:\d+\.|[-*]|#+)\s")
+
+
+def _architecture() -> list[str]:
+    """docs/ARCHITECTURE.md's lines."""
+    return (REPO / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8").splitlines()
+
+
+def _file_exists(cited: str) -> bool:
+    if "/" in cited:  # written from the repository's root
+        return (REPO / cited).is_file()
+    return any(any((REPO / f).rglob(cited)) for f in _SOURCE_FOLDERS)
+
+
+def test_every_file_the_architecture_cites_exists():
+    lines = _architecture()
+    cited: set[str] = set()
+    for line in lines:
+        cited.update(_CITED_FILE.findall(line))
+        cited.update(_PACKAGE_PATH.findall(line))
+    assert "iqkit/engine.py" in cited  # the walks were read
+    missing = sorted(c for c in cited if not _file_exists(c))
+    assert not missing, "docs/ARCHITECTURE.md cites files that do not exist:\n" + "\n".join(missing)
+
+
+def _defined(path: Path) -> dict[str, set[str]]:
+    """What ``path`` defines at its top level: each function's and class's name, a class
+    mapped to the names its body defines (methods, properties), a function to nothing."""
+    found: dict[str, set[str]] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            found[node.name] = set()
+        elif isinstance(node, ast.ClassDef):
+            found[node.name] = {
+                item.name
+                for item in node.body
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            }
+    return found
+
+
+def test_every_name_the_architecture_cites_is_defined_in_the_file_before_it():
+    # A walk names each step's file, then what runs there: `iqkit/engine.py`
+    # `StateEngine.query()`. The name must be defined in that file (a class's method in
+    # that class's own body), so a rename or a move shows here, not in a reader's search.
+    problems, checked = [], 0
+    parsed: dict[str, dict[str, set[str]]] = {}
+    here: str | None = None
+    fenced = False
+    for number, line in enumerate(_architecture(), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        if not line.strip() or _NEW_STEP.match(line):
+            here = None
+        for match in re.finditer(r"`[^`]+`", line):
+            token = match.group(0)
+            path = _CITED_FILE.fullmatch(token)
+            if path is not None:
+                here = path.group(1)
+                continue
+            name = _CITED_NAME.fullmatch(token)
+            if name is None:
+                continue
+            checked += 1
+            cited = name.group(1)
+            if here is None or "/" not in here or not (REPO / here).is_file():
+                problems.append(f"line {number}: `{cited}()` follows no file of the repository")
+                continue
+            if here not in parsed:
+                parsed[here] = _defined(REPO / here)
+            defined = parsed[here]
+            owner, _, member = cited.partition(".")
+            if owner not in defined or (member and member not in defined[owner]):
+                problems.append(f"line {number}: `{cited}()` is not defined in {here}")
+    assert checked > 20  # the walks were read
+    assert not problems, "docs/ARCHITECTURE.md:\n" + "\n".join(problems)
