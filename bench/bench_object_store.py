@@ -155,7 +155,7 @@ def main() -> None:
                           f"{part.fetch.files_fetched} files fetched", "(info)"))  # fmt: skip
 
             # 3. what a reader does per query to see a new version: one check of the next
-            # record (chain_snapshot) instead of listing the store's records
+            # record (iqkit/store/chain/snapshot.py) instead of listing the store's records
             for label, objects in (("S3", s3), ("local-root chain", local_chain)):
                 if objects is local_chain:
                     commit_version(objects, STORE, v1_local, {0: change}, cache=w_cache)

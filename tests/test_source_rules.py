@@ -6,12 +6,17 @@
   than one concept and is split along its seam (docs/ARCHITECTURE.md's tree).
 - docs/ARCHITECTURE.md cites only files that exist, and a name it writes as a call
   (``StateEngine.query()``) after a file is defined in that file: its walks through the
-  tree stay true when code is renamed or moved."""
+  tree stay true when code is renamed or moved.
+- Every module (``iqkit.store.chain.read``) and file (``iqkit/store/chain/read.py``,
+  ``store/columnar/twins.py``, ``twins.py``) a docstring or comment under ``iqkit/``
+  names exists: a reader follows the name to the code, so a move or a rename updates it."""
 
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import iqkit
@@ -237,3 +242,96 @@ def test_every_name_the_architecture_cites_is_defined_in_the_file_before_it():
                 problems.append(f"line {number}: `{cited}()` is not defined in {here}")
     assert checked > 20  # the walks were read
     assert not problems, "docs/ARCHITECTURE.md:\n" + "\n".join(problems)
+
+
+#: A module written from the package down, perhaps with an attribute after it:
+#: ``iqkit.store.chain.read``, ``iqkit.store.chain.read.plan_twin_scan``, ``iqkit.open``.
+_DOTTED_NAME = re.compile(r"(?<![\w.])iqkit(?:\.[A-Za-z_]\w*)+")
+#: A file written as a path (``store/columnar/twins.py``) or a bare name (``twins.py``).
+_FILE_NAME = re.compile(r"(?<![\w/.-])[\w/]*\w\.py\b")
+
+
+def _notes(path: Path) -> list[tuple[int, str]]:
+    """``path``'s comments and docstrings (module, class, function), with their lines."""
+    text = path.read_text(encoding="utf-8")
+    found = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(text).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node, clean=False)
+            if doc is not None:
+                found.append((node.body[0].lineno, doc))
+    return found
+
+
+def _module_file(parts: list[str]) -> Path | None:
+    """The file of module ``parts`` (``["iqkit", "store"]``), a package's ``__init__.py``."""
+    base = REPO.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _top_level_names(path: Path) -> set[str] | None:
+    """What ``path`` defines or imports at its top level; None when it cannot be told (a
+    star import, a module ``__getattr__``)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            if any(alias.name == "*" for alias in node.names):
+                return None
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+    return None if "__getattr__" in names else names
+
+
+def _dotted_name_exists(dotted: str) -> bool:
+    """Whether ``dotted`` is a module, or a module and a name it defines (what follows
+    that name, a class's method say, is not checked)."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):  # the longest prefix that is a module
+        module = _module_file(parts[:n])
+        if module is None:
+            continue
+        if n == len(parts):
+            return True
+        names = _top_level_names(module)
+        return names is None or parts[n] in names
+    return False
+
+
+def _file_name_exists(cited: str, where: Path, package_files: set[str]) -> bool:
+    """A path resolves from the citing file's folder or one above it, up to the
+    repository's root (``store/rows.py`` from ``iqkit/engine.py``); a bare name may be any
+    file of the package (``rocks.py``)."""
+    if "/" not in cited:
+        return cited in package_files
+    return any((REPO / folder / cited).is_file() for folder in where.relative_to(REPO).parents)
+
+
+def test_every_module_and_file_the_code_names_exists():
+    # Modules were moved into packages (iqkit/store/chain_read.py became
+    # iqkit/store/chain/read.py); a docstring naming the old place sends its reader nowhere.
+    problems, checked = [], 0
+    package_files = {path.name for path in (REPO / "iqkit").rglob("*.py")}
+    for path in sorted([*(REPO / "iqkit").rglob("*.py"), *(REPO / "pyspark_iqkit").rglob("*.py")]):
+        for number, text in _notes(path):
+            where = f"{path.relative_to(REPO).as_posix()}:{number}"
+            for dotted in _DOTTED_NAME.findall(text):
+                checked += 1
+                if not _dotted_name_exists(dotted):
+                    problems.append(f"{where}: {dotted}")
+            for cited in _FILE_NAME.findall(text):
+                checked += 1
+                if not _file_name_exists(cited, path, package_files):
+                    problems.append(f"{where}: {cited}")
+    assert checked > 100  # the docstrings and comments were read
+    assert not problems, "names of modules or files that do not exist:\n" + "\n".join(problems)

@@ -1,7 +1,7 @@
 """Small display objects for notebook output that is text, not a table.
 
 Each has both ``_repr_html_`` (Jupyter) and ``__repr__`` (terminals, tests, logs): the
-pattern JupySQL's ``display.py`` uses, so a returned message shows well everywhere
+pattern JupySQL's display objects use, so a returned message shows well everywhere
 and a test can compare it as a string.
 """
 

@@ -34,7 +34,8 @@ _ONE_MS = timedelta(milliseconds=1)
 
 #: Every time iqkit takes is a signed 64-bit count of epoch milliseconds, Kafka's
 #: ``long`` timestamps: a window store keeps window starts in 8 bytes
-#: (``store.keyspace.encode_time``), so nothing outside this range can be stored or found.
+#: (``store.encoding.keyspace.encode_time``), so nothing outside this range can be stored
+#: or found.
 EARLIEST_EPOCH_MS = -(2**63)
 LATEST_EPOCH_MS = 2**63 - 1
 

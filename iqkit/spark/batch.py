@@ -25,7 +25,7 @@ The job, end to end:
    (``store.sorted_rows.SortedRows``, spilling sorted runs to local disk past a memory budget),
    stages its store partitions through the job's spec (the root's format's
    ``open_job_commit``) and returns what it staged, as text: one SST built in the
-   executor's local folder and uploaded under a unique name (``store.chain_jobs``), so
+   executor's local folder and uploaded under a unique name (``iqkit.store.chain.jobs``), so
    executors and driver need share no files. Nothing is visible yet.
 5. Driver: once the job succeeded, publish exactly one staged partition per store
    partition as the store's next version (one exclusive create of its version record),

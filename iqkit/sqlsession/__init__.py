@@ -1,14 +1,14 @@
 """DuckDB SQL over stores, named results and notebook DataFrames (``%iq sql``, ``iqkit.sql``).
 
-A package, not ``iqkit/sql.py``: ``iqkit.sql`` is the function (``iqkit.sql(...)``), and a
-module of that name would be a second meaning of it (importing it rebound the package
-attribute). One module per job: ``connection`` (the private connection and its
-settings), ``registry`` (names DuckDB scans), ``resolve`` (which object a table name
-means), ``params`` (``$name``/``?`` values), ``worker`` (the interrupt worker thread),
-``stores`` and ``snapshots`` (stores streamed to DuckDB, complete scans kept),
-``twins`` (stores read through their columnar twins), ``versions`` (the ``changes`` and
-``history`` table functions), ``errors`` (``SQLError`` and short messages), ``session``
-(``SQLSession`` putting them together, and ``sql``).
+A package named ``sqlsession``, not ``sql``: ``iqkit.sql`` is the function
+(``iqkit.sql(...)``), and a module of that name would be a second meaning of it
+(importing it rebound the package attribute). One module per job: ``connection`` (the
+private connection and its settings), ``registry`` (names DuckDB scans), ``resolve``
+(which object a table name means), ``params`` (``$name``/``?`` values), ``worker`` (the
+interrupt worker thread), ``stores`` and ``snapshots`` (stores streamed to DuckDB,
+complete scans kept), ``twins`` (stores read through their columnar twins), ``versions``
+(the ``changes`` and ``history`` table functions), ``errors`` (``SQLError`` and short
+messages), ``session`` (``SQLSession`` putting them together, and ``sql``).
 
 A :class:`SQLSession` owns one private in-memory DuckDB connection, so nothing a user does
 with ``duckdb.sql`` (the module's default connection) and nothing iqkit does can clobber

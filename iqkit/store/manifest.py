@@ -124,7 +124,7 @@ def check_same_settings(
 ) -> StoreManifest:
     """``existing`` when its ``settings`` equal ``wanted``'s, else ``StoreExistsError``
     naming each difference (``asked`` says who wanted the other value). The one home of
-    this check: ``chain_store.ensure_chain_store`` and the formats' ``ensure_store``
+    this check: ``chain.stores.ensure_chain_store`` and the formats' ``ensure_store``
     call it."""
     diffs = [
         f"{f}={getattr(existing, f)!r} ({asked} {getattr(wanted, f)!r})"

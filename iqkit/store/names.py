@@ -1,6 +1,6 @@
 """Every reserved name iqkit puts on disk or in a RocksDB keyspace, in one place.
 
-Keeping them together (as Quix Streams does in ``state/metadata.py``) means a change of
+Keeping them together (as Quix Streams keeps its state's names) means a change of
 layout is one edit, and nothing else in the code spells a file name or key prefix.
 
 Keyspace of one partition's RocksDB (one column family, ``default``):
@@ -58,13 +58,14 @@ CHAIN_WORK_PREFIX = "iqkit-chain-"
 #: makes a listing's order numeric order, so the latest version is the last name listed.
 CHAIN_RECORDS_DIR = "chain"
 #: Digits of a chain record's number (``000000000042.json``). Version numbers run from 1
-#: to ``10**CHAIN_RECORD_DIGITS - 1`` (chain.MAX_CHAIN_VERSION); a longer name is no record.
+#: to ``10**CHAIN_RECORD_DIGITS - 1`` (chain.records.MAX_CHAIN_VERSION); a longer name is
+#: no record.
 CHAIN_RECORD_DIGITS = 12
 #: Immutable SST files: ``sst/<p>/<version>-<milliseconds>-<random>.sst``; the writer's
 #: clock in the name lets retention judge an object's age without a request per object.
 CHAIN_SST_DIR = "sst"
 
-#: A columnar twin's suffix (store/columnar/twin.py): it sits beside its SST, named like it.
+#: A columnar twin's suffix (store/columnar/twins.py): it sits beside its SST, named like it.
 TWIN_SUFFIX = ".parquet"
 _SST_SUFFIX = ".sst"
 

@@ -1,6 +1,6 @@
 """An external sort of a task's rows: ``SortedRows`` turns rows for any partitions, in any
-order and with duplicate keys, into what ``stage_partition(..., sorted_unique=True)``
-(``store.jobs``) needs per partition: strictly increasing keys, the row with the highest
+order and with duplicate keys, into what ``ChainJobSpec.stage(..., sorted_unique=True)``
+(``store.chain.jobs``) needs per partition: strictly increasing keys, the row with the highest
 sequence number per key (``ArrowRows``). It sorts Arrow columns (no per-row Python work
 but the final hand-over to the SST writer) and spills sorted runs to local disk past a
 memory budget, merging them at the end, so a big partition never has to fit in memory.

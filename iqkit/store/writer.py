@@ -2,7 +2,7 @@
 
 A ``StoreWriter`` buffers puts and deletes per partition (the last change per raw key)
 and touches nothing until the ``with`` block ends. Then the root's format publishes them
-(``format.StoreFormat.publisher``; the chain format's ``chain_store.ChainPublisher``:
+(``format.StoreFormat.publisher``; the chain format's ``chain.stores.ChainPublisher``:
 one delta SST per touched partition, then one exclusive create of the version record).
 An exception in the block, or a failure at any step of the commit, publishes nothing:
 readers keep seeing the previous version.

@@ -40,7 +40,7 @@ def value(p: int, i: int) -> bytes:
 @pytest.fixture
 def objects(s3_root) -> ObjectStore:
     """A root on the S3 server: its readers fetch into the cache (a local root's are read
-    in place, chain_read.open_partition, and never reach the cache's files)."""
+    in place, iqkit.store.chain.read.open_partition, and never reach the cache's files)."""
     return open_objects(s3_root)
 
 

@@ -156,7 +156,7 @@ def test_a_chain_reads_newest_first_with_deletes_applied(objects, cache):
 
 def fetches(objects, n: int) -> int:
     """The files a reader fetches where it needs ``n``: none on a local root, whose files
-    are read in place (chain_read.open_partition)."""
+    are read in place (iqkit.store.chain.read.open_partition)."""
     return 0 if objects.local_file("x") is not None else n
 
 

@@ -3,9 +3,9 @@
 Immutable SSTs under unique names plus one small record per version, published with one
 exclusive create (store/chain/records.py); nothing is renamed or rewritten, so it serves object
 storage (``s3://``, ``gs://``, ``abfs://``) and local folders alike. Readers go through
-``chain_snapshot``, ``StoreWriter`` through ``chain_store.ChainPublisher``, Spark jobs
-through ``chain_jobs.ChainJobCommit``; this class is the one place that puts them
-together for a root.
+``snapshot.ChainSnapshot``, ``StoreWriter`` through ``stores.ChainPublisher``, Spark
+jobs through ``jobs.ChainJobCommit`` (modules of this package); this class is the one
+place that puts them together for a root.
 """
 
 from __future__ import annotations

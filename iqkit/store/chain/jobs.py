@@ -170,7 +170,7 @@ class ChainJobSpec:
         """Upload ``partition``'s ``rows`` (sorted by key, each key once: (key, value or
         None for a delete)) as one SST on top of the base chain; return the new chain.
         ``sorted_unique``: the caller's promise, which chain rows always keep
-        (chain_write checks it)."""
+        (write.py checks it)."""
         del sorted_unique
         # Arrow rows (a Spark task's) go to the SST writer as they are, counting
         # themselves; other rows are counted on their way through.

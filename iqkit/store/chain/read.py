@@ -159,7 +159,7 @@ class ChainPartition(CachedDatabasePartition):
     def descriptors(self) -> int:
         """File descriptors this open partition may hold, counted high: one per pin (its
         ``flock``), one per SST RocksDB opens as it reads, one for RocksDB's info log.
-        What the reader's bound on open partitions adds up (chain_snapshot.OpenChains)."""
+        What the reader's bound on open partitions adds up (snapshot.py's ``OpenChains``)."""
         return len(self._pins) + len(self.chain.files) + 1 + (3 if self._kept else 0)
 
 

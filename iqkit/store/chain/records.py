@@ -72,7 +72,7 @@ __all__ = [
 MAX_CHAIN_VERSION = 10**CHAIN_RECORD_DIGITS - 1
 
 
-#: The commit record's upper bound on the rows of the chain (chain_write sets it when
+#: The commit record's upper bound on the rows of the chain (write.py sets it when
 #: the commit knows its puts): 0 says the partition is empty without opening it.
 ROWS_AT_MOST = "rows_at_most"
 
@@ -80,7 +80,7 @@ ROWS_AT_MOST = "rows_at_most"
 @dataclass(frozen=True)
 class ChainFile:
     """One immutable SST of a chain: its key on the root and its size in bytes, and the
-    size of its columnar twin (``store/columnar/twin.py``; its key is ``twin_key(name)``)
+    size of its columnar twin (``store/columnar/twins.py``; its key is ``twin_key(name)``)
     when it has one (None: written by an earlier iqkit, or a window store's); each with
     its checksum (``store/integrity.py``; None: written before files carried one)."""
 

@@ -26,7 +26,7 @@ local root, temporary files older than the grace (a killed writer's half-written
 A reader that already built its database keeps reading whatever retention removes (the
 cache and the database hold their own copies). The grace must exceed the longest
 download of a version and the longest a commit takes between its first upload and its
-publish (a publish whose own files are gone is refused: chain_write.publish_next); it is
+publish (a publish whose own files are gone is refused: write.py's ``publish_next``); it is
 a parameter, not a guarantee against a reader that pins a version it found longer ago
 than the grace.
 """
@@ -57,7 +57,7 @@ class ChainCleanup:
 
 
 def _is_iqkit_sst(key: str) -> bool:
-    """Whether ``key`` is named as iqkit names SSTs (``chain_write.sst_key``): retention
+    """Whether ``key`` is named as iqkit names SSTs (write.py's ``sst_key``): retention
     removes nothing else."""
     parts = key.rpartition("/")[2].split("-")
     return len(parts) == 3 and all(p.isascii() and p[:1].isalnum() for p in parts)

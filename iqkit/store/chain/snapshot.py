@@ -3,7 +3,7 @@
 The served version is a ``ChainVersion`` record: pinned with ``as_of``, or the latest
 one, noticed by one listing of the store's records per query (an object root has no
 ``LATEST`` file to ``stat``; records are never rewritten, so a version read once stays
-valid). Partitions are opened through ``chain_read.open_partition``: the chain's files
+valid). Partitions are opened through ``read.open_partition``: the chain's files
 come from the reader's ``FileCache`` (``IQKIT_CACHE``), fetched only when missing, and
 each open partition's ``fetched`` says what that cost, for the execution trace.
 

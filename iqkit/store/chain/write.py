@@ -22,7 +22,7 @@ flocked while the writer lives; a writer killed mid-commit cannot remove its fol
 the next writer that makes one in the same place removes those whose lock is free.
 
 ``commit_version`` does this for every partition a commit touches and publishes the
-next store version (``chain.publish_version``: one exclusive create, so a racing writer
+next store version (``records.publish_version``: one exclusive create, so a racing writer
 gets ``VersionConflictError`` and its uploads stay behind as orphans for retention).
 Before it does, ``publish_next`` checks that every file the new version adds is on the
 root: another writer's retention removes unlisted files once they are older than the
@@ -402,7 +402,7 @@ def publish_next(
 ) -> ChainVersion:
     """Publish ``version``: ``written`` partitions' new chains, the others as in
     ``previous`` (none of them for ``replace_all``, an overwrite), with what every
-    version carries forward (``chain.next_record``). ``VersionConflictError`` when
+    version carries forward (``records.next_record``). ``VersionConflictError`` when
     another writer published that number first; ``ObjectMissingError`` (nothing
     published) when a file the new version adds is not on the root."""
     check_next_version(store, version)

@@ -2,7 +2,7 @@
 
 What a reader serves a partition no commit has touched from (an empty one,
 ``format.empty_partition``), a partition its version record says holds no rows, and a
-small chain read into memory once (``chain_snapshot``).
+small chain read into memory once (``iqkit.store.chain.snapshot``).
 """
 
 from __future__ import annotations

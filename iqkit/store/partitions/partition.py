@@ -172,7 +172,8 @@ class RocksDBPartition:
         self, path: Path, written_by_version: int, *, db: rocks.Rdict | None = None
     ) -> None:
         """``db``: the database of ``path`` already open (one its builder kept open:
-        chain_read), closed with this partition; else ``path`` is opened read-only."""
+        ``iqkit.store.chain.read.open_partition``), closed with this partition; else
+        ``path`` is opened read-only."""
         self.location = os.fspath(path)
         self.written_by_version = written_by_version
         self._db: rocks.Rdict | None = db if db is not None else rocks.open_for_read(path)
