@@ -18,8 +18,9 @@ user's does), writing to the ``noop`` sink:
   buffered), ``--keys`` distinct left keys (a tenth of them with a second row in batch 1)
   and a thousandth as many right rows, RocksDB with changelogs; the store is
   ``join.left``;
-* ``tws-map``: ``groupBy("g").transformWithStateInPandas`` whose processor puts each
-  input row into a MapState ``amounts`` (user key ``id``); ``--keys`` map entries over
+* ``tws-map``: a Scala ``groupByKey(g).transformWithState`` (``tws_map.scala``, run by
+  ``spark-shell``: PySpark's map puts take hours at 10M) whose processor puts each input
+  row into a MapState ``amounts`` (user key ``id``); ``--keys`` map entries over
   ``--keys / 10`` grouping keys, RocksDB with changelogs; the store is
   ``transform.amounts``, keyed by (grouping key, user key).
 
@@ -189,50 +190,24 @@ def build_join(spark, folder: Path, keys: int) -> None:
         run_query(spark, joined, folder / "ckpt", "append")
 
 
-def _map_processor():
-    """A StatefulProcessor putting each input row into a MapState. Built in a function so
-    cloudpickle ships it by value."""
-    import pandas as pd
-    from pyspark.sql.streaming import StatefulProcessor
-
-    class Amounts(StatefulProcessor):
-        def init(self, handle) -> None:
-            self.amounts = handle.getMapState("amounts", "id long", "amount long")
-
-        def handleInputRows(self, key, rows, timerValues=None):
-            n = 0
-            for frame in rows:
-                for rid, amount in zip(frame["id"], frame["amount"], strict=True):
-                    self.amounts.updateValue((int(rid),), (int(amount),))
-                    n += 1
-            yield pd.DataFrame({"g": [key[0]], "n": [n]})
-
-        def close(self) -> None:
-            pass
-
-    return Amounts()
-
-
 def build_tws_map(spark, folder: Path, keys: int) -> None:
-    """A two-batch transformWithStateInPandas with ``keys`` map entries (module docstring)."""
-    from pyspark.sql import functions as F
+    """A two-batch Scala ``transformWithState`` with ``keys`` map entries (module
+    docstring), run by ``spark-shell`` beside this session: ``tws_map.scala`` says why."""
+    import pyspark
 
-    inputs = folder / "input"
-    for batch, (count, step) in enumerate(batches(keys)):
-        ids = F.col("id") * step
-        rows = spark.range(count).select(
-            F.format_string("g%08d", (ids / PER_GROUP).cast("long")).alias("g"),
-            ids.alias("id"),
-            (F.col("id") % 100 + batch).alias("amount"),
-        )
-        rows.write.parquet(os.fspath(inputs / f"batch={batch}"))
-        stream = spark.readStream.schema("g string, id long, amount long").parquet(
-            os.fspath(inputs / "*")
-        )
-        state = stream.groupBy("g").transformWithStateInPandas(
-            _map_processor(), "g string, n long", "Update", "None"
-        )
-        run_query(spark, state, folder / "ckpt", "update")
+    shell = Path(pyspark.__file__).parent / "bin" / "spark-shell"
+    env = dict(
+        os.environ, TWS_FOLDER=os.fspath(folder), TWS_KEYS=str(keys), TWS_PER_GROUP=str(PER_GROUP)
+    )
+    script = os.fspath(Path(__file__).with_name("tws_map.scala"))
+    out = subprocess.run(
+        [os.fspath(shell), "--master", "local[2]", "--driver-memory", "4g",
+         "--conf", "spark.ui.enabled=false", "-I", script],
+        env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    if "TWS-BUILT" not in out.stdout:
+        tail = out.stdout[-3000:] + out.stderr[-3000:]
+        raise RuntimeError(f"spark-shell did not build the map state:\n{tail}")
 
 
 def _plain_rows(rows: list[dict]) -> list[str]:
