@@ -8,11 +8,12 @@ from collections import namedtuple
 from fractions import Fraction
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iqkit.store.encoding.ordered import decode, decode_tuple, encode
+from iqkit.store.encoding.ordered import decode, decode_tuple, encode, encode_columns
 
 # --- strategies -----------------------------------------------------------------------
 # Ints: small, around the 8-byte fast-path edge, and far beyond it (hundreds of bytes).
@@ -380,3 +381,63 @@ def test_decode_accepts_bytes_likes_and_rejects_others() -> None:
     assert decode(memoryview(encode(5))) == 5
     with pytest.raises(TypeError, match="ordered"):
         decode("not bytes")  # type: ignore[arg-type]
+
+
+# --- whole columns at once ------------------------------------------------------------
+COLUMN_TYPES = {
+    # Arrow text is valid UTF-8: no lone surrogates.
+    "string": st.text(st.characters(exclude_categories=("Cs",)))
+    | st.sampled_from(["", "\x00", "a\x00\x00b", "é日😀", "\x00\xff"]),
+    "binary": BINARY,
+    "int8": st.integers(-(2**7), 2**7 - 1),
+    "int16": st.integers(-(2**15), 2**15 - 1),
+    "int32": st.integers(-(2**31), 2**31 - 1),
+    "int64": st.integers(-(2**63), 2**63 - 1)
+    | st.sampled_from([0, 1, -1, 255, 256, -256, -257, 2**56, -(2**56), 2**63 - 1, -(2**63)]),
+}
+COLUMN_KINDS = st.sampled_from(sorted(COLUMN_TYPES))
+
+
+@st.composite
+def column_tables(draw: st.DrawFn) -> tuple[list, list[tuple]]:
+    """(columns as ``encode_columns`` takes them, the same rows as Python tuples): top-level
+    columns and nested tuples of columns, a few rows of values of each column's type."""
+    layout = draw(st.lists(COLUMN_KINDS | st.lists(COLUMN_KINDS, min_size=1, max_size=3),
+                           min_size=1, max_size=4))  # fmt: skip
+    n = draw(st.integers(0, 6))
+
+    def column(kind: str) -> tuple[pa.Array, list]:
+        values = draw(st.lists(COLUMN_TYPES[kind], min_size=n, max_size=n))
+        return pa.array(values, getattr(pa, kind)()), values
+
+    columns, per_element = [], []
+    for element in layout:
+        if isinstance(element, str):
+            array, values = column(element)
+            columns.append(array)
+            per_element.append(values)
+        else:
+            arrays, lists = zip(*map(column, element), strict=True)
+            columns.append(list(arrays))
+            per_element.append(list(zip(*lists, strict=True)) if n else [])
+    rows = [tuple(values[i] for values in per_element) for i in range(n)]
+    return columns, rows
+
+
+@given(column_tables())
+def test_whole_columns_encode_byte_for_byte_as_each_row(table: tuple[list, list[tuple]]) -> None:
+    columns, rows = table
+    encoded = encode_columns(columns)
+    assert encoded is not None
+    assert encoded.type == pa.binary()
+    assert encoded.to_pylist() == [encode(row) for row in rows]
+
+
+def test_columns_of_other_types_or_with_nulls_are_left_to_encode() -> None:
+    ints = pa.array([1, 2], pa.int64())
+    assert encode_columns([ints, pa.array([1.5, 2.0])]) is None  # floats
+    assert encode_columns([pa.array([1, 2], pa.uint64())]) is None
+    assert encode_columns([pa.array([True, False])]) is None
+    assert encode_columns([ints, pa.array(["a", None])]) is None  # a null
+    assert encode_columns([[ints, pa.array([1, None], pa.int32())]]) is None
+    assert encode_columns([ints]).to_pylist() == [encode(1), encode(2)]

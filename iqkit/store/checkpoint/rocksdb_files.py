@@ -88,11 +88,13 @@ file: never rows from it.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 from ...errors import ObjectMissingError
@@ -136,6 +138,9 @@ _COMMIT_LOG_VERSIONS = ("v1", "v2")
 _SST_FOLDER = "SSTs"
 #: A column family id before a key (``columnFamilyMapping``): 2 bytes, little-endian.
 _FAMILY_ID = struct.Struct("<H")
+#: A key's family id bytes, and the key after them (``split_families``).
+_ID_OF = operator.itemgetter(slice(0, _FAMILY_ID.size))
+_AFTER_ID = operator.itemgetter(slice(_FAMILY_ID.size, None))
 _DELETE, _MERGE = rocksdb_changelogs.DELETE, rocksdb_changelogs.MERGE
 _DEFAULT_DELIMITER = rocksdb_snapshots.DEFAULT_DELIMITER
 
@@ -366,8 +371,8 @@ def load_family_state(
     if plan is None or plan.version != version:
         plan = plan_replay(objects, partition_dir, version, files=files)
     state, families = _replay(objects, plan, work_dir, _FamilyRecords(merge_delimiter))
-    known = set(families.values())
-    if any(len(key) < 2 or _FAMILY_ID.unpack_from(key)[0] not in known for key in state):
+    known = {_FAMILY_ID.pack(cf) for cf in families.values()}
+    if not set(map(_ID_OF, state)) <= known:
         families = {**_all_snapshot_families(objects, plan.files), **families}
     return FamilyState(families, state)
 
@@ -378,16 +383,25 @@ def split_families(
     """``rows`` (keys with a 2-byte little-endian family id first) by family name, the id
     taken off each key; every family of ``families`` is there, empty when it has no key.
     A key of an id no family has is ``StateFileError`` naming ``where``."""
-    names = {cf: name for name, cf in families.items()}
+    names = {_FAMILY_ID.pack(cf): name for name, cf in families.items()}
     out: dict[str, dict[bytes, bytes]] = {name: {} for name in families}
-    for key, value in rows.items():
-        name = names.get(_FAMILY_ID.unpack_from(key)[0]) if len(key) >= 2 else None
-        if name is None:
-            raise StateFileError(
-                f"{where}: a key of column family id {key[:2].hex() or 'none'}, which no "
-                "snapshot's metadata names"
-            )
-        out[name][key[2:]] = value
+    # Each key's id by C-level iterators, no Python call per key: a variable's family
+    # holds millions of keys (a key shorter than an id has a shorter "id", never known).
+    keys = list(rows)
+    ids = list(map(_ID_OF, keys))
+    present = set(ids)
+    unknown = present.difference(names)
+    if unknown:
+        raise StateFileError(
+            f"{where}: a key of column family id {min(unknown).hex() or 'none'}, which no "
+            "snapshot's metadata names"
+        )
+    values = list(rows.values())
+    for cf in present:
+        kept = list(map(cf.__eq__, ids)) if len(present) > 1 else None
+        family_keys = keys if kept is None else compress(keys, kept)
+        family_values = values if kept is None else compress(values, kept)
+        out[names[cf]] = dict(zip(map(_AFTER_ID, family_keys), family_values, strict=True))
     return out
 
 

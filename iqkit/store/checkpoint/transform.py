@@ -33,6 +33,13 @@ What the checkpoint says (Spark 4.0 to 4.3, checked on the frozen checkpoints):
   an Avro datum (``avro_rows``) after the row's schema id (int16 LE), which the first
   part of a prefix-scan key does not carry.
 
+A value state's and a map state's rows in UnsafeRows are also shaped a whole version at
+a time (``TransformShape.stored_columns``): the keys decoded column-wise (a map state's
+two parts found by their framing) and written by ``ordered.encode_columns``; values of
+numbers and booleans by ``shape``'s JSON writer, other values row by row. Lists, timers
+and Avro rows go row by row. Its property test (tests/store/checkpoint/test_transform_bulk.py)
+holds it to ``store_rows``, byte for byte.
+
 What iqkit serves (``TransformShape``): the store ``transform.<variable>`` (with several
 stateful operators ``transform-<id>.<variable>``) keyed by the grouping key (a plain
 value when it has one column, else a tuple); a value state's value is its value row as a
@@ -48,11 +55,15 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
+from ..encoding import keyspace
+from ..encoding.ordered import encode_columns
 from ..encoding.partitioners import SparkHashPartitioner
 from ..encoding.serdes import JsonSerde, get_serde
 from ..manifest import StoreManifest
@@ -60,15 +71,26 @@ from ..objects import ObjectStore
 from .avro_rows import AvroRowDecoder
 from .codecs import StateFileError
 from .rocksdb_files import ReplayPlan, load_family_state, split_families
-from .shape import StateShape, UnsupportedStateError, _ddl, _json_ready
+from .shape import (
+    _ARROW_OFFSETS,
+    _BULK_VALUES,
+    StateShape,
+    UnsupportedStateError,
+    _ddl,
+    _json_objects,
+    _json_ready,
+)
+from .state_records import StateRecords, binary_slices
 from .state_schema import ColumnFamilySchema, StoreSchema
-from .unsafe_row import RowDecoder
+from .unsafe_row import Column, RowDecoder
 from .variables import LIST, MAP, TIMER, VALUE, StateVariable
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from .layout import OperatorStore
 
-__all__ = ["TransformShape", "shape_of", "state_rows"]
+__all__ = ["TransformShape", "VariableRows", "shape_of", "state_rows"]
 
 _ENCODING = "spark.sql.streaming.stateStore.encodingFormat"
 _MERGE_OPERATOR = "spark.sql.streaming.stateStore.rocksdb.mergeOperatorVersion"
@@ -168,8 +190,102 @@ class TransformShape(StateShape):
         value_of = self.value_of
         return lambda row: serialize(value_of(row))
 
-    def stored_columns(self, rows: Any) -> None:
-        return None  # rows come grouped per key (lists, timers), decoded already
+    def stored_columns(self, rows: Any) -> tuple[pa.Array, pa.Array] | None:
+        """``store_rows`` of a value state's or a map state's UnsafeRows at once
+        (``StateShape.stored_columns``; the module docstring): the keys column-wise where
+        their columns are strings, binaries and whole numbers, without nulls; values of
+        numbers and booleans column-wise, other values row by row. ``None`` (the row path)
+        for lists and timers (a key gathers several records), Avro rows, other key
+        columns, and any record the row path treats apart or refuses."""
+        if not isinstance(rows, VariableRows) or self.kind not in (VALUE, MAP):
+            return None
+        codec = rows.codec
+        if codec.avro:
+            return None
+        records = StateRecords.of_mapping(rows.rows)
+        if len(records.data) > _ARROW_OFFSETS:
+            return None
+        parts = codec.key_columns(records, self.kind)
+        encoded = None if parts is None else self._key_bytes(records.data, parts)
+        if encoded is None:
+            return None
+        import pyarrow.compute as pc
+
+        stored = keyspace.kv_keys_arrow(encoded)
+        order = pc.sort_indices(stored)
+        stored = stored.take(order)
+        n = len(stored)
+        if n > 1 and pc.any(pc.equal(stored.slice(0, n - 1), stored.slice(1))).as_py():
+            return None  # two records stored alike: the row path's to settle
+        live = np.frombuffer(order.buffers()[1], dtype=np.uint64).astype(np.int64)
+        values = self._value_column(records, live, codec)
+        if values is None:
+            return None
+        return stored, values
+
+    def _key_bytes(self, data: bytes, parts: list[list[Column]]) -> pa.Array | None:
+        """The key serde's bytes of every record, from its key parts' columns (a value
+        state's grouping key; a map state's grouping key and user key)."""
+        import pyarrow as pa
+
+        elements: list[Any] = []
+        for columns in parts:
+            arrays = []
+            for column in columns:
+                if column.nulls is not None:
+                    return None
+                if column.kind in ("string", "binary"):
+                    array = binary_slices(data, column.values, column.sizes)  # type: ignore[arg-type]
+                    if column.kind == "string":
+                        try:  # UTF-8 checked; the row decoder replaces what is not
+                            array = array.cast(pa.string())
+                        except pa.ArrowInvalid:
+                            return None
+                elif column.kind in ("byte", "short", "integer", "long"):
+                    # From its buffer: ``pa.array`` of numpy would import pandas.
+                    values = np.ascontiguousarray(column.values)
+                    kind = pa.from_numpy_dtype(values.dtype)
+                    array = pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
+                else:
+                    return None  # booleans and floats: left to the row path
+                arrays.append(array)
+            if self.kind == MAP:  # (grouping key, user key): a part of several columns nested
+                elements.append(arrays[0] if len(arrays) == 1 else arrays)
+            else:
+                elements += arrays
+        if self.key_serde == "string":
+            return elements[0].cast(pa.binary())
+        return encode_columns(elements)
+
+    def _value_column(
+        self, records: StateRecords, live: np.ndarray, codec: _Codec
+    ) -> pa.Array | None:
+        """The stored values of records ``live``, in that order: column-wise for values of
+        numbers and booleans (``shape``'s JSON writer), else (or where it declines: NaN)
+        row by row as ``store_rows`` writes them."""
+        if self._bulk_values:
+            columns = codec.value_columns(records, live)
+            if columns is not None:
+                values = _json_objects(self._json_names, columns)
+                if values is not None:
+                    return values
+        import pyarrow as pa
+
+        value_bytes, decode = self._value_bytes, codec.value
+        starts = records.value_starts[live].tolist()
+        ends = (records.value_starts[live] + records.value_lengths[live]).tolist()
+        data = records.data
+        return pa.array(
+            [value_bytes(decode(data[a:b])) for a, b in zip(starts, ends, strict=True)],
+            pa.binary(),
+        )
+
+    @cached_property
+    def _bulk_values(self) -> bool:
+        """Whether values are written column-wise (``_json_objects``'s columns)."""
+        return self._distinct_names and all(
+            isinstance(f["type"], str) and f["type"] in _BULK_VALUES for f in self.value_fields
+        )
 
     def manifest(
         self, store: OperatorStore, window_size_ms: int | None, provider: str
@@ -253,21 +369,40 @@ def state_rows(
     rows = split_families(state.rows, state.families, where).get(variable.family, {})
     family = schema.family(variable.family)
     codec = _Codec(family, encoding == "avro", where)
-    if variable.kind == VALUE:
-        return [(codec.key(k), codec.value(v)) for k, v in rows.items()]
-    if variable.kind == LIST:
-        return [(codec.key(k), (codec.elements(v, delimiter),)) for k, v in rows.items()]
-    if variable.kind == MAP:
-        out = []
-        for k, v in rows.items():
-            group, user_key = codec.prefix_key(k)
-            out.append(((_values(group[0]), _values(user_key[0])), codec.value(v)))
-        return out
-    timers: dict[tuple[Any, ...], list[int]] = {}
-    for k in rows:
-        group, rest = codec.prefix_key(k)
-        timers.setdefault(_values(group[0]), []).append(rest[0])
-    return [(key, (sorted(times),)) for key, times in timers.items()]
+    return VariableRows(rows, codec, variable.kind, delimiter)
+
+
+@dataclass(frozen=True, eq=False)
+class VariableRows:
+    """A state variable's rows at a version: its column family's live keys and values as
+    stored (the family id taken off), and what decodes them. Iterating gives the
+    ``(key row, value row)`` pairs ``TransformShape`` takes, one per key (a list's
+    elements and a key's timers gathered): the row path; ``TransformShape.stored_columns``
+    reads them column-wise where it can."""
+
+    rows: dict[bytes, bytes]
+    codec: _Codec
+    kind: str
+    delimiter: bytes
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        codec, rows = self.codec, self.rows
+        if self.kind == VALUE:
+            return ((codec.key(k), codec.value(v)) for k, v in rows.items())
+        if self.kind == LIST:
+            delimiter = self.delimiter
+            return ((codec.key(k), (codec.elements(v, delimiter),)) for k, v in rows.items())
+        if self.kind == MAP:
+            return (
+                ((_values(group[0]), _values(user_key[0])), codec.value(v))
+                for k, v in rows.items()
+                for group, user_key in [codec.prefix_key(k)]
+            )
+        timers: dict[tuple[Any, ...], list[int]] = {}
+        for k in rows:
+            group, rest = codec.prefix_key(k)
+            timers.setdefault(_values(group[0]), []).append(rest[0])
+        return iter([(key, (sorted(times),)) for key, times in timers.items()])
 
 
 def _values(struct_value: Any) -> tuple[Any, ...]:
@@ -331,6 +466,39 @@ class _Codec:
         rest = self._rest.decode(self._body(encoded[4 + size :], self.family.key_schema_id, "key"))
         return first, rest
 
+    # -- column-wise (UnsafeRows only: ``TransformShape.stored_columns``) ------------------
+    def key_columns(self, records: StateRecords, kind: str) -> list[list[Column]] | None:
+        """The key parts of every record, column-wise: a value state's grouping key, a map
+        state's grouping key and user key (each part's struct unwrapped). ``None`` where a
+        key is framed other than ``key`` and ``prefix_key`` take it (they then raise), or
+        a part does not decode column-wise."""
+        data, starts, lengths = records.data, records.key_starts, records.key_lengths
+        if kind == VALUE:
+            if not _versioned(data, starts, lengths):
+                return None
+            columns = self._key.decode_columns(data, starts + 1, lengths - 1)
+            return None if columns is None else [columns]
+        # [prefix length: int32 LE][0][first part's row][0][the rest's row]
+        if len(starts) and int(lengths.min()) < 4:
+            return None
+        size = _words(data, starts, np.dtype("<i4")).astype(np.int64)
+        if ((size <= 0) | (size >= lengths - 4)).any():
+            return None
+        rest = starts + 4 + size
+        if not (_versioned(data, starts + 4, size) and _versioned(data, rest, lengths - 4 - size)):
+            return None
+        first = _part_columns(self._first, data, starts + 5, size - 1)
+        second = _part_columns(self._rest, data, rest + 1, lengths - 5 - size)
+        return None if first is None or second is None else [first, second]
+
+    def value_columns(self, records: StateRecords, live: np.ndarray) -> list[Column] | None:
+        """The values of records ``live`` column-wise (``None``: as ``key_columns``)."""
+        data = records.data
+        starts, lengths = records.value_starts[live], records.value_lengths[live]
+        if not _versioned(data, starts, lengths):
+            return None
+        return self._value.decode_columns(data, starts + 1, lengths - 1)
+
     def elements(self, encoded: bytes, delimiter: bytes) -> list[dict[str, Any]]:
         """A list state's elements, in Spark's order, each a dict of its columns."""
         names = [f["name"] for f in self.family.value_schema.get("fields", [])]
@@ -354,3 +522,36 @@ class _Codec:
             out.append(dict(zip(names, row, strict=True)))
             position += 4 + size
         return out
+
+
+def _words(data: bytes, starts: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The ``dtype`` number at each of ``starts`` in ``data`` (every one inside it)."""
+    if not len(starts):
+        return np.zeros(0, dtype=dtype)
+    window = np.lib.stride_tricks.sliding_window_view(np.frombuffer(data, np.uint8), dtype.itemsize)
+    return window[starts].copy().view(dtype)[:, 0]
+
+
+def _versioned(data: bytes, starts: np.ndarray, lengths: np.ndarray) -> bool:
+    """Whether every row ``data[starts[i]:starts[i] + lengths[i]]`` is there and starts
+    with Spark's encoding version byte (``_Codec._body``)."""
+    if not len(starts):
+        return True
+    if int(lengths.min()) < 1:
+        return False
+    return not np.frombuffer(data, np.uint8)[starts].any()
+
+
+def _part_columns(
+    decoder: RowDecoder, data: bytes, starts: np.ndarray, lengths: np.ndarray
+) -> list[Column] | None:
+    """A key part's columns: the row's one field, or where that field is a struct
+    (``{key: struct<...>}``, ``_inner_struct``) the struct's own columns."""
+    outer = decoder.decode_columns(data, starts, lengths, structs=True)
+    if outer is None or len(outer) != 1 or outer[0].kind != "struct":
+        return outer
+    (nested,) = outer
+    if nested.nulls is not None:
+        return None  # a null struct: the row path's
+    inner = RowDecoder(dict(decoder.schema["fields"][0]["type"]))
+    return inner.decode_columns(data, nested.values, nested.sizes)  # type: ignore[arg-type]

@@ -366,11 +366,11 @@ def _compile(data_type: Any, path: str) -> tuple[str, str, Converter | None]:
 class Column:
     """One top-level field of many rows, decoded by ``RowDecoder.decode_columns``.
 
-    ``kind`` is what the field holds (a key of ``_BULK_KINDS``); ``values`` one number
-    per row (numpy: ``bool``, ``int8`` to ``int64``, ``float32``, ``float64``), or for a
-    string or binary field where its bytes start in the buffer the rows came from, with
-    ``sizes`` their lengths; ``nulls`` marks the null rows (``None``: no null), whose
-    ``values`` mean nothing."""
+    ``kind`` is what the field holds (a key of ``_BULK_KINDS``, or ``"struct"``);
+    ``values`` one number per row (numpy: ``bool``, ``int8`` to ``int64``, ``float32``,
+    ``float64``), or for a string, binary or struct field where its bytes start in the
+    buffer the rows came from, with ``sizes`` their lengths; ``nulls`` marks the null
+    rows (``None``: no null), whose ``values`` mean nothing."""
 
     kind: str
     values: np.ndarray
@@ -392,6 +392,15 @@ _BULK_KINDS: dict[str, Any] = {
     "binary": bytes,
 }
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+#: The kind of a nested struct field in ``decode_columns(structs=True)``: where its row is
+#: (an offset and a size in its slot, as a string's).
+_STRUCT = "struct"
+
+
+def _is_struct(data_type: Any) -> bool:
+    return isinstance(data_type, Mapping) and data_type.get("type") == "struct"
 
 
 def _bulk_kind(data_type: Any) -> str | None:
@@ -425,6 +434,10 @@ class RowDecoder:
         #: What each field holds, for ``decode_columns`` (``None``: not a flat schema
         #: of numbers, booleans, strings and binaries).
         self.kinds: tuple[str, ...] | None = tuple(bulk) if len(bulk) == len(kinds) else None
+        nested = [_STRUCT if _is_struct(f["type"]) else k
+                  for f, k in zip(parsed["fields"], kinds, strict=True)]  # fmt: skip
+        #: ``kinds`` with a nested struct field as ``"struct"`` (``decode_columns(structs=True)``).
+        self._nested_kinds = tuple(nested) if None not in nested else None
         self._words = row.words
 
     def decode(self, data: bytes) -> tuple[Any, ...]:
@@ -441,15 +454,17 @@ class RowDecoder:
             ) from None
 
     def decode_columns(
-        self, data: bytes, starts: np.ndarray, lengths: np.ndarray
+        self, data: bytes, starts: np.ndarray, lengths: np.ndarray, *, structs: bool = False
     ) -> list[Column] | None:
         """The rows ``data[starts[i]:starts[i] + lengths[i]]`` (``int64`` arrays), one
         ``Column`` per field: what ``decode`` gives each row, held column-wise. ``None``
         when this schema is not one of numbers, booleans, strings and binaries
         (``kinds``), and when any row is one ``decode`` would refuse: shorter than its
         null words and slots, a null bit past the last field, a string running past its
-        row's end."""
-        kinds = self.kinds
+        row's end. With ``structs``, a nested struct field is served too, as a column of
+        kind ``"struct"`` saying where each row's nested row lies (``values``: its start,
+        ``sizes``: its length), for the struct's own decoder to read."""
+        kinds = self._nested_kinds if structs else self.kinds
         if kinds is None:
             return None
         words, fields = self._words, len(kinds)
@@ -477,7 +492,7 @@ class RowDecoder:
         for index, kind in enumerate(kinds):
             slot = slots[:, words + index]
             nulls = nulls_of(index) if nulls_of is not None else None
-            target = _BULK_KINDS[kind]
+            target = bytes if kind == _STRUCT else _BULK_KINDS[kind]
             if target is bytes:
                 offsets = (slot >> np.uint64(32)).astype(np.int64)
                 sizes = (slot & np.uint64(0xFFFFFFFF)).astype(np.int64)

@@ -326,6 +326,39 @@ def test_rows_decoded_in_bulk_are_the_rows_decoded_one_by_one(case):
     assert_bulk_is_row_by_row(decoder, records)
 
 
+@given(flat_rows(), st.booleans())
+def test_a_nested_struct_decodes_in_bulk_where_its_row_lies(case, null):
+    """``decode_columns(structs=True)`` of rows holding a struct (laid out as a binary's
+    bytes) and a long: the struct column says where each nested row lies, and the
+    struct's own decoder reads there what ``decode`` gives."""
+    kinds, filler, rows = case
+    inner = RowDecoder(flat_schema(kinds))
+    outer_schema = {"type": "struct", "fields": [
+        {"name": "s", "type": dict(inner.schema), "nullable": True, "metadata": {}},
+        {"name": "n", "type": "long", "nullable": True, "metadata": {}},
+    ]}  # fmt: skip
+    decoder = RowDecoder(outer_schema)
+    encoded = [
+        encode_row(["binary", "long"], [None if null else encode_row(kinds, list(row), filler), i])
+        for i, row in enumerate(rows)
+    ]
+    records = records_of([(e, b"") for e in encoded])
+    args = (records.data, records.key_starts, records.key_lengths)
+    assert decoder.decode_columns(*args) is None  # not a flat schema
+    nested, numbers = decoder.decode_columns(*args, structs=True)
+    assert nested.kind == "struct" and numbers.values.tolist() == list(range(len(rows)))
+    if null and rows:
+        assert nested.nulls is not None and nested.nulls.all()
+        return
+    assert nested.nulls is None
+    columns = inner.decode_columns(records.data, nested.values, nested.sizes)
+    assert columns is not None
+    for row, key in enumerate(encoded):
+        found = tuple(column_value(records.data, column, row) for column in columns)
+        expected = tuple(decoder.decode(key)[0].values())
+        assert same(found, expected), (found, expected)
+
+
 @given(flat_rows(), st.data())
 def test_a_row_the_row_decoder_refuses_is_refused_in_bulk(case, data):
     kinds, filler, rows = case
