@@ -34,7 +34,9 @@ how many rows a key has, as it does for Spark. The join's input is hash-partitio
 the join key, so Spark's ``pmod(hash(join key columns), n)`` routes key lookups.
 
 A side's version is rebuilt in full from its files each time (no build on an older
-version's database: ``changed_state`` is ``None``).
+version's database: ``changed_state`` is ``None``), a whole partition at a time where
+the side's columns allow (``JoinShape.stored_columns``: both stores' records decoded
+column-wise, each key's rows joined into its JSON list by Arrow), else key by key.
 """
 
 from __future__ import annotations
