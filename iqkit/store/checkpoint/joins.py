@@ -34,7 +34,9 @@ how many rows a key has, as it does for Spark. The join's input is hash-partitio
 the join key, so Spark's ``pmod(hash(join key columns), n)`` routes key lookups.
 
 A side's version is rebuilt in full from its files each time (no build on an older
-version's database: ``changed_state`` is ``None``).
+version's database: ``changed_state`` is ``None``), a whole partition at a time where
+the side's columns allow (``JoinShape.stored_columns``: both stores' records decoded
+column-wise, each key's rows joined into its JSON list by Arrow), else key by key.
 """
 
 from __future__ import annotations
@@ -43,7 +45,10 @@ import dataclasses
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ..encoding import keyspace
 from ..encoding.serdes import JsonSerde, get_serde
@@ -52,14 +57,19 @@ from . import rocksdb_files
 from .codecs import StateFileError
 from .layout import OperatorStore
 from .providers import ROCKSDB_PROVIDER, StateReader, VersionFiles
-from .shape import StateShape, UnsupportedStateError
+from .shape import JSON_COLUMNS, StateShape, UnsupportedStateError, json_objects, stored_text_keys
+from .state_records import StateRecords, StateRows
 from .state_schema import DEFAULT_STORE, read_store_schema
 from .unsafe_row import RowDecoder
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "JOIN_OPERATOR",
     "JoinShape",
     "JoinSideReader",
+    "SideState",
     "StoreReader",
     "is_join_side",
     "open_side",
@@ -72,6 +82,8 @@ _COUNTS, _ROWS = "keyToNumValues", "keyWithIndexToValue"
 #: The column family join state format 4 keeps a side's rows in.
 _V4_ROWS = "keyWithTsToValues"
 
+#: Arrow holds offsets into a ``binary`` column's bytes in 32 bits.
+_ARROW_OFFSETS = 2**31 - 1
 #: A private scratch folder a provider may use while it reads.
 _Dir = str | os.PathLike[str]
 #: One side's rows: (join key row, its buffered rows in index order).
@@ -205,65 +217,74 @@ class JoinSideReader:
         return f"{line} (join {self.store.store_name} side)"
 
     # -- rows ----------------------------------------------------------------------------
-    def state_rows(self, store: Any, version: int, files: VersionFiles, work_dir: _Dir) -> SideRows:
-        """Each join key the side buffers rows for, with those rows in index order."""
+    def state_rows(
+        self, store: Any, version: int, files: VersionFiles, work_dir: _Dir
+    ) -> SideState:
+        """The side's two internal stores' state at ``version``: each join key the side
+        buffers rows for, with those rows in index order, as it is iterated
+        (``SideState``), or shaped a whole partition at once (``JoinShape.stored_columns``)."""
         parts: list[VersionFiles] = files.plan
         if self._families is None:
             assert self._counts is not None and self._rows is not None
             counts = self.base.state_rows(self._counts, version, parts[0], work_dir)
             rows = self.base.state_rows(self._rows, version, parts[1], work_dir)
-            return self._assemble(counts, rows, files)
-        return self._assemble(*self._family_rows(version, parts[0], work_dir), files)
+            return SideState(counts, rows, files)
+        return SideState(*self._family_rows(version, parts[0], work_dir), files)
 
     def _family_rows(
         self, version: int, files: VersionFiles, work_dir: _Dir
-    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-        """The (key, value) rows of the counts and rows families, from the one store."""
+    ) -> tuple[StateRows, StateRows]:
+        """The records of the counts and rows families, from the one store."""
         state = rocksdb_files.load_family_state(
             self.objects, files.folder, version, plan=files.plan, work_dir=work_dir,
             row_checksums=self.base.row_checksums,
         )  # fmt: skip
-        if not state.rows:
-            return [], []
         where = f"{self.objects.where(files.folder)} version {version}"
-        families = rocksdb_files.split_families(state.rows, state.families, where)
+        families = (
+            rocksdb_files.split_families(state.rows, state.families, where) if state.rows else {}
+        )
         found = []
         for name in (self._counts_family, self._rows_family):
-            if name not in families:
+            if state.rows and name not in families:
                 raise StateFileError(f"{where}: its snapshot names no column family {name!r}")
-            keys, values = self._decoders[name]
             row = rocksdb_files.stored_row
-            found.append(
-                [
-                    (keys.decode(row(k, where, "key")), values.decode(row(v, where, "value")))
-                    for k, v in families[name].items()
-                ]
-            )
+            records = StateRecords.of_mapping(
+                {row(k, where, "key"): row(v, where, "value")
+                 for k, v in families.get(name, {}).items()}
+            )  # fmt: skip
+            found.append(StateRows(records, *self._decoders[name]))
         return found[0], found[1]
 
-    def _assemble(
-        self,
-        counts: Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]],
-        rows: Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]],
-        files: VersionFiles,
-    ) -> SideRows:
-        """Each counted key with its rows 0 to count - 1 (``StateFileError`` naming the
-        files when one of them is missing: the two stores disagree)."""
+
+@dataclass(frozen=True, eq=False)
+class SideState:
+    """A join side's partition version: the records of its counts store (join key →
+    how many rows) and of its rows store ((join key, index) → row), with their
+    decoders. Iterated, each counted key with its rows 0 to count - 1, one key at a time
+    (the general path); ``JoinShape.stored_columns`` reads the records column-wise."""
+
+    counts: StateRows
+    rows: StateRows
+    files: VersionFiles
+
+    def __iter__(self) -> Iterator[tuple[tuple[Any, ...], list[tuple[Any, ...]]]]:
+        """``StateFileError`` naming the files when a counted row is missing: the two
+        stores disagree."""
         by_key: dict[Any, dict[int, tuple[Any, ...]]] = {}
-        for key_row, value_row in rows:
+        for key_row, value_row in self.rows:
             by_key.setdefault(_hashable(key_row[:-1]), {})[key_row[-1]] = value_row
         out: SideRows = []
-        for key_row, (count,) in counts:
+        for key_row, (count,) in self.counts:
             held = by_key.get(_hashable(key_row), {})
             try:
                 values = [held[i] for i in range(count or 0)]
             except KeyError as exc:
                 raise StateFileError(
-                    f"{', '.join(files.keys)}: join key {key_row!r} counts {count} rows but "
-                    f"row {exc.args[0]} is missing (damaged?)"
+                    f"{', '.join(self.files.keys)}: join key {key_row!r} counts {count} rows "
+                    f"but row {exc.args[0]} is missing (damaged?)"
                 ) from None
             out.append((key_row, values))
-        return out
+        return iter(out)
 
 
 #: What reads a store's state: the checkpoint's reader, or a join side's own.
@@ -292,8 +313,97 @@ class JoinShape(StateShape):
         properties["spark_join_side"] = self.side
         return dataclasses.replace(base, properties=properties)
 
-    def stored_columns(self, rows: Any) -> None:
-        return None  # lists of rows: row by row (``store_rows``)
+    def stored_columns(self, rows: Any) -> tuple[pa.Array, pa.Array] | None:
+        """``store_rows`` of a whole ``SideState`` at once, sorted: iqkit's stored keys
+        (each once, in byte order) and values (each key's rows as a JSON list), as two
+        Arrow ``binary`` columns, byte for byte what ``store_rows`` gives. For a side of
+        one string join key column and rows of ``JSON_COLUMNS``; ``None`` for any other,
+        and for state ``store_rows`` treats apart (``StateShape.stored_columns``' cases,
+        a count that is not positive) or refuses (a counted row missing: its error names
+        the row).
+
+        Each store's live records are settled by the sort its keys need anyway
+        (``StateRecords.live_sorted``): the counted keys by stored key, the rows by
+        stored key and index, so that the rows of a key, 0 to count - 1, follow one
+        another in the order of the keys."""
+        if not isinstance(rows, SideState) or not self._bulk_side:
+            return None
+        counts, held = rows.counts.records, rows.rows.records
+        if max(len(counts.data), len(held.data)) > _ARROW_OFFSETS:
+            return None
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        # The counted keys, sorted, and how many rows each has.
+        count_keys = rows.counts.keys.decode_columns(
+            counts.data, counts.key_starts, counts.key_lengths
+        )
+        keys = None if count_keys is None else stored_text_keys(counts.data, count_keys[0])
+        live = None if keys is None else counts.live_sorted([keys])
+        if keys is None or live is None:
+            return None
+        keys = keys.take(pa.array(live))
+        numbers = rows.counts.values.decode_columns(
+            counts.data, counts.value_starts[live], counts.value_lengths[live]
+        )
+        if numbers is None or len(numbers) != 1 or numbers[0].kind != "long":
+            return None
+        if numbers[0].nulls is not None:
+            return None
+        how_many = numbers[0].values
+        if (how_many <= 0).any():
+            return None  # no rows: store_rows stores an empty list
+        # The rows, sorted by key and index.
+        row_keys = rows.rows.keys.decode_columns(held.data, held.key_starts, held.key_lengths)
+        if row_keys is None or len(row_keys) != 2 or row_keys[1].kind != "long":
+            return None
+        if row_keys[1].nulls is not None:
+            return None
+        held_keys = stored_text_keys(held.data, row_keys[0])
+        if held_keys is None:
+            return None
+        index = row_keys[1].values
+        placed = held.live_sorted([held_keys, pa.array(index)])
+        if placed is None:
+            return None
+        # Each row's key among the counted keys, and whether its index is counted.
+        at = np.asarray(pc.index_in(held_keys.take(pa.array(placed)), value_set=keys)
+                        .fill_null(-1), dtype=np.int64)  # fmt: skip
+        index = index[placed]
+        counted = (at >= 0) & (index >= 0)
+        counted[counted] = index[counted] < how_many[at[counted]]
+        at, placed = at[counted], placed[counted]
+        if not np.array_equal(np.bincount(at, minlength=len(keys)), how_many):
+            return None  # a counted row is missing: store_rows names it
+        values = rows.rows.values.decode_columns(
+            held.data, held.value_starts[placed], held.value_lengths[placed]
+        )
+        objects = None if values is None else json_objects(self._json_names, values, held.data)
+        if objects is None:
+            return None
+        offsets = np.zeros(len(keys) + 1, dtype=np.int64)
+        np.cumsum(how_many, out=offsets[1:])
+        try:
+            lists = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), objects)
+            comma, left, right, nothing = (
+                pa.scalar(t, pa.binary()) for t in (b",", b"[", b"]", b"")
+            )
+            joined = pc.binary_join(lists, comma)
+            text = pc.binary_join_element_wise(left, joined, right, nothing)
+        except (pa.ArrowCapacityError, pa.ArrowInvalid):
+            return None  # past 2 GiB of text (32-bit offsets): left to store_rows
+        return keys, text
+
+    @cached_property
+    def _bulk_side(self) -> bool:
+        """Whether ``stored_columns`` serves this side (its docstring)."""
+        return (
+            len(self.key_fields) == 1
+            and self.key_serde == "string"
+            and self._distinct_names
+            and all(isinstance(f["type"], str) and f["type"] in JSON_COLUMNS
+                    for f in self.value_fields)
+        )  # fmt: skip
 
     def store_rows(  # type: ignore[override]
         self, rows: Iterable[tuple[tuple[Any, ...], list[tuple[Any, ...]]]]

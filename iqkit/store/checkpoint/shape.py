@@ -54,7 +54,13 @@ if TYPE_CHECKING:
 
     from .layout import OperatorStore  # layout's store names need transform, which needs this
 
-__all__ = ["StateShape", "UnsupportedStateError"]
+__all__ = [
+    "JSON_COLUMNS",
+    "StateShape",
+    "UnsupportedStateError",
+    "json_objects",
+    "stored_text_keys",
+]
 
 #: The key column ``groupBy(window(...))`` adds.
 WINDOW_COLUMN = "window"
@@ -363,43 +369,27 @@ class StateShape:
         if len(records.data) > _ARROW_OFFSETS:
             return None
         keys = rows.keys.decode_columns(records.data, records.key_starts, records.key_lengths)
-        if keys is None or keys[0].nulls is not None:
+        if keys is None:
             return None
         import pyarrow as pa
-        import pyarrow.compute as pc
 
-        text = binary_slices(records.data, keys[0].values, keys[0].sizes)
-        try:
-            text.cast(pa.string())  # UTF-8 checked; the row decoder replaces what is not
-        except pa.ArrowInvalid:
+        stored = stored_text_keys(records.data, keys[0])
+        if stored is None:
             return None
-        stored = keyspace.kv_keys_arrow(text)
-        order = pc.sort_indices(stored)  # stable; binary sorts by its bytes, unsigned
-        stored = stored.take(order)
-        order = np.frombuffer(order.buffers()[1], dtype=np.uint64).astype(np.int64)
-        n = len(order)
-        last = np.ones(n, dtype=bool)  # the last record of each run of equal keys
-        if n > 1:
-            tied = pc.equal(stored.slice(0, n - 1), stored.slice(1)).fill_null(False)
-            last[:-1] = ~np.asarray(tied, dtype=bool)
-            if not last.all():
-                # Records of different Spark keys stored alike would be two rows of one
-                # key in store_rows (which fails on them): left to it.
-                ties = np.flatnonzero(~last)
-                raw = pc.equal(records.keys(order[ties]), records.keys(order[ties + 1]))
-                if not pc.all(raw).as_py():
-                    return None
-        kept = np.flatnonzero(last)
-        if records.removed is not None:
-            kept = kept[~records.removed[order[kept]]]
-        live = order[kept]
+        live = records.live_sorted([stored])
+        if live is None:
+            # Records of different Spark keys stored alike would be two rows of one key
+            # in store_rows (which fails on them): left to it.
+            return None
         values = rows.values.decode_columns(
             records.data, records.value_starts[live], records.value_lengths[live]
         )
-        stored_values = None if values is None else _json_objects(self._json_names, values)
+        stored_values = (
+            None if values is None else json_objects(self._json_names, values, records.data)
+        )
         if stored_values is None:
             return None
-        return stored.take(pa.array(kept)), stored_values
+        return stored.take(pa.array(live)), stored_values
 
     @cached_property
     def _bulk_shape(self) -> bool:
@@ -422,32 +412,51 @@ class StateShape:
         return _KeyRouting(self)
 
 
-def _json_objects(names: list[str], columns: list[Column]) -> pa.Array | None:
+def stored_text_keys(data: bytes, column: Column) -> pa.Array | None:
+    """iqkit's stored keys (``kv_key``, the ``string`` serde) of a decoded string key
+    column whose bytes lie in ``data``, as an Arrow ``binary`` column; ``None`` when a key
+    is null or not UTF-8 (the row decoder replaces what is not: ``store_rows`` takes
+    those)."""
+    import pyarrow as pa
+
+    if column.kind != "string" or column.nulls is not None:
+        return None
+    text = binary_slices(data, column.values, column.sizes)
+    try:
+        text.cast(pa.string())  # UTF-8 checked
+    except pa.ArrowInvalid:
+        return None
+    return keyspace.kv_keys_arrow(text)
+
+
+#: Value column types ``json_objects`` writes.
+JSON_COLUMNS = frozenset({*_BULK_VALUES, "string", "date", "timestamp", "timestamp_ntz"})
+#: The dates and instants ``json_objects`` writes (``_json_ready``'s ISO-8601 text):
+#: years 1000 to 9999 (``strftime``'s ``%Y`` does not pad years below 1000; Python's
+#: dates end at 9999), as days or microseconds since 1970-01-01.
+_FIRST_DAY = date(1000, 1, 1).toordinal() - date(1970, 1, 1).toordinal()
+_DAY_AFTER = date.max.toordinal() + 1 - date(1970, 1, 1).toordinal()
+_FIRST_MICRO, _MICRO_AFTER = _FIRST_DAY * 86_400_000_000, _DAY_AFTER * 86_400_000_000
+#: Characters JSON writes escaped in a string (Python's encoder: quote, backslash, the
+#: control characters; nothing else with ``ensure_ascii=False``).
+_JSON_ESCAPED = r'[\x00-\x1f"\\]'
+
+
+def json_objects(names: list[str], columns: list[Column], data: bytes) -> pa.Array | None:
     """One JSON object per row, ``names`` (as JSON writes them) its members and
-    ``columns`` their values, as the json serde writes it (compact separators); ``None``
-    when a value is one JSON has no number for (NaN, an infinity: the serde refuses
-    it)."""
+    ``columns`` (``RowDecoder.decode_columns``' of rows in ``data``) their values, as
+    ``JsonSerde.serialize_keeping_non_finite`` writes ``value_of`` of each row (compact
+    separators), as an Arrow ``binary`` column; ``None`` when a column is not one of
+    ``JSON_COLUMNS`` or a value is one written apart: NaN or an infinity, a string that
+    is not UTF-8, a date or instant outside ``_FIRST_DAY``.. ``_DAY_AFTER``."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     pieces: list[Any] = []
     for index, (name, column) in enumerate(zip(names, columns, strict=True)):
-        values = column.values
-        if column.kind in ("float", "double"):
-            finite = np.isfinite(values)
-            if column.nulls is not None:
-                finite |= column.nulls
-            if not finite.all():
-                return None
-            # Python's repr is what the serde writes for a float; Arrow's own float
-            # text differs from it (``1`` for 1.0, other exponent rules).
-            text = pa.array(
-                list(map(float.__repr__, values.astype(np.float64).tolist())),
-                pa.string(),
-                mask=column.nulls,
-            )
-        else:  # integers as decimal digits, booleans as true and false: as JSON writes them
-            text = pa.array(values, mask=column.nulls).cast(pa.string())
+        text = _json_texts(column, data)
+        if text is None:
+            return None
         pieces += [pa.scalar(("{" if index == 0 else ",") + name + ":"), text]
     pieces.append(pa.scalar("}"))
     try:
@@ -457,6 +466,65 @@ def _json_objects(names: list[str], columns: list[Column]) -> pa.Array | None:
     except (pa.ArrowCapacityError, pa.ArrowInvalid):
         return None  # past 2 GiB of text (32-bit offsets): left to store_rows
     return joined.cast(pa.binary())
+
+
+def _json_texts(column: Column, data: bytes) -> pa.Array | None:
+    """Each value of ``column`` as JSON text (null where it is null), or ``None``
+    (``json_objects``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values, nulls = column.values, column.nulls
+    kind = column.kind
+    if kind in ("float", "double"):
+        finite = np.isfinite(values)
+        if nulls is not None:
+            finite |= nulls
+        if not finite.all():
+            return None
+        # Python's repr is what the serde writes for a float; Arrow's own float
+        # text differs from it (``1`` for 1.0, other exponent rules).
+        return pa.array(
+            list(map(float.__repr__, values.astype(np.float64).tolist())), pa.string(), mask=nulls
+        )
+    if kind == "string":
+        assert column.sizes is not None
+        starts, sizes = values, column.sizes
+        if nulls is not None:  # a null's slot means nothing: an empty slice instead
+            starts, sizes = np.where(nulls, 0, starts), np.where(nulls, 0, sizes)
+        try:
+            text = binary_slices(data, starts, sizes).cast(pa.string())
+        except pa.ArrowInvalid:
+            return None  # not UTF-8: the row decoder replaces it
+        if nulls is not None:
+            text = pc.if_else(pa.array(nulls), pa.nulls(len(text), pa.string()), text)
+        quoted = pc.binary_join_element_wise('"', text, '"', "")
+        escaped = pc.match_substring_regex(text, _JSON_ESCAPED).fill_null(False)
+        if pc.any(escaped).as_py():
+            # The few that need escapes are written by the encoder itself.
+            written = map(_json_string, text.filter(escaped).to_pylist())
+            quoted = pc.replace_with_mask(quoted, escaped, pa.array(written, pa.string()))
+        return quoted
+    if kind in ("date", "timestamp", "timestamp_ntz"):
+        first, after, unit = (
+            (_FIRST_DAY, _DAY_AFTER, "D") if kind == "date" else (_FIRST_MICRO, _MICRO_AFTER, "us")
+        )
+        inside = (values >= first) & (values < after)
+        if nulls is not None:
+            inside |= nulls
+        if not inside.all():
+            return None
+        days_or_micros = values if nulls is None else np.where(nulls, 0, values)
+        text = np.datetime_as_string(days_or_micros.astype(f"datetime64[{unit}]"), unit=unit)
+        end = '"' if kind != "timestamp" else 'Z"'  # an instant in UTC; a wall-clock time
+        return pc.binary_join_element_wise('"', pa.array(text, mask=nulls), end, "")
+    if kind in _BULK_VALUES:
+        # integers as decimal digits, booleans as true and false: as JSON writes them
+        return pa.array(values, mask=nulls).cast(pa.string())
+    return None
+
+
+_json_string = json.JSONEncoder(ensure_ascii=False).encode
 
 
 class _KeyRouting(SparkHashPartitioner):

@@ -100,6 +100,38 @@ class StateRecords:
                 index.update(zip(names[lo:hi], range(lo, hi), strict=True))
         return self.take(np.fromiter(index.values(), dtype=np.int64, count=len(index)))
 
+    def live_sorted(self, by: list[pa.Array]) -> np.ndarray | None:
+        """The live records' indices, ordered by the columns ``by`` (one value per
+        record: what the caller stores each record's key as), each such key once: the
+        bulk path's replay. A stable sort keeps a key's records in replay order, so each
+        run of equal keys ends with its last record (its value, or a removal: gone).
+        ``None`` when records of different key bytes sort as one key (the general path
+        then meets them one by one)."""
+        n = len(self)
+        if len(by) == 1:
+            order = pc.sort_indices(by[0])  # stable; binary sorts by its bytes, unsigned
+        else:
+            names = [f"c{i}" for i in range(len(by))]
+            table = pa.table(dict(zip(names, by, strict=True)))
+            order = pc.sort_indices(table, sort_keys=[(name, "ascending") for name in names])
+        order = np.frombuffer(order.buffers()[1], dtype=np.uint64).astype(np.int64)
+        last = np.ones(n, dtype=bool)  # the last record of each run of equal keys
+        if n > 1:
+            tied = np.ones(n - 1, dtype=bool)
+            for column in by:
+                ordered = column.take(pa.array(order))
+                same = pc.equal(ordered.slice(0, n - 1), ordered.slice(1)).fill_null(False)
+                tied &= np.asarray(same, dtype=bool)
+            last[:-1] = ~tied
+            if tied.any():
+                ties = np.flatnonzero(tied)
+                if not pc.all(pc.equal(self.keys(order[ties]), self.keys(order[ties + 1]))).as_py():
+                    return None
+        live = order[last]
+        if self.removed is not None:
+            live = live[~self.removed[live]]
+        return live
+
     def to_dict(self) -> dict[bytes, bytes]:
         """The live records as a dict, key bytes → value bytes."""
         return dict(self.live().items())

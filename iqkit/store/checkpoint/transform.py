@@ -73,12 +73,12 @@ from .codecs import StateFileError
 from .rocksdb_files import ReplayPlan, load_family_state, split_families
 from .shape import (
     _ARROW_OFFSETS,
-    _BULK_VALUES,
+    JSON_COLUMNS,
     StateShape,
     UnsupportedStateError,
     _ddl,
-    _json_objects,
     _json_ready,
+    json_objects,
 )
 from .state_records import StateRecords, binary_slices
 from .state_schema import ColumnFamilySchema, StoreSchema
@@ -266,7 +266,7 @@ class TransformShape(StateShape):
         if self._bulk_values:
             columns = codec.value_columns(records, live)
             if columns is not None:
-                values = _json_objects(self._json_names, columns)
+                values = json_objects(self._json_names, columns, records.data)
                 if values is not None:
                     return values
         import pyarrow as pa
@@ -282,9 +282,9 @@ class TransformShape(StateShape):
 
     @cached_property
     def _bulk_values(self) -> bool:
-        """Whether values are written column-wise (``_json_objects``'s columns)."""
+        """Whether values are written column-wise (``json_objects``'s columns)."""
         return self._distinct_names and all(
-            isinstance(f["type"], str) and f["type"] in _BULK_VALUES for f in self.value_fields
+            isinstance(f["type"], str) and f["type"] in JSON_COLUMNS for f in self.value_fields
         )
 
     def manifest(

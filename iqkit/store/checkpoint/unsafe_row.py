@@ -30,11 +30,12 @@ keyed by field name for a nested struct, a list for an array, a dict for a map (
 is a struct or an array becomes a tuple, so it can be a dict key), None for null; a row is
 a tuple, one value per top-level field.
 
-Rows of a flat schema of numbers, booleans, strings and binaries, the common state of
-aggregations, also decode many at once (``RowDecoder.decode_columns``): numpy reads the
-null words and slots of all the rows as one array, a column at a time. It gives the same
-values, as numpy columns, or nothing at all for rows the row-at-a-time decoder would
-refuse or treat apart (so the caller takes that path, which raises what it raises).
+Rows of a flat schema of numbers, booleans, strings, binaries, dates and timestamps (the
+common state of aggregations, a join's buffered rows) also decode many at once
+(``RowDecoder.decode_columns``): numpy reads the null words and slots of all the rows as
+one array, a column at a time. It gives the same values, as numpy columns, or nothing at
+all for rows the row-at-a-time decoder would refuse or treat apart (so the caller takes
+that path, which raises what it raises).
 """
 
 from __future__ import annotations
@@ -368,7 +369,8 @@ class Column:
 
     ``kind`` is what the field holds (a key of ``_BULK_KINDS``, or ``"struct"``);
     ``values`` one number per row (numpy: ``bool``, ``int8`` to ``int64``, ``float32``,
-    ``float64``), or for a string, binary or struct field where its bytes start in the
+    ``float64``; a date's days and a timestamp's microseconds since 1970-01-01,
+    unchecked), or for a string, binary or struct field where its bytes start in the
     buffer the rows came from, with ``sizes`` their lengths; ``nulls`` marks the null
     rows (``None``: no null), whose ``values`` mean nothing."""
 
@@ -388,6 +390,11 @@ _BULK_KINDS: dict[str, Any] = {
     "long": np.int64,
     "float": np.float32,
     "double": np.float64,
+    # Days since 1970-01-01; microseconds since 1970-01-01 (UTC, or a wall-clock time):
+    # the numbers ``decode`` turns into a date or a datetime.
+    "date": np.int32,
+    "timestamp": np.int64,
+    "timestamp_ntz": np.int64,
     "string": bytes,
     "binary": bytes,
 }
@@ -432,7 +439,7 @@ class RowDecoder:
         kinds = [_bulk_kind(field["type"]) for field in parsed["fields"]]
         bulk = [kind for kind in kinds if kind is not None]
         #: What each field holds, for ``decode_columns`` (``None``: not a flat schema
-        #: of numbers, booleans, strings and binaries).
+        #: of numbers, booleans, strings, binaries, dates and timestamps).
         self.kinds: tuple[str, ...] | None = tuple(bulk) if len(bulk) == len(kinds) else None
         nested = [_STRUCT if _is_struct(f["type"]) else k
                   for f, k in zip(parsed["fields"], kinds, strict=True)]  # fmt: skip
@@ -458,11 +465,13 @@ class RowDecoder:
     ) -> list[Column] | None:
         """The rows ``data[starts[i]:starts[i] + lengths[i]]`` (``int64`` arrays), one
         ``Column`` per field: what ``decode`` gives each row, held column-wise. ``None``
-        when this schema is not one of numbers, booleans, strings and binaries
-        (``kinds``), and when any row is one ``decode`` would refuse: shorter than its
-        null words and slots, a null bit past the last field, a string running past its
-        row's end. With ``structs``, a nested struct field is served too, as a column of
-        kind ``"struct"`` saying where each row's nested row lies (``values``: its start,
+        when this schema is not one of numbers, booleans, strings, binaries, dates and
+        timestamps (``kinds``), and when any row is one ``decode`` would refuse: shorter
+        than its null words and slots, a null bit past the last field, a string running
+        past its row's end. A date or timestamp past Python's years is not refused here:
+        its days or microseconds are kept, and whoever writes them checks their range.
+        With ``structs``, a nested struct field is served too, as a column of kind
+        ``"struct"`` saying where each row's nested row lies (``values``: its start,
         ``sizes``: its length), for the struct's own decoder to read."""
         kinds = self._nested_kinds if structs else self.kinds
         if kinds is None:
