@@ -54,6 +54,7 @@ from ...query import (
     RawKeyQuery,
     RawScanQuery,
 )
+from ..encoding.serde_arrow import numbers_array
 from ..manifest import StoreManifest
 from ..partitions.layers import ScanIterator
 from ..rows import (
@@ -493,7 +494,7 @@ class _Shaper:
         parts = np.repeat(
             np.array([p for p, _ in segments], dtype=np.int32), np.array(counts, dtype=np.int64)
         )
-        return pa.array(parts, pa.int32())
+        return numbers_array(parts, pa.int32())
 
     @staticmethod
     def twin_ready(value: Any) -> bool:

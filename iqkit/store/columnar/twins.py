@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 
 from ...errors import IqkitError
 from ..encoding.keyspace import KV_LOWER, KV_UPPER, RAW_PREFIX_LEN, kv_key, kv_keys_arrow
+from ..encoding.serde_arrow import binary_array, bools_array
 from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
 from ..names import TWIN_SUFFIX, twin_key
@@ -173,9 +174,9 @@ def twin_table(manifest: StoreManifest, rows: Sequence[tuple[bytes, bytes | None
     arrays: list[pa.Array] = []
     fields = []
     if derived is None:
-        arrays.append(pa.array([k for k, _ in live], pa.binary()))
+        arrays.append(binary_array([k for k, _ in live]))
         fields.append(pa.field(KEY_BYTES, pa.binary(), nullable=False))
-    arrays.append(pa.array([False] * len(live), pa.bool_()))
+    arrays.append(bools_array(len(live), False))
     fields.append(pa.field(DELETED, pa.bool_(), nullable=False))
     for name, column in cols.items():
         arrays.append(column.array)
@@ -207,8 +208,8 @@ def _with_tombstones(
         key_values = key_values.cast(schema.field(derived).type)
     tombstones = pa.Table.from_arrays(
         [
-            pa.array(dead, pa.binary()) if f.name == KEY_BYTES
-            else pa.array([True] * n) if f.name == DELETED
+            binary_array(dead) if f.name == KEY_BYTES
+            else bools_array(n, True) if f.name == DELETED
             else key_values if f.name == derived
             else pa.nulls(n, f.type)
             for f in schema
@@ -375,7 +376,7 @@ def twin_table_of_columns(manifest: StoreManifest, columns: pa.Table) -> pa.Tabl
     targets = [(rows.key_column, key_type)]
     renamed = rows.value_column_names()
     targets += [(renamed[m], ddl_arrow_type(t)) for m, t in rows.value_columns()]
-    arrays = [pa.array(np.zeros(columns.num_rows, dtype=bool), pa.bool_())]
+    arrays = [bools_array(columns.num_rows, False)]
     fields = [pa.field(DELETED, pa.bool_(), nullable=False)]
     for (name, target), column in zip(targets, columns.columns, strict=True):
         array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
