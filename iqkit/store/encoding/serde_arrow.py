@@ -96,6 +96,11 @@ def binary_array(datas: Sequence[bytes]) -> pa.Array | pa.ChunkedArray:
     return pa.Array.from_buffers(pa.binary(), len(lengths), buffers)
 
 
+def binary_scalar(data: bytes) -> pa.Scalar:
+    """``data`` as an Arrow ``binary`` scalar (as ``pa.scalar(data, pa.binary())``)."""
+    return binary_array([data])[0]
+
+
 def _binary_buffers(datas: Sequence[bytes]) -> tuple[pa.Array, Any, Any] | None:
     """``datas`` as an Arrow ``binary`` array, plus numpy views of its offsets and bytes
     (``None`` past 2 GiB, where ``pa.array`` returns chunks)."""
