@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ...errors import IqkitError
@@ -92,6 +91,8 @@ KEY_FROM = b"iqkit.key_from"
 #: Rows per row group: small enough that a 1% prefix scan of a 1M-row store skips most of
 #: a file by statistics, big enough that a full scan is not dominated by per-group work.
 ROW_GROUP_ROWS = 16_384
+#: Twins with fewer rows take no dictionary in their non-boolean columns (``_repeats``).
+DICTIONARY_MIN_ROWS = 1_024
 
 
 def layout_of(manifest: StoreManifest) -> bytes:
@@ -216,6 +217,8 @@ def _with_tombstones(
         ],
         schema=schema,
     )
+    import pyarrow.compute as pc  # here, not on top: a commit of no deletes skips it
+
     merged = pa.concat_tables([table, tombstones])
     keys = merged.column(KEY_BYTES) if derived is None else key_bytes(
         merged, derived, get_serde(manifest.key_serde)
@@ -256,10 +259,17 @@ def write_twin(path: str | os.PathLike[str], table: pa.Table) -> int:
 
 
 def _repeats(table: pa.Table, name: str) -> bool:
-    """Whether column ``name`` holds each value at least twice on average."""
+    """Whether column ``name`` holds each value at least twice on average. Below
+    ``DICTIONARY_MIN_ROWS`` rows no column but a boolean one is taken to: a dictionary
+    there saves a few bytes at most, and counting would import ``pyarrow.compute``,
+    which a small commit otherwise never needs (docs/DECISIONS.md "Start-up")."""
     column = table.column(name)
-    if len(column) < 2 or pa.types.is_nested(column.type) or pa.types.is_boolean(column.type):
-        return pa.types.is_boolean(column.type)
+    if pa.types.is_boolean(column.type):
+        return True
+    if len(column) < DICTIONARY_MIN_ROWS or pa.types.is_nested(column.type):
+        return False
+    import pyarrow.compute as pc  # here, not on top: see above
+
     try:
         distinct = pc.count_distinct(column, mode="all").as_py()
     except pa.ArrowException:

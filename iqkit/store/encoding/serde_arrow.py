@@ -10,7 +10,7 @@ importing the serdes (every store operation does) never imports them.
 Arrays are built from their buffers (``from_buffers``), not by ``pa.array``, wherever a
 commit builds them: quirk of pyarrow, ``pa.array`` (and ``pa.scalar``) of anything
 imports pandas, to ask whether the input is a pandas object, which costs a writing
-process more than the rest of its first commit (start-up, docs/DECISIONS.md).
+process more than the rest of its first commit (docs/DECISIONS.md "Start-up").
 """
 
 from __future__ import annotations
@@ -55,13 +55,6 @@ def fixed_width_binary(values: pa.Array, big_endian: Any, width: int) -> pa.Arra
     )
 
 
-def arrow_errors() -> tuple[type[Exception], ...]:
-    """What Arrow raises on values it cannot take (invalid UTF-8 in a string cast...)."""
-    import pyarrow as pa
-
-    return (pa.ArrowException, OverflowError, TypeError, ValueError)
-
-
 def numbers_array(numbers: Any, arrow_type: pa.DataType) -> pa.Array:
     """A primitive Arrow column of the values of a one-dimensional numpy array whose
     dtype is ``arrow_type``'s (native byte order), without nulls."""
@@ -94,6 +87,22 @@ def binary_array(datas: Sequence[bytes]) -> pa.Array | pa.ChunkedArray:
     offsets = np.fromiter(accumulate(lengths, initial=0), np.int32, len(lengths) + 1)
     buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(datas))]
     return pa.Array.from_buffers(pa.binary(), len(lengths), buffers)
+
+
+def utf8_array(binary: pa.Array) -> pa.Array | None:
+    """A ``binary`` array's values as ``string`` (the same buffers), or ``None`` when one
+    is not valid UTF-8 (as ``bytes.decode`` decides). Arrow's own validation checks the
+    UTF-8 here, not a ``cast``, which would import ``pyarrow.compute``."""
+    import pyarrow as pa
+
+    text = pa.Array.from_buffers(
+        pa.string(), len(binary), binary.buffers(), binary.null_count, binary.offset
+    )
+    try:
+        text.validate(full=True)
+    except pa.ArrowInvalid:
+        return None
+    return text
 
 
 def binary_scalar(data: bytes) -> pa.Scalar:
