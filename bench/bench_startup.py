@@ -100,18 +100,13 @@ def run(code: str, *args: str, env: dict[str, str]) -> dict[str, float]:
     printed one, the time it measured inside."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-c", code, *args],
-        cwd=SOURCE,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    argv = [sys.executable, "-c", code, *args]
+    try:
+        done = subprocess.run(argv, cwd=SOURCE, env=env, capture_output=True, text=True, check=True)
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"a run failed:\n{exc.stderr[-3000:]}") from None
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode:
-        raise SystemExit(f"a run failed:\n{done.stderr[-3000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     out = json.loads(done.stdout.splitlines()[-1]) if done.stdout.strip() else {}
     return {"wall": wall, "cpu": cpu, **out}
