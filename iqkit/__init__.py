@@ -53,8 +53,8 @@ _LAZY = {
     "StoreWriter": "store.writer",
     "create_store": "store.writer",
 }
-#: The subpackages the eager ``iqkit`` of old imported, so ``iqkit.engine`` (or
-#: ``iqkit.store``) after a bare ``import iqkit`` still finds them.
+#: The subpackages a bare ``import iqkit`` makes attributes (``iqkit.engine.X`` works
+#: without importing ``iqkit.engine``), loaded on first use too.
 _LAZY_MODULES = {"engine", "sqlsession", "store"}
 
 
