@@ -11,8 +11,9 @@ stores written by Spark, from Python and Jupyter.
         r.only_partition_result().result   # {'total': 42}
 """
 
+from typing import TYPE_CHECKING, Any
+
 from . import query
-from .engine import StateEngine, open
 from .errors import (
     EngineClosedError,
     IqkitError,
@@ -27,11 +28,53 @@ from .errors import (
 # The query model's public names, whose one list is iqkit.query.__all__ (added to this
 # __all__ below). ruff cannot tell which names a star import brings (F403): it is this one.
 from .query import *  # noqa: F403
-from .sqlsession import SQLError, SQLSession, sql
-from .store.encoding.partitioners import murmur2
-from .store.encoding.serdes import get_serde
-from .store.manifest import StoreManifest
-from .store.writer import StoreWriter, create_store
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time these load on first use
+    from .engine import StateEngine, open
+    from .sqlsession import SQLError, SQLSession, sql
+    from .store.encoding.partitioners import murmur2
+    from .store.encoding.serdes import get_serde
+    from .store.manifest import StoreManifest
+    from .store.writer import StoreWriter, create_store
+
+#: The public names whose modules load on first use (PEP 562), so that ``import iqkit``
+#: costs only the query model and the errors: the engine, the writer, the SQL session
+#: and what they import (rocksdict, pyarrow, numpy, duckdb) load when a script first
+#: names them. Name -> the module (below ``iqkit``) that defines it.
+_LAZY = {
+    "StateEngine": "engine",
+    "open": "engine",
+    "SQLError": "sqlsession",
+    "SQLSession": "sqlsession",
+    "sql": "sqlsession",
+    "murmur2": "store.encoding.partitioners",
+    "get_serde": "store.encoding.serdes",
+    "StoreManifest": "store.manifest",
+    "StoreWriter": "store.writer",
+    "create_store": "store.writer",
+}
+#: The subpackages a bare ``import iqkit`` makes attributes (``iqkit.engine.X`` works
+#: without importing ``iqkit.engine``), loaded on first use too.
+_LAZY_MODULES = {"engine", "sqlsession", "store"}
+
+
+def __getattr__(name: str) -> Any:
+    """PEP 562: a lazily loaded public name (or subpackage), bound here once loaded."""
+    from importlib import import_module
+
+    if name in _LAZY:
+        value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+    elif name in _LAZY_MODULES:
+        value = import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | _LAZY_MODULES)
+
 
 __version__ = "0.1.0"
 

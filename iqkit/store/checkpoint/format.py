@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ...errors import IqkitError, StoreNotFoundError, UnknownStoreError
+from ...errors import StoreNotFoundError, UnknownStoreError
 from ..cache import FileCache, reader_cache
 from ..encoding.partitioners import Partitioner
 from ..format import StoreFormat
@@ -23,7 +23,7 @@ from ..manifest import StoreManifest
 from ..objects import open_objects
 from ..roots import StoreRoot
 from .joins import StoreReader, open_store
-from .layout import OperatorStore, is_checkpoint, operator_stores
+from .layout import OperatorStore, operator_stores
 from .materialize import scratch_folder
 from .providers import StateReader
 from .shape import StateShape, UnsupportedStateError
@@ -67,19 +67,6 @@ class CheckpointFormat(StoreFormat):
         #: The reader's file cache (``IQKIT_CACHE``), made at its first snapshot: where
         #: replayed state versions are kept as databases (``materialize``).
         self._cache: FileCache | None = None
-
-    @staticmethod
-    def recognises(root: StoreRoot) -> bool:
-        """Whether ``root`` is a checkpoint folder (``layout.is_checkpoint``). A root that
-        cannot be looked at (no credentials, unreachable) is not one: the chain format's
-        own check then says why, in its one line."""
-        local = root.local
-        if local is not None and not os.path.isdir(local):
-            return False
-        try:
-            return is_checkpoint(open_objects(root))
-        except IqkitError:
-            return False
 
     # -- reading ---------------------------------------------------------------------------
     @_naming_spark

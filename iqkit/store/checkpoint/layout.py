@@ -43,12 +43,14 @@ that opens it.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import ObjectMissingError, StoreCorruptedError
-from ..objects import ObjectStore
+from ...errors import IqkitError, ObjectMissingError, StoreCorruptedError
+from ..objects import ObjectStore, open_objects
+from ..roots import StoreRoot
 from .codecs import UnknownFormatError
 from .operators import INFERRED, operator_metadata
 from .state_schema import DEFAULT_STORE, OperatorMetadata, StoreInfo
@@ -153,6 +155,20 @@ class OperatorStore:
         if self.known_operator:
             return ""
         return f"an operator iqkit does not know, as {self.operator.source} names it"
+
+
+def is_checkpoint_root(root: StoreRoot) -> bool:
+    """Whether ``root`` is a checkpoint folder (``is_checkpoint``): what chooses its
+    format (``store.formats``). A root that cannot be looked at (no credentials,
+    unreachable) is not one: the chain format's own check then says why, in its one
+    line."""
+    local = root.local
+    if local is not None and not os.path.isdir(local):
+        return False
+    try:
+        return is_checkpoint(open_objects(root))
+    except IqkitError:
+        return False
 
 
 def is_checkpoint(objects: ObjectStore) -> bool:

@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from ...errors import IqkitError
@@ -54,6 +53,7 @@ from ...query import (
     RawKeyQuery,
     RawScanQuery,
 )
+from ..encoding.serde_arrow import binary_array, numbers_array, utf8_array
 from ..manifest import StoreManifest
 from ..partitions.layers import ScanIterator
 from ..rows import (
@@ -188,8 +188,12 @@ def _leaf_as_pa_array_type(leaf: pa.Array) -> bool:
     if pa.types.is_float64(t):
         if leaf.null_count == len(leaf):
             return True
+        import pyarrow.compute as pc  # here, not on top: a commit of no doubles skips it
+
         # Strictly below: 2**53 + 1 reads as the double 2**53. NaN compares false.
-        within = pc.less(pc.abs(leaf), _EXACT_DOUBLE_INT)
+        # The bound as an Arrow scalar made from a buffer: pa.scalar imports pandas.
+        bound = numbers_array(np.array([_EXACT_DOUBLE_INT], np.float64), pa.float64())[0]
+        within = pc.less(pc.abs(leaf), bound)
         return bool(pc.all(within).as_py())
     return t in (pa.null(), pa.bool_(), pa.int64(), pa.string())
 
@@ -239,14 +243,9 @@ def _joined_objects(values: list[bytes]) -> bytes | None:
         and (buf[breaks + 1] == 0x7B).all()  # ...and "{" starts the next
     ):
         return None
-    data = pa.py_buffer(joined)
-    try:  # one UTF-8 check of everything, as str(data, "utf-8") of each value
-        pa.Array.from_buffers(
-            pa.binary(), 1, [None, pa.py_buffer(np.array([0, len(joined)], np.int32)), data]
-        ).cast(pa.string())
-    except _ARROW_ERRORS:
-        return None
-    return joined
+    # One UTF-8 check of everything, as str(data, "utf-8") of each value (the newlines
+    # joining them are ASCII).
+    return joined if utf8_array(binary_array([joined])) is not None else None
 
 
 def _json_records(values: list[bytes]) -> list[tuple[str, pa.Array]] | None:
@@ -326,11 +325,12 @@ def _readable(t: pa.DataType, top: bool) -> pa.DataType | None:
 def _all_finite(array: pa.Array) -> bool:
     """Whether every double of ``array`` (nested too) is finite: ``pyarrow.json`` reads
     ``Inf`` and ``-NaN``, which the row path refuses as JSON."""
-    return all(
-        pc.all(pc.fill_null(pc.is_finite(leaf), True)).as_py() is not False
-        for leaf in _leaves(array)
-        if pa.types.is_floating(leaf.type)
-    )
+    floats = [leaf for leaf in _leaves(array) if pa.types.is_floating(leaf.type)]
+    if not floats:
+        return True
+    import pyarrow.compute as pc  # here, not on top: a commit of no doubles skips it
+
+    return all(pc.all(pc.fill_null(pc.is_finite(f), True)).as_py() is not False for f in floats)
 
 
 def _typed_fix(array: pa.Array, t: pa.DataType) -> pa.Array:
@@ -493,7 +493,7 @@ class _Shaper:
         parts = np.repeat(
             np.array([p for p, _ in segments], dtype=np.int32), np.array(counts, dtype=np.int64)
         )
-        return pa.array(parts, pa.int32())
+        return numbers_array(parts, pa.int32())
 
     @staticmethod
     def twin_ready(value: Any) -> bool:
@@ -511,7 +511,7 @@ class _Shaper:
     def empty_columns(self) -> dict[str, _Column]:
         """The columns of a result without rows (types from the serdes where known)."""
         types = self.rows.arrow_types().items()
-        return {name: _Column(pa.array([], t or pa.null())) for name, t in types}
+        return {name: _Column(pa.nulls(0, t or pa.null())) for name, t in types}
 
     def columns(
         self, segments: Sequence[tuple[int, Sequence[KeyValue[Any, Any]]]]

@@ -41,11 +41,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ...errors import IqkitError
 from ..encoding.keyspace import KV_LOWER, KV_UPPER, RAW_PREFIX_LEN, kv_key, kv_keys_arrow
+from ..encoding.serde_arrow import binary_array, bools_array
 from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
 from ..names import TWIN_SUFFIX, twin_key
@@ -91,6 +91,8 @@ KEY_FROM = b"iqkit.key_from"
 #: Rows per row group: small enough that a 1% prefix scan of a 1M-row store skips most of
 #: a file by statistics, big enough that a full scan is not dominated by per-group work.
 ROW_GROUP_ROWS = 16_384
+#: Twins with fewer rows take no dictionary in their non-boolean columns (``_repeats``).
+DICTIONARY_MIN_ROWS = 1_024
 
 
 def layout_of(manifest: StoreManifest) -> bytes:
@@ -173,9 +175,9 @@ def twin_table(manifest: StoreManifest, rows: Sequence[tuple[bytes, bytes | None
     arrays: list[pa.Array] = []
     fields = []
     if derived is None:
-        arrays.append(pa.array([k for k, _ in live], pa.binary()))
+        arrays.append(binary_array([k for k, _ in live]))
         fields.append(pa.field(KEY_BYTES, pa.binary(), nullable=False))
-    arrays.append(pa.array([False] * len(live), pa.bool_()))
+    arrays.append(bools_array(len(live), False))
     fields.append(pa.field(DELETED, pa.bool_(), nullable=False))
     for name, column in cols.items():
         arrays.append(column.array)
@@ -207,14 +209,16 @@ def _with_tombstones(
         key_values = key_values.cast(schema.field(derived).type)
     tombstones = pa.Table.from_arrays(
         [
-            pa.array(dead, pa.binary()) if f.name == KEY_BYTES
-            else pa.array([True] * n) if f.name == DELETED
+            binary_array(dead) if f.name == KEY_BYTES
+            else bools_array(n, True) if f.name == DELETED
             else key_values if f.name == derived
             else pa.nulls(n, f.type)
             for f in schema
         ],
         schema=schema,
     )
+    import pyarrow.compute as pc  # here, not on top: a commit of no deletes skips it
+
     merged = pa.concat_tables([table, tombstones])
     keys = merged.column(KEY_BYTES) if derived is None else key_bytes(
         merged, derived, get_serde(manifest.key_serde)
@@ -255,10 +259,17 @@ def write_twin(path: str | os.PathLike[str], table: pa.Table) -> int:
 
 
 def _repeats(table: pa.Table, name: str) -> bool:
-    """Whether column ``name`` holds each value at least twice on average."""
+    """Whether column ``name`` holds each value at least twice on average. Below
+    ``DICTIONARY_MIN_ROWS`` rows no column but a boolean one is taken to: a dictionary
+    there saves a few bytes at most, and counting would import ``pyarrow.compute``,
+    which a small commit otherwise never needs (docs/DECISIONS.md "Start-up")."""
     column = table.column(name)
-    if len(column) < 2 or pa.types.is_nested(column.type) or pa.types.is_boolean(column.type):
-        return pa.types.is_boolean(column.type)
+    if pa.types.is_boolean(column.type):
+        return True
+    if len(column) < DICTIONARY_MIN_ROWS or pa.types.is_nested(column.type):
+        return False
+    import pyarrow.compute as pc  # here, not on top: see above
+
     try:
         distinct = pc.count_distinct(column, mode="all").as_py()
     except pa.ArrowException:
@@ -375,7 +386,7 @@ def twin_table_of_columns(manifest: StoreManifest, columns: pa.Table) -> pa.Tabl
     targets = [(rows.key_column, key_type)]
     renamed = rows.value_column_names()
     targets += [(renamed[m], ddl_arrow_type(t)) for m, t in rows.value_columns()]
-    arrays = [pa.array(np.zeros(columns.num_rows, dtype=bool), pa.bool_())]
+    arrays = [bools_array(columns.num_rows, False)]
     fields = [pa.field(DELETED, pa.bool_(), nullable=False)]
     for (name, target), column in zip(targets, columns.columns, strict=True):
         array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)

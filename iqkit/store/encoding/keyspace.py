@@ -64,6 +64,7 @@ def prefixed_arrow(prefix: bytes, values: pa.Array) -> pa.Array:
     import pyarrow.compute as pc
 
     from .partitioners import key_buffers
+    from .serde_arrow import binary_scalar
 
     data, offsets = key_buffers(values)
     n, width = len(offsets) - 1, len(prefix)
@@ -78,7 +79,7 @@ def prefixed_arrow(prefix: bytes, values: pa.Array) -> pa.Array:
             buffers = [None, pa.py_buffer(new_offsets.astype(np.int32)), pa.py_buffer(out)]
             return pa.Array.from_buffers(pa.binary(), n, buffers)
     return pc.binary_join_element_wise(
-        pa.scalar(prefix, pa.binary()), values.cast(pa.binary()), pa.scalar(b"", pa.binary())
+        binary_scalar(prefix), values.cast(pa.binary()), binary_scalar(b"")
     )
 
 

@@ -6,6 +6,11 @@ strings in one call, numpy views of their buffers, fixed-width big-endian number
 without a Python object per value. Each serde keeps the facts about its own values; this
 module only moves bytes. pyarrow and numpy are imported inside the functions, so
 importing the serdes (every store operation does) never imports them.
+
+Arrays are built from their buffers (``from_buffers``), not by ``pa.array``, wherever a
+commit builds them: quirk of pyarrow, ``pa.array`` (and ``pa.scalar``) of anything
+imports pandas, to ask whether the input is a pandas object, which costs a writing
+process more than the rest of its first commit (docs/DECISIONS.md "Start-up").
 """
 
 from __future__ import annotations
@@ -50,11 +55,59 @@ def fixed_width_binary(values: pa.Array, big_endian: Any, width: int) -> pa.Arra
     )
 
 
-def arrow_errors() -> tuple[type[Exception], ...]:
-    """What Arrow raises on values it cannot take (invalid UTF-8 in a string cast...)."""
+def numbers_array(numbers: Any, arrow_type: pa.DataType) -> pa.Array:
+    """A primitive Arrow column of the values of a one-dimensional numpy array whose
+    dtype is ``arrow_type``'s (native byte order), without nulls."""
+    import numpy as np
     import pyarrow as pa
 
-    return (pa.ArrowException, OverflowError, TypeError, ValueError)
+    values = np.ascontiguousarray(numbers)
+    return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)])
+
+
+def bools_array(n: int, value: bool) -> pa.Array:
+    """A ``bool`` column of ``n`` times ``value``."""
+    import pyarrow as pa
+
+    bits = (b"\xff" if value else b"\x00") * ((n + 7) // 8)
+    return pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(bits)])
+
+
+def binary_array(datas: Sequence[bytes]) -> pa.Array | pa.ChunkedArray:
+    """``datas`` as an Arrow ``binary`` array: as ``pa.array(datas, pa.binary())`` gives
+    (past 2 GiB in all, as it does: chunks)."""
+    from itertools import accumulate
+
+    import numpy as np
+    import pyarrow as pa
+
+    lengths = list(map(len, datas))
+    if sum(lengths) >= 2**31:  # binary offsets are 32-bit
+        return pa.array(datas, pa.binary())
+    offsets = np.fromiter(accumulate(lengths, initial=0), np.int32, len(lengths) + 1)
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(datas))]
+    return pa.Array.from_buffers(pa.binary(), len(lengths), buffers)
+
+
+def utf8_array(binary: pa.Array) -> pa.Array | None:
+    """A ``binary`` array's values as ``string`` (the same buffers), or ``None`` when one
+    is not valid UTF-8 (as ``bytes.decode`` decides). Arrow's own validation checks the
+    UTF-8 here, not a ``cast``, which would import ``pyarrow.compute``."""
+    import pyarrow as pa
+
+    text = pa.Array.from_buffers(
+        pa.string(), len(binary), binary.buffers(), binary.null_count, binary.offset
+    )
+    try:
+        text.validate(full=True)
+    except pa.ArrowInvalid:
+        return None
+    return text
+
+
+def binary_scalar(data: bytes) -> pa.Scalar:
+    """``data`` as an Arrow ``binary`` scalar (as ``pa.scalar(data, pa.binary())``)."""
+    return binary_array([data])[0]
 
 
 def _binary_buffers(datas: Sequence[bytes]) -> tuple[pa.Array, Any, Any] | None:
@@ -63,7 +116,7 @@ def _binary_buffers(datas: Sequence[bytes]) -> tuple[pa.Array, Any, Any] | None:
     import numpy as np
     import pyarrow as pa
 
-    array = pa.array(datas, pa.binary())
+    array = binary_array(datas)
     if not isinstance(array, pa.BinaryArray):
         return None
     _, offsets_buf, data_buf = array.buffers()
@@ -104,7 +157,6 @@ def decode_fixed_arrow(
     """``data[offset:]`` of equal-width big-endian numbers (numpy ``dtype``, e.g.
     ``">i4"``) as one Arrow column, or ``None`` when some value has another width."""
     import numpy as np
-    import pyarrow as pa
 
     binary = _binary_buffers(datas)
     if binary is None:
@@ -116,4 +168,4 @@ def decode_fixed_arrow(
         return None
     numbers = data[: n * width].reshape(n, width)[:, offset:].copy().view(dtype)
     # astype to native order swaps bytes (NaN payloads and -0.0 kept, as struct does)
-    return pa.array(numbers.reshape(n).astype(dtype.replace(">", "=")), arrow_type)
+    return numbers_array(numbers.reshape(n).astype(dtype.replace(">", "=")), arrow_type)

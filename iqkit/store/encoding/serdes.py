@@ -51,11 +51,11 @@ from iqkit.store.encoding.ordered import decode as _ordered_decode
 from iqkit.store.encoding.ordered import encode as _ordered_encode
 from iqkit.store.encoding.ordered import short_repr
 from iqkit.store.encoding.serde_arrow import (
-    arrow_errors,
     arrow_numbers,
     binary_after,
     decode_fixed_arrow,
     fixed_width_binary,
+    utf8_array,
     valid_mask,
 )
 
@@ -257,12 +257,7 @@ class StringSerde(Serde):
 
     def decode_arrow(self, datas: Sequence[bytes], offset: int = 0) -> pa.Array | None:
         array = binary_after(datas, offset)
-        if array is None:
-            return None
-        try:
-            return array.cast(self.arrow_type())  # validates UTF-8, as bytes.decode does
-        except arrow_errors():
-            return None
+        return None if array is None else utf8_array(array)
 
     def deserialize_many(self, datas: Sequence[bytes], offset: int = 0) -> list[Any]:
         try:
