@@ -53,8 +53,8 @@ _LAZY = {
     "StoreWriter": "store.writer",
     "create_store": "store.writer",
 }
-#: The subpackages a bare ``import iqkit`` makes attributes (``iqkit.engine.X`` works
-#: without importing ``iqkit.engine``), loaded on first use too.
+#: The subpackages a bare ``import iqkit`` makes attributes (``iqkit.engine`` works with
+#: no ``import iqkit.engine`` first), loaded on first use too.
 _LAZY_MODULES = {"engine", "sqlsession", "store"}
 
 
