@@ -43,8 +43,10 @@ def path_without_iqkit(tmp_path_factory) -> str:
     bin_dir = tmp_path_factory.mktemp("bin")
     base = getattr(sys, "_base_executable", sys.executable)
     stub = bin_dir / "python3"
-    # -S: no site-packages, so neither iqkit nor anything installed beside it is found
-    stub.write_text(f'#!/bin/sh\nexec "{base}" -S "$@"\n')
+    # -S: no site-packages, so neither iqkit nor anything installed beside it is found;
+    # -P: nor the working folder (the clone's root, whose iqkit/ a bare `import iqkit`
+    # finds now that it loads no third-party package at import)
+    stub.write_text(f'#!/bin/sh\nexec "{base}" -S -P "$@"\n')
     stub.chmod(stub.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     probe = subprocess.run([str(stub), "-c", "import iqkit"], capture_output=True, check=False)
     assert probe.returncode != 0, "the stub python3 must not be able to import iqkit"
