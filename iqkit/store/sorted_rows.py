@@ -11,6 +11,7 @@ commits (it sorts bytes), and the Spark writers use it before a job commits anyt
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -156,6 +157,16 @@ class SortedRows:
         key order, the last row per key. Consume each partition's rows before the next
         one; everything added is consumed, and run files are removed at the end (or when
         the generator is closed)."""
+        with self.by_partition() as parts:
+            yield from sorted(parts.items())
+
+    @contextlib.contextmanager
+    def by_partition(self) -> Iterator[dict[int, ArrowRows]]:
+        """Every partition's rows (``partitions``' ``ArrowRows``, each read once, in any
+        order), valid inside the ``with`` block: spilled runs stay mapped until it ends,
+        then everything added is dropped and the run files removed. A partition's rows
+        are merged from its runs while they are read, so only one block per run is in
+        memory at a time."""
         import pyarrow as pa
 
         maps: list[pa.MemoryMappedFile] = []
@@ -167,21 +178,16 @@ class SortedRows:
                 sources.append((pa.ipc.open_file(mapped).read_all(), index))  # no copy
             if self._batches:
                 sources.append(self._take_sorted())
+            parts: dict[int, ArrowRows] = {}
             for p in sorted({p for _, index in sources for p in index}):
-                parts = [
+                pieces = [
                     t.slice(lo, hi - lo)
                     for t, index in sources
                     if p in index
                     for lo, hi in [index[p]]
                 ]
-                if len(parts) == 1:
-                    rows = ArrowRows([(parts[0].column("key"), parts[0].column("value"))])
-                else:
-                    runs = [iter(part.to_batches(max_chunksize=_CHUNK_ROWS)) for part in parts]
-                    rows = ArrowRows(
-                        (b.column("key"), b.column("value")) for b in _merge_runs(runs)
-                    )
-                yield p, rows
+                parts[p] = _rows_of(pieces)
+            yield parts
         finally:
             for mapped in maps:
                 mapped.close()
@@ -212,6 +218,20 @@ class SortedRows:
         cuts = (np.flatnonzero(np.diff(parts)) + 1).tolist()
         bounds = zip([0, *cuts], [*cuts, len(parts)], strict=True)
         return table, {int(parts[lo]): (lo, hi) for lo, hi in bounds if hi > lo}
+
+
+def _rows_of(pieces: list[pa.Table]) -> ArrowRows:
+    """One partition's rows from its sorted, key-unique pieces (one per run): the piece
+    itself, or a merge of them (``_merge_runs``) made while the rows are read."""
+    if len(pieces) == 1:
+        return ArrowRows([(pieces[0].column("key"), pieces[0].column("value"))])
+
+    def merged() -> Iterator[tuple[pa.Array, pa.Array]]:
+        runs = [iter(piece.to_batches(max_chunksize=_CHUNK_ROWS)) for piece in pieces]
+        for b in _merge_runs(runs):
+            yield b.column("key"), b.column("value")
+
+    return ArrowRows(merged())
 
 
 def _np_full(n: int, value: int) -> Any:

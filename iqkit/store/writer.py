@@ -1,31 +1,45 @@
 """Creating stores and committing writes to them.
 
-A ``StoreWriter`` buffers puts and deletes per partition (the last change per raw key)
-and touches nothing until the ``with`` block ends. Then the root's format publishes them
-(``format.StoreFormat.publisher``; the chain format's ``chain.stores.ChainPublisher``:
-one delta SST per touched partition, then one exclusive create of the version record).
-An exception in the block, or a failure at any step of the commit, publishes nothing:
-readers keep seeing the previous version.
+A ``StoreWriter`` buffers puts and deletes (the last change per raw key wins) and
+touches nothing of the store until the ``with`` block ends. Then the root's format
+publishes them (``format.StoreFormat.publisher``; the chain format's
+``chain.stores.ChainPublisher``: one delta SST per touched partition, then one exclusive
+create of the version record). An exception in the block, or a failure at any step of
+the commit, publishes nothing: readers keep seeing the previous version.
+
+Why puts are buffered as they are (docs/DECISIONS.md "Writers"): a put only serializes
+and appends to three lists; a key-value store's murmur2 partition is computed later, for
+many keys at once (``murmur2_partition_many``), unless the put names a partition or a
+source. Past ``FLUSH_ROWS`` pending puts, they go to a ``SortedRows`` as Arrow columns
+(about a third of the bytes of Python objects), which spills sorted runs to local disk
+past ``memory_budget`` bytes: a commit of any size fits a fixed budget, and its rows reach
+the SST and the twin from Arrow, merged run by run. A small commit never imports
+pyarrow's compute functions: its rows are routed and sorted in Python.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..query.position import Position
 from ..query.request import validate_store_name
 from ..query.window import LATEST_EPOCH_MS, to_epoch_millis
 from .encoding import keyspace
 from .encoding.partitioners import get_partitioner
+from .encoding.serde_arrow import binary_array
 from .encoding.serdes import Serde, get_serde
 from .format import Publisher, StoreFormat
 from .formats import format_for
 from .inputs import store_partitions_fed_by
 from .manifest import DEFAULT_RETENTION, STORE_SETTINGS, StoreManifest
 from .roots import StoreRoot, parse_root
+
+if TYPE_CHECKING:
+    from .sorted_rows import SortedRows
 
 __all__ = ["STORE_SETTINGS", "StoreWriter", "create_store", "ensure_store", "store_format_of"]
 
@@ -91,14 +105,26 @@ def ensure_store(
     )
 
 
+#: Pending puts handed to the Arrow buffer (``SortedRows``) at a time.
+FLUSH_ROWS = 65_536
+
+#: Default bytes of Arrow rows a writer holds in memory before it spills a sorted run.
+DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
+
+#: A pending put's partition when it is routed by the store's partitioner at flush time.
+_ROUTE_LATER = -1
+
+
 class _PartitionBuffer:
-    """One partition's buffered writes: the last change per raw key (``None``: a
-    delete), in the order first written; every publisher reads them from here."""
+    """What a commit hands the publisher for one partition (``chain.stores.Buffered``):
+    its changes (sorted by raw key, each key once; ``None``: a delete; a list, or
+    ``ArrowRows`` for rows that went through the Arrow buffer), its position and its
+    counts."""
 
     __slots__ = ("changes", "deletes", "position", "puts")
 
     def __init__(self) -> None:
-        self.changes: dict[bytes, bytes | None] = {}
+        self.changes: Iterable[tuple[bytes, bytes | None]] = ()
         self.position = Position.empty()
         self.puts = 0
         self.deletes = 0
@@ -122,6 +148,7 @@ class StoreWriter:
         *,
         lock_timeout: float = 30.0,
         who: str | None = None,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
     ) -> None:
         name = validate_store_name(name)
         self._publisher: Publisher = store_format_of(root).publisher(name)
@@ -133,6 +160,15 @@ class StoreWriter:
         self._lock_timeout = lock_timeout
         self._who = who or "StoreWriter"
         self._buffers: dict[int, _PartitionBuffer] = {}
+        # Pending puts and deletes, in the order written: raw keys, values (None: a
+        # delete) and partitions (_ROUTE_LATER: routed at flush).
+        self._keys: list[bytes] = []
+        self._values: list[bytes | None] = []
+        self._parts: list[int] = []
+        self._route_later = self._partitioner.routes_keys and not self._window
+        self._memory_budget = memory_budget
+        self._sorted: SortedRows | None = None  # once more than FLUSH_ROWS were pending
+        self._seq = 0
         self._source_end: Position | None = None
         self._metadata: dict[str, Any] = {}
         self._state = "open"
@@ -161,16 +197,15 @@ class StoreWriter:
         if value is None:
             self.delete(key, partition=partition, source=source, window_start=window_start)
             return
-        key_bytes, _, buf = self._route(key, partition, source)
+        key_bytes, p = self._route(key, partition, source)
         value_bytes = self._serialize(self._value_serde, "value", value)
         if self._window:
             start = self._window_start(window_start)
-            buf.changes[keyspace.window_key(key_bytes, start)] = value_bytes
-            buf.changes[keyspace.window_time_key(key_bytes, start)] = b""
+            self._pend(keyspace.window_key(key_bytes, start), value_bytes, p)
+            self._pend(keyspace.window_time_key(key_bytes, start), b"", p)
         else:
             self._no_window(window_start)
-            buf.changes[keyspace.kv_key(key_bytes)] = value_bytes
-        buf.puts += 1
+            self._pend(keyspace.kv_key(key_bytes), value_bytes, p)
 
     def delete(
         self,
@@ -180,15 +215,14 @@ class StoreWriter:
         source: tuple[str, int, int] | None = None,
         window_start: int | datetime | None = None,
     ) -> None:
-        key_bytes, _, buf = self._route(key, partition, source)
+        key_bytes, p = self._route(key, partition, source)
         if self._window:
             start = self._window_start(window_start)
-            buf.changes[keyspace.window_key(key_bytes, start)] = None
-            buf.changes[keyspace.window_time_key(key_bytes, start)] = None
+            self._pend(keyspace.window_key(key_bytes, start), None, p)
+            self._pend(keyspace.window_time_key(key_bytes, start), None, p)
         else:
             self._no_window(window_start)
-            buf.changes[keyspace.kv_key(key_bytes)] = None
-        buf.deletes += 1
+            self._pend(keyspace.kv_key(key_bytes), None, p)
 
     def advance(self, partition: int, source: tuple[str, int, int]) -> None:
         """Advance a store partition's position without writing data.
@@ -249,7 +283,7 @@ class StoreWriter:
     # -- committing ----------------------------------------------------------------------
     def abort(self) -> None:
         """Discard everything buffered; nothing is written."""
-        self._buffers.clear()
+        self._discard()
         self._state = "aborted"
 
     def commit(self) -> int | None:
@@ -261,23 +295,123 @@ class StoreWriter:
         self._check_open()
         self._state = "committing"
         try:
-            if not (self._buffers or self._source_end or self._metadata):
-                self.version = self._publisher.latest_number()
-            else:
-                self.version = self._publisher.publish(
-                    self._buffers,
-                    source_end=self._source_end,
-                    metadata=self._metadata,
-                    who=self._who,
-                    lock_timeout=self._lock_timeout,
-                )
+            with self._sorted_changes():
+                if not (self._buffers or self._source_end or self._metadata):
+                    self.version = self._publisher.latest_number()
+                else:
+                    self.version = self._publisher.publish(
+                        self._buffers,
+                        source_end=self._source_end,
+                        metadata=self._metadata,
+                        who=self._who,
+                        lock_timeout=self._lock_timeout,
+                    )
         except BaseException:
             self._state = "failed"
-            self._buffers.clear()
+            self._discard()
             raise
         self._state = "committed"
-        self._buffers.clear()
+        self._discard()
         return self.version
+
+    # -- the buffer ----------------------------------------------------------------------
+    def _pend(self, raw_key: bytes, value: bytes | None, partition: int) -> None:
+        self._keys.append(raw_key)
+        self._values.append(value)
+        self._parts.append(partition)
+        if len(self._keys) >= FLUSH_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Hand the pending puts to the Arrow buffer (module docstring), routed and
+        counted per partition there, column by column."""
+        if not self._keys:
+            return
+        import numpy as np
+        import pyarrow as pa
+
+        from .sorted_rows import SortedRows  # pyarrow compute: a big commit's only
+
+        keys = binary_array(self._keys)
+        values = pa.array(self._values, pa.binary())
+        parts = np.fromiter(self._parts, dtype=np.int32, count=len(self._parts))
+        later = parts == _ROUTE_LATER
+        if later.any():
+            routed = keys if later.all() else keys.filter(pa.array(later))
+            # a kv store's raw key is its prefix byte and the serialized key
+            routed = keyspace.unprefixed_arrow(routed, keyspace.RAW_PREFIX_LEN)
+            parts[later] = self._partitioner.partition_many(routed, self.manifest.partitions)
+        n = len(self._keys)
+        self._count(parts, np.fromiter((v is None for v in self._values), bool, count=n))
+        if self._sorted is None:
+            self._sorted = SortedRows(spill_bytes=self._memory_budget)
+        seqs = pa.array(np.arange(self._seq, self._seq + n, dtype=np.int64))
+        self._sorted.add(keys, values, seqs, pa.array(parts))
+        self._seq += n
+        self._keys, self._values, self._parts = [], [], []
+
+    def _count(self, parts: Any, deletes: Any) -> None:
+        """Add puts and deletes per partition (a window store writes two rows a put)."""
+        import numpy as np
+
+        n = self.manifest.partitions
+        per_put = 2 if self._window else 1
+        put_counts = np.bincount(parts[~deletes], minlength=n) // per_put
+        delete_counts = np.bincount(parts[deletes], minlength=n) // per_put
+        for p in np.flatnonzero(put_counts + delete_counts).tolist():
+            buf = self._buffer(p)
+            buf.puts += int(put_counts[p])
+            buf.deletes += int(delete_counts[p])
+
+    @contextlib.contextmanager
+    def _sorted_changes(self) -> Iterator[None]:
+        """Each touched partition's changes, sorted, in its buffer (``_PartitionBuffer``)
+        while the block runs: from the Arrow buffer when puts reached it, else routed and
+        sorted here."""
+        if self._sorted is None:
+            self._sort_pending()
+            yield
+            return
+        self._flush()
+        with self._sorted.by_partition() as parts:
+            for p, rows in parts.items():
+                self._buffer(p).changes = rows
+            yield
+
+    def _sort_pending(self) -> None:
+        changes: dict[int, dict[bytes, bytes | None]] = {}
+        per_put = 2 if self._window else 1
+        route = self._partitioner.partition
+        n = self.manifest.partitions
+        for raw, value, p in zip(self._keys, self._values, self._parts, strict=True):
+            if p == _ROUTE_LATER:
+                p = route(raw[keyspace.RAW_PREFIX_LEN :], n)  # the serialized key
+            rows = changes.get(p)
+            if rows is None:
+                rows = changes[p] = {}
+                buf = self._buffer(p)
+            else:
+                buf = self._buffers[p]
+            rows[raw] = value
+            if value is None:
+                buf.deletes += 1
+            else:
+                buf.puts += 1
+        if per_put == 2:
+            for p in changes:
+                buf = self._buffers[p]
+                buf.puts //= 2
+                buf.deletes //= 2
+        for p, rows in changes.items():
+            self._buffers[p].changes = sorted(rows.items())
+        self._keys, self._values, self._parts = [], [], []
+
+    def _discard(self) -> None:
+        self._buffers.clear()
+        self._keys, self._values, self._parts = [], [], []
+        if self._sorted is not None:
+            self._sorted.close()
+            self._sorted = None
 
     # -- helpers -------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -315,11 +449,15 @@ class StoreWriter:
 
     def _route(
         self, key: Any, partition: int | None, source: tuple[str, int, int] | None
-    ) -> tuple[bytes, int, _PartitionBuffer]:
+    ) -> tuple[bytes, int]:
+        """The key's bytes and its partition (``_ROUTE_LATER`` when the flush routes it:
+        nothing here needs to know it)."""
         self._check_open()
         if key is None:
             raise ValueError(f"store {self.manifest.name!r}: key must not be None")
         key_bytes = self._serialize(self._key_serde, "key", key)
+        if self._route_later and partition is None and source is None:
+            return key_bytes, _ROUTE_LATER
         n = self.manifest.partitions
         if self._partitioner.routes_keys:
             owner = self._partitioner.partition(key_bytes, n)
@@ -336,10 +474,10 @@ class StoreWriter:
                     f"store {self.manifest.name!r} uses the explicit partitioner: pass partition="
                 )
             p = self._check_partition(partition)
-        buf = self._buffer(p)
         if source is not None:
+            buf = self._buffer(p)
             buf.position = self._advanced(buf.position, source)
-        return key_bytes, p, buf
+        return key_bytes, p
 
     def _advanced(self, position: Position, source: tuple[str, int, int]) -> Position:
         try:

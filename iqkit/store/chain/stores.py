@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from ...errors import (
@@ -158,9 +158,10 @@ def chain_commit_lock(
 
 
 class Buffered(Protocol):
-    """What a writer buffered for one partition (``writer._PartitionBuffer``)."""
+    """What a writer buffered for one partition (``writer._PartitionBuffer``): its
+    changes sorted by raw key, each key once (``None``: a delete)."""
 
-    changes: dict[bytes, bytes | None]
+    changes: Iterable[tuple[bytes, bytes | None]]
     position: Position
     puts: int
     deletes: int
@@ -207,7 +208,7 @@ class ChainPublisher:
             self.objects,
             self.store,
             previous,
-            {p: sorted(buf.changes.items()) for p, buf in buffers.items()},
+            {p: buf.changes for p, buf in buffers.items()},
             cache=FileCache(),
             positions={p: buf.position for p, buf in buffers.items()},
             counts={p: {"puts": buf.puts, "deletes": buf.deletes} for p, buf in buffers.items()},

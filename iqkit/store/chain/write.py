@@ -289,8 +289,11 @@ def commit_partition(
     with work_folder(work) as tmp:
         delta = Path(tmp) / "delta.sst"
         rows: list[Change]
+        twin: Path | None = Path(tmp) / "upload.parquet" if twinned else None
+        compacting = bool(old) and len(old) > compact_after
+        streamed = False  # the delta's twin written while its SST was
         if isinstance(changes, ArrowRows):
-            if twinned:  # the twin is made from the same arrays: read them once, keep them
+            if twinned and compacting:  # the merged twin needs the delta's rows: keep them
                 chunks = list(changes.chunks())
                 changes = ArrowRows(chunks)
                 rows = [
@@ -298,23 +301,32 @@ def commit_partition(
                     for keys, values in chunks
                     for pair in zip(keys.to_pylist(), values.to_pylist(), strict=True)
                 ]
+            elif twinned:  # the twin from the same chunks, as they stream to the SST
+                assert manifest is not None and twin is not None
+                from ..columnar import twins  # pyarrow: imported by writers only
+
+                rows = []
+                writer = twins.TwinWriter(twin, manifest)
+                changes = ArrowRows(writer.tee(changes.chunks()))
+                streamed = True
             else:
                 rows = []
             write_arrow_delta(delta, changes, commit)
+            if streamed and not writer.close():
+                twin = None
         elif twinned:  # the twin is made from the same rows
             rows = list(_checked(changes, commit))
             rocks.write_changes_sst(delta, rows)
         else:
             rows = []
             rocks.write_changes_sst(delta, _checked(changes, commit))
-        twin: Path | None = Path(tmp) / "upload.parquet" if twinned else None
-        if old and len(old) > compact_after:
+        if compacting:
             upload = Path(tmp) / "base.sst"
             _compact(cache, objects, old, delta, Path(tmp) / "db", upload, manifest, rows, twin)
             kept: tuple[ChainFile, ...] = ()
         else:
             upload, kept = delta, old
-            if twin is not None:
+            if twin is not None and not streamed:
                 assert manifest is not None
                 from ..columnar import twins  # pyarrow: imported by writers only
 

@@ -71,6 +71,7 @@ __all__ = [
     "try_write",
     "twin_table",
     "twin_table_columns",
+    "TwinWriter",
     "write_twin",
     "write_twin_of_arrays",
     "twin_source_columns",
@@ -91,6 +92,8 @@ KEY_FROM = b"iqkit.key_from"
 #: Rows per row group: small enough that a 1% prefix scan of a 1M-row store skips most of
 #: a file by statistics, big enough that a full scan is not dominated by per-group work.
 ROW_GROUP_ROWS = 16_384
+#: Rows a ``TwinWriter`` shapes at a time (a multiple of ``ROW_GROUP_ROWS``).
+TWIN_CHUNK_ROWS = 4 * ROW_GROUP_ROWS
 #: Twins with fewer rows take no dictionary in their non-boolean columns (``_repeats``).
 DICTIONARY_MIN_ROWS = 1_024
 
@@ -234,28 +237,131 @@ def write_twin(path: str | os.PathLike[str], table: pa.Table) -> int:
     page header, which iqkit's pyarrow reads verify (``columnar.scan``): a damaged page
     is an error there, not wrong rows. The footer has no CRC (the chain record's
     checksum of the whole file covers it)."""
+    pq.write_table(table, os.fspath(path), row_group_size=ROW_GROUP_ROWS, **_parquet_options(table))
+    return os.path.getsize(path)
+
+
+def _parquet_options(table: pa.Table) -> dict[str, Any]:
+    """``write_twin``'s Parquet options for ``table`` (module docstring)."""
     delta = [
         f.name for f in table.schema
         if (f.name == KEY_BYTES or f.name.encode() == (table.schema.metadata or {}).get(KEY_FROM))
         and (pa.types.is_binary(f.type) or pa.types.is_string(f.type))
     ]  # fmt: skip
-    pq.write_table(
-        table,
-        os.fspath(path),
-        row_group_size=ROW_GROUP_ROWS,
-        compression="zstd",
+    return {
+        "compression": "zstd",
         # Sorted unique keys: delta encoding (shared prefixes) beats a dictionary; other
         # columns take one only when they repeat values (a dictionary of unique
         # numbers costs more than the numbers).
-        use_dictionary=[c for c in table.column_names if c not in delta and _repeats(table, c)],
-        column_encoding=dict.fromkeys(delta, "DELTA_BYTE_ARRAY") or None,
-        write_statistics=True,
-        write_page_checksum=True,
+        "use_dictionary": [
+            c for c in table.column_names if c not in delta and _repeats(table, c)
+        ],
+        "column_encoding": dict.fromkeys(delta, "DELTA_BYTE_ARRAY") or None,
+        "write_statistics": True,
+        "write_page_checksum": True,
         # Quirk: by default nested lists are written with Parquet's child name
         # "element", and read back so: the columns would not equal a scan's ("item").
-        use_compliant_nested_type=False,
-    )
-    return os.path.getsize(path)
+        "use_compliant_nested_type": False,
+    }
+
+
+class TwinWriter:
+    """The twin of an SST written from a stream of sorted Arrow chunks (a commit's rows
+    that went through ``SortedRows``), a piece at a time: rows are gathered to at least
+    ``TWIN_CHUNK_ROWS``, shaped (``twin_table``) and appended as row groups, so memory
+    holds one piece, not the SST.
+
+    The first piece fixes the file's schema and encodings, so it waits for a live row
+    (tombstones alone have no value columns). A later piece whose shaped columns differ
+    is conformed to it where Arrow casts exactly (a field absent or all null in that
+    piece, an integer column where the file has floats); otherwise the SST gets no twin
+    (``try_write``'s rule: a commit never fails for want of a twin, and that SST's scans
+    read RocksDB)."""
+
+    def __init__(self, path: str | os.PathLike[str], manifest: StoreManifest) -> None:
+        self.path = os.fspath(path)
+        self.manifest = manifest
+        self._writer: pq.ParquetWriter | None = None
+        self._pending: list[tuple[Any, Any]] = []
+        self._rows = 0
+        self._live = 0
+        self.failed = False
+
+    def tee(self, chunks: Any) -> Any:
+        """``chunks`` (``(keys, values)`` Arrow pairs) passed on as they are, each one
+        added to the twin on the way."""
+        for keys, values in chunks:
+            if not self.failed:
+                self._pending.append((keys, values))
+                self._rows += len(keys)
+                self._live += len(values) - values.null_count
+                if self._rows >= TWIN_CHUNK_ROWS and (self._live or self._writer is not None):
+                    self._write_pending()
+            yield keys, values
+
+    def _write_pending(self) -> None:
+        rows = [
+            pair
+            for keys, values in self._pending
+            for pair in zip(keys.to_pylist(), values.to_pylist(), strict=True)
+        ]
+        self._pending, self._rows, self._live = [], 0, 0
+        try:
+            table = twin_table(self.manifest, rows)
+            del rows
+            if self._writer is None:
+                options = _parquet_options(table)
+                self._writer = pq.ParquetWriter(self.path, table.schema, **options)
+            elif table.schema != self._writer.schema:
+                table = _conformed(table, self._writer.schema)
+            self._writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        # What try_write takes as "no twin" (a value a scan could not decode, ...).
+        except (pa.ArrowException, ValueError, TypeError, OverflowError, RecursionError,
+                IqkitError):  # fmt: skip
+            self._give_up()
+
+    def _give_up(self) -> None:
+        self.failed = True
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+            self._writer = None
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+    def close(self) -> bool:
+        """Finish the file; False when the SST has no twin (nothing is left at ``path``)."""
+        if not self.failed and (self._pending or self._writer is None):
+            self._write_pending()  # the rest, or every row (even none) when few
+        if self.failed:
+            return False
+        assert self._writer is not None
+        try:
+            self._writer.close()
+        except (pa.ArrowException, OSError):
+            self._give_up()
+            return False
+        self._writer = None
+        return True
+
+
+def _conformed(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns, in its order and types: a column ``table``
+    lacks is null; a column only ``table`` has, or a type Arrow cannot cast safely,
+    raises ``ValueError`` (the SST then has no twin)."""
+    extra = set(table.column_names) - set(schema.names)
+    if extra:
+        raise ValueError(f"twin chunk has columns the file lacks: {sorted(extra)}")
+    arrays = []
+    for field in schema:
+        if field.name not in table.column_names:
+            arrays.append(pa.nulls(table.num_rows, field.type))
+            continue
+        got = table.schema.field(field.name)
+        if got.metadata != field.metadata:  # JSON text in one chunk, typed in another
+            raise ValueError(f"twin chunk column {field.name!r} is shaped differently")
+        arrays.append(table.column(field.name).cast(field.type, safe=True))
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _repeats(table: pa.Table, name: str) -> bool:

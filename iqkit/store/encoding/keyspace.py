@@ -83,6 +83,28 @@ def prefixed_arrow(prefix: bytes, values: pa.Array) -> pa.Array:
     )
 
 
+def unprefixed_arrow(values: pa.Array, width: int) -> pa.Array:
+    """Every value of a pyarrow ``binary`` column without nulls with its first ``width``
+    bytes dropped (each value has at least that many): ``prefixed_arrow``'s inverse, in
+    numpy. (Arrow's ``binary_slice`` fails on some inputs here, "Negative buffer
+    resize", pyarrow 22.)"""
+    import numpy as np
+    import pyarrow as pa
+
+    from .partitioners import key_buffers
+
+    data, offsets = key_buffers(values)
+    n = len(offsets) - 1
+    keep = np.ones(len(data), dtype=bool)
+    first = int(offsets[0]) if n else 0
+    for i in range(width):
+        keep[offsets[:-1] + i] = False
+    kept = data[first : int(offsets[-1])][keep[first : int(offsets[-1])]] if n else data[:0]
+    new_offsets = (offsets - offsets[0]) - width * np.arange(n + 1, dtype=np.int64)
+    buffers = [None, pa.py_buffer(new_offsets.astype(np.int32)), pa.py_buffer(kept.tobytes())]
+    return pa.Array.from_buffers(pa.binary(), n, buffers)
+
+
 KV_LOWER = DATA_PREFIX
 KV_UPPER = WINDOW_PREFIX  # the next namespace: exclusive upper bound of user kv keys
 RAW_PREFIX_LEN = len(DATA_PREFIX)
