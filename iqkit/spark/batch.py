@@ -14,9 +14,10 @@ The job, end to end:
    of an ``int32``/``int64`` key as plain integer arithmetic, or of a ``string`` key by
    commons-codec's ``MurmurHash2.hash32(String)`` (Kafka's function over the UTF-8 bytes,
    checked once per session against Kafka's test vectors). Otherwise in Python
-   (``_encode_fn``, ``mapInArrow``, with ``write_encode``'s encoder, which the data source
-   shares): keys and values serialized, murmur2 over the key bytes, RocksDB key bytes
-   made — whole Arrow columns at a time where the serdes allow, row by row for the others.
+   (``_encode_fn``, ``mapInArrow``, with ``store.encoding.arrow_encode``'s encoder, which
+   every bulk write shares): keys and values serialized, murmur2 over the key bytes,
+   RocksDB key bytes made — whole Arrow columns at a time where the serdes allow, row
+   by row for the others.
 3. One shuffle (``repartitionById``: store partition ``p`` goes to Spark partition
    ``p % tasks``; none with ``mark_as_partitioned``). No Spark sort: keys sharing a long
    prefix defeat Spark's prefix sort, and ``pyarrow`` sorts them several times faster.
@@ -58,6 +59,15 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..query.position import Position
+from ..store.encoding.arrow_encode import (
+    encoded_batch,
+    non_finite_message,
+    null_keys_error,
+    route,
+    serialize_column,
+    serialize_keys,
+)
+from ..store.encoding.json_arrow import JSON_OPTIONS
 from ..store.encoding.partitioners import get_partitioner, murmur2
 from ..store.encoding.serdes import Serde, get_serde
 from ..store.format import StoreFormat, check_job_mode
@@ -72,23 +82,14 @@ from .schema import (
     KAFKA_COLUMNS,
     ColumnPlan,
     ensure_spark_store,
-    non_finite_message,
     one_window_size,
     plan_columns,
     spark_non_finite,
 )
-from .to_json import JSON_OPTIONS
 from .worker_python import require_workers_can_import_iqkit
 from .workers import consume_marker, keep_spark_archive_indexes, spill_dir
-from .write_encode import (
-    encoded_batch,
-    null_keys_error,
-    route,
-    serialize_column,
-    serialize_keys,
-)
 
-#: ``write_encode.ENCODED`` as Spark's schema of the encoding ``mapInArrow``.
+#: ``arrow_encode.ENCODED`` as Spark's schema of the encoding ``mapInArrow``.
 _ENCODED_SCHEMA = "__p int, __k binary, __v binary, __seq long"
 #: Arrow bytes of rows a write task holds before it spills them, sorted, to local disk
 #: (see ``SortedRows``).
@@ -522,7 +523,8 @@ def _encode_fn(
     manifest: StoreManifest, plan: ColumnPlan
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function that serializes and routes each Arrow batch in Python
-    (``write_encode``): ``(__p, __k, __v, __seq)`` batches, ``__k`` the RocksDB key."""
+    (``store.encoding.arrow_encode``): ``(__p, __k, __v, __seq)`` batches, ``__k`` the
+    RocksDB key."""
     key_serde = get_serde(manifest.key_serde)
     partitioner = get_partitioner(manifest.partitioner)
     n = manifest.partitions
@@ -554,7 +556,8 @@ def _finish_fn(
 ) -> Callable[[pa.RecordBatch], _Finished]:
     """What a write task does to each batch it receives: ``(partitions, RocksDB keys,
     value bytes, sequences)``. With ``raw`` input (JVM-routed: one key column, a
-    key-value store) the key and value columns are serialized here (``write_encode``)."""
+    key-value store) the key and value columns are serialized here
+    (``store.encoding.arrow_encode``)."""
     if not raw:
         return lambda b: (b.column(0), b.column(1), b.column(2), b.column(3))
     store = manifest.name

@@ -88,7 +88,7 @@ Differences from ``write_store``: ``mark_as_partitioned`` needs no co-partitione
 (fragments from any task are merged), and no progress bar (Spark shows its own).
 
 One module per phase: ``write_options`` (options → :class:`~.write_options.WriteJob`, on
-the driver), ``write_tasks`` with ``write_encode`` and ``to_json`` (the tasks' fragments),
+the driver), ``write_tasks`` with ``write_encode`` (the tasks' fragments),
 ``write_commit`` (the driver's commit). This module is Spark's entry point to them.
 """
 

@@ -10,8 +10,8 @@ and Spark's ``to_json`` would write them as the strings ``"NaN"``/``"Infinity"``
 number silently becomes text). So a JSON-encoded value holding one, at any depth, is
 refused naming the column and the store (``non_finite_message``), by every Spark writer:
 ``write_store``/``store_sink`` check in the JVM (``spark_non_finite``), the data source in
-its tasks (``arrow_has_non_finite``). A ``double`` value column keeps them (the ``double``
-serde stores NaN and infinities).
+its tasks (``store.encoding.arrow_encode.arrow_has_non_finite``). A ``double`` value
+column keeps them (the ``double`` serde stores NaN and infinities).
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -181,14 +179,6 @@ def _check_fits(field: T.StructField, serde: str, store: str, role: str) -> None
 
 
 # -- NaN and infinities in JSON values (see the module docstring) ---------------------------
-def non_finite_message(store: str, column: str) -> str:
-    return (
-        f"store {store!r}: value column {column!r} holds NaN or an infinity, which JSON "
-        "cannot hold (StoreWriter refuses them too): make them null or finite first, or "
-        "store a double column with the 'double' serde"
-    )
-
-
 def spark_non_finite(column: Column, dtype: T.DataType) -> Column:
     """A Spark expression, true where ``column`` (of a ``dtype`` that holds floats, see
     ``ColumnPlan.float_json_columns``) holds NaN or an infinity at any depth (struct
@@ -226,21 +216,6 @@ def _non_finite(column: Column, dtype: T.DataType) -> Column:
     for part in parts[1:]:
         out = out | part
     return out
-
-
-def arrow_has_non_finite(values: pa.Array) -> bool:
-    """Whether an Arrow column holds NaN or an infinity at any depth (nulls do not)."""
-    t = values.type
-    if pa.types.is_floating(t):
-        return bool(pc.any(pc.or_(pc.is_nan(values), pc.is_inf(values))).as_py())
-    if pa.types.is_map(t):  # Arrow cannot flatten a map: take its values' range
-        lo, hi = values.offsets[0].as_py(), values.offsets[-1].as_py()
-        return arrow_has_non_finite(values.items.slice(lo, hi - lo))
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return arrow_has_non_finite(values.flatten())
-    if pa.types.is_struct(t):
-        return any(arrow_has_non_finite(f) for f in values.flatten())
-    return False
 
 
 def ensure_spark_store(

@@ -1,11 +1,6 @@
-"""Spark's writes encode here: Arrow columns of a DataFrame become (store partition,
-RocksDB key, value, sequence) batches through the store's serdes and partitioner — the one
-home of that encoding for ``write_store`` (batch.py, inside ``mapInArrow``) and for
-``df.write.format("iqkit")`` (``RowEncoder``, in each write task).
-
-Whole Arrow columns at a time where the serde has a vectorized path
-(``Serde.serialize_arrow``, ``Partitioner.partition_many``, ``keyspace.kv_keys_arrow``);
-value by value otherwise, each error prefixed with the store. ``RowEncoder`` also makes
+"""The data source's write tasks encode here: ``RowEncoder`` turns the Arrow batches of a
+DataFrame into (store partition, RocksDB key, value, sequence) batches with the encoding
+every bulk write shares (``store.encoding.arrow_encode``). ``RowEncoder`` also makes
 the data source's JSON values as Spark's ``to_json`` writes them, buffers its encoded
 batches, then sorts them by (store partition, key, input order) in Arrow, keeping the last
 row of each key."""
@@ -20,101 +15,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..store.encoding import keyspace
-from ..store.encoding.partitioners import Partitioner, get_partitioner
-from ..store.encoding.serdes import Serde, get_serde
-from .schema import arrow_has_non_finite, non_finite_message
-from .to_json import json_records, json_texts
+from ..store.encoding.arrow_encode import (
+    ENCODED,
+    arrow_has_non_finite,
+    encoded_batch,
+    explicit_partitions,
+    non_finite_message,
+    route,
+    serialize_column,
+    serialize_keys,
+)
+from ..store.encoding.json_arrow import json_records, json_texts
+from ..store.encoding.partitioners import get_partitioner
+from ..store.encoding.serdes import get_serde
 
 if TYPE_CHECKING:  # write_store encodes here too, and needs none of the data source's jobs
     from .write_options import WriteJob
-
-#: An encoded batch: store partition, RocksDB key, value bytes (null: a delete), sequence
-#: (duplicate keys: the highest wins). ``write_store``'s Spark schema spells the same.
-ENCODED = pa.schema(
-    [("__p", pa.int32()), ("__k", pa.binary()), ("__v", pa.binary()), ("__seq", pa.int64())]
-)
-
-
-# -- the encoding both writes share ----------------------------------------------------------
-def null_keys_error(store: str, column: str) -> ValueError:
-    return ValueError(f"store {store!r}: key column {column!r} holds null keys")
-
-
-def serialize_column(serde: Serde, col: pa.Array, store: str, role: str, name: str) -> pa.Array:
-    """``serde.serialize`` of every value of column ``name`` (nulls stay null), as a
-    ``binary`` array: the serde's vectorized ``serialize_arrow`` when it has one for the
-    column's type, else value by value (which raises the serde's message, prefixed with
-    the store). ``role``: ``"key"`` or ``"value"``, for the messages."""
-    out = serde.serialize_arrow(col)
-    if out is not None:
-        return out
-    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        # Spark strings may hold bytes that are not UTF-8 (a cast from binary); Arrow
-        # takes them as they are, and only a full validation finds them.
-        try:
-            col.validate(full=True)
-        except pa.ArrowInvalid:
-            raise ValueError(
-                f"store {store!r}: {role} column {name!r} holds a string that is not valid UTF-8"
-            ) from None
-    serialize = serde.serialize
-    try:
-        return pa.array([None if v is None else serialize(v) for v in col.to_pylist()], pa.binary())
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"store {store!r}: {role} {exc}") from None
-
-
-def serialize_keys(
-    serde: Serde, columns: Sequence[pa.Array], names: Sequence[str], store: str
-) -> pa.Array:
-    """The serialized keys of a batch (a ``binary`` array): one key column through
-    :func:`serialize_column`, a composite key as tuples of its columns; null keys are
-    refused."""
-    for name, col in zip(names, columns, strict=True):
-        if col.null_count:
-            raise null_keys_error(store, name)
-    if len(columns) == 1:
-        return serialize_column(serde, columns[0], store, "key", names[0])
-    tuples = zip(*(c.to_pylist() for c in columns), strict=True)
-    serialize = serde.serialize
-    try:
-        return pa.array([serialize(k) for k in tuples], pa.binary())
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"store {store!r}: key {exc}") from None
-
-
-def route(partitioner: Partitioner, key_bytes: pa.Array, n: int) -> pa.Array:
-    """The store partition of every serialized key (an ``int32`` array)."""
-    return pa.array(partitioner.partition_many(key_bytes, n), pa.int32())
-
-
-def encoded_batch(
-    parts: pa.Array,
-    key_bytes: pa.Array,
-    values: pa.Array,
-    seq: pa.Array,
-    window_starts: Sequence[int] | None = None,
-) -> pa.RecordBatch:
-    """An ``ENCODED`` batch: a key-value row per key, or for a window store (its windows'
-    starts in epoch ms given) two rows per key, the window's and its time index entry
-    (``b""``, a delete when the window's value is deleted)."""
-    if window_starts is None:
-        arrays = [parts, keyspace.kv_keys_arrow(key_bytes), values, seq]
-        return pa.RecordBatch.from_arrays(arrays, schema=ENCODED)
-    wk, tk = keyspace.window_key, keyspace.window_time_key
-    kbs = key_bytes.to_pylist()
-    keys = [wk(kb, s) for kb, s in zip(kbs, window_starts, strict=True)]
-    keys += [tk(kb, s) for kb, s in zip(kbs, window_starts, strict=True)]
-    index_values = pc.if_else(pc.is_null(values), pa.scalar(None, pa.binary()), b"")
-    arrays = [
-        pa.concat_arrays([parts, parts]),
-        pa.array(keys, pa.binary()),
-        pa.concat_arrays([values, index_values]),
-        pa.concat_arrays([seq, seq]),
-    ]
-    return pa.RecordBatch.from_arrays(arrays, schema=ENCODED)
-
 
 # -- the data source's tasks -------------------------------------------------------------------
 class RowEncoder:
@@ -188,16 +104,8 @@ class RowEncoder:
 
     def _explicit_partitions(self, batch: pa.RecordBatch) -> pa.Array:
         name = self.plan.partition_column
-        col = batch.column(name)
-        lo_hi = pc.min_max(col)
-        lo, hi = lo_hi["min"].as_py(), lo_hi["max"].as_py()
-        if col.null_count or lo < 0 or hi >= self.n:
-            bad = None if col.null_count else (lo if lo < 0 else hi)
-            raise ValueError(
-                f"store {self.store!r}: mark_as_partitioned column {name!r} must hold integers "
-                f"in [0, {self.n}); found {bad!r}"
-            )
-        return col.cast(pa.int32())
+        label = f"mark_as_partitioned column {name!r}"
+        return explicit_partitions(batch.column(name), label, self.n, self.store)
 
     def _values(self, batch: pa.RecordBatch) -> pa.Array:
         plan = self.plan

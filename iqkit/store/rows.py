@@ -607,7 +607,7 @@ def _misfit(value: Any, t: DdlType) -> _Misfit:
 
 def _converter(t: DdlType) -> Any:
     """``decoded value -> the Python value pa.array takes for ddl_arrow_type(t)``, from the
-    JSON Spark's ``to_json`` writes (and iqkit's ``to_json.py`` writes alike): numbers,
+    JSON Spark's ``to_json`` writes (and iqkit's ``store.encoding.json_arrow`` alike): numbers,
     decimals as JSON numbers (``Decimal`` from ``exact_value_decoder``; a decimal's text is
     read too, as Spark's ``from_json`` does), dates as ``yyyy-MM-dd``, timestamps as
     ISO-8601 text of any precision (with

@@ -20,8 +20,9 @@ pyarrow's compute functions: its rows are routed and sorted in Python.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,8 @@ from .manifest import DEFAULT_RETENTION, STORE_SETTINGS, StoreManifest
 from .roots import StoreRoot, parse_root
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from .sorted_rows import SortedRows
 
 __all__ = ["STORE_SETTINGS", "StoreWriter", "create_store", "ensure_store", "store_format_of"]
@@ -224,6 +227,40 @@ class StoreWriter:
             self._no_window(window_start)
             self._pend(keyspace.kv_key(key_bytes), None, p)
 
+    def put_table(
+        self,
+        data: Any,
+        *,
+        key: str | Sequence[str],
+        value: str | None = None,
+        partition: str | None = None,
+    ) -> int:
+        """Put every row of ``data`` — a pyarrow ``Table`` or ``RecordBatch``, or a pandas
+        ``DataFrame`` — with no Python work per row; returns the number of rows.
+
+        ``key``: the key column, or several (a composite key: an ``ordered`` store's
+        tuples). ``value``: the value column (a null value deletes the key, as a ``None``
+        put does); ``None``: every other column as one JSON record per row (a ``json``
+        store; null fields left out), written as ``df.write.format("iqkit")`` writes it.
+        ``partition``: an ``explicit`` store's partition column. Later rows win, over
+        earlier rows and earlier puts alike. Key-value stores only (a window store's
+        rows name their windows: ``put(..., window_start=)``).
+        """
+        self._check_open()
+        name = self.manifest.name
+        if self._window:
+            raise ValueError(
+                f"store {name!r} is a window store: put_table writes key-value stores "
+                "(put each window with put(..., window_start=))"
+            )
+        table = _arrow_table(data, name)
+        keys = (key,) if isinstance(key, str) else tuple(key)
+        plan = _TablePlan.of(self, table, keys, value, partition)
+        self._flush()
+        for batch in table.to_batches(max_chunksize=FLUSH_ROWS):
+            self._add_encoded(*plan.encode(batch))
+        return table.num_rows
+
     def advance(self, partition: int, source: tuple[str, int, int]) -> None:
         """Advance a store partition's position without writing data.
 
@@ -330,8 +367,6 @@ class StoreWriter:
         import numpy as np
         import pyarrow as pa
 
-        from .sorted_rows import SortedRows  # pyarrow compute: a big commit's only
-
         keys = binary_array(self._keys)
         values = pa.array(self._values, pa.binary())
         parts = np.fromiter(self._parts, dtype=np.int32, count=len(self._parts))
@@ -341,14 +376,25 @@ class StoreWriter:
             # a kv store's raw key is its prefix byte and the serialized key
             routed = keyspace.unprefixed_arrow(routed, keyspace.RAW_PREFIX_LEN)
             parts[later] = self._partitioner.partition_many(routed, self.manifest.partitions)
-        n = len(self._keys)
-        self._count(parts, np.fromiter((v is None for v in self._values), bool, count=n))
+        self._keys, self._values, self._parts = [], [], []
+        self._add_encoded(pa.array(parts), keys, values)
+
+    def _add_encoded(self, parts: pa.Array, keys: pa.Array, values: pa.Array) -> None:
+        """Rows with their partitions, RocksDB keys and value bytes (null: a delete), in
+        the order written, counted and handed to the Arrow buffer."""
+        import numpy as np
+        import pyarrow as pa
+
+        from .sorted_rows import SortedRows  # pyarrow compute: a big commit's only
+
+        n = len(keys)
+        deletes = np.asarray(values.is_null())
+        self._count(np.asarray(parts), deletes)
         if self._sorted is None:
             self._sorted = SortedRows(spill_bytes=self._memory_budget)
         seqs = pa.array(np.arange(self._seq, self._seq + n, dtype=np.int64))
-        self._sorted.add(keys, values, seqs, pa.array(parts))
+        self._sorted.add(keys, values, seqs, parts)
         self._seq += n
-        self._keys, self._values, self._parts = [], [], []
 
     def _count(self, parts: Any, deletes: Any) -> None:
         """Add puts and deletes per partition (a window store writes two rows a put)."""
@@ -512,3 +558,117 @@ class StoreWriter:
     def __repr__(self) -> str:
         touched = sorted(self._buffers)
         return f"StoreWriter({self.manifest.name!r}, {self._state}, partitions touched={touched})"
+
+
+def _arrow_table(data: Any, store: str) -> pa.Table:
+    """``put_table``'s input as an Arrow table: a pandas DataFrame is converted (its
+    index left out), a record batch wrapped."""
+    import pyarrow as pa
+
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if type(data).__module__.startswith("pandas") and type(data).__name__ == "DataFrame":
+        return pa.Table.from_pandas(data, preserve_index=False)
+    raise TypeError(
+        f"store {store!r}: put_table takes a pyarrow Table or RecordBatch or a pandas "
+        f"DataFrame, got {type(data).__name__}"
+    )
+
+
+class _TablePlan:
+    """How ``put_table`` encodes the batches of one table (checked before any row is):
+    the columns of the key, the value (or the JSON record) and the partition."""
+
+    def __init__(
+        self,
+        writer: StoreWriter,
+        keys: tuple[str, ...],
+        value: str | None,
+        record: tuple[str, ...],
+        partition: str | None,
+    ) -> None:
+        self.writer = writer
+        self.keys = keys
+        self.value = value
+        self.record = record
+        self.partition = partition
+
+    @classmethod
+    def of(
+        cls,
+        writer: StoreWriter,
+        table: pa.Table,
+        keys: tuple[str, ...],
+        value: str | None,
+        partition: str | None,
+    ) -> _TablePlan:
+        manifest = writer.manifest
+        store = manifest.name
+        names = table.column_names
+        asked = [*keys, value, partition]
+        for column in [c for c in asked if c is not None]:
+            if column not in names:
+                hint = difflib.get_close_matches(column, names, n=1)
+                tail = f"; did you mean {hint[0]!r}?" if hint else f" (it has {names})"
+                raise ValueError(f"store {store!r}: the table has no column {column!r}{tail}")
+        if not keys:
+            raise ValueError(f"store {store!r}: key must name at least one column")
+        if len(keys) > 1 and manifest.key_serde != "ordered":
+            raise ValueError(
+                f"store {store!r}: a composite key {list(keys)} needs the 'ordered' key "
+                f"serde; this store's is {manifest.key_serde!r}"
+            )
+        routed = writer._partitioner.routes_keys
+        if routed and partition is not None:
+            raise ValueError(
+                f"store {store!r} routes keys by {manifest.partitioner}: partition= names "
+                "an explicit store's partition column"
+            )
+        if not routed and partition is None:
+            raise ValueError(
+                f"store {store!r} uses the explicit partitioner: pass partition=<column>"
+            )
+        record: tuple[str, ...] = ()
+        if value is None:
+            if manifest.value_serde != "json":
+                raise ValueError(
+                    f"store {store!r} has value serde {manifest.value_serde!r}: name the "
+                    "value column (value=); every other column as a record needs 'json'"
+                )
+            record = tuple(n for n in names if n not in keys and n != partition)
+        return cls(writer, keys, value, record, partition)
+
+    def encode(self, batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array, pa.Array]:
+        """A batch's partitions, RocksDB keys and value bytes (null: a delete)."""
+        import pyarrow as pa
+
+        from .encoding import arrow_encode, json_arrow
+
+        w = self.writer
+        store = w.manifest.name
+        n = w.manifest.partitions
+        key_columns = [batch.column(k) for k in self.keys]
+        key_bytes = arrow_encode.serialize_keys(w._key_serde, key_columns, self.keys, store)
+        if self.partition is None:
+            parts = arrow_encode.route(w._partitioner, key_bytes, n)
+        else:
+            column = batch.column(self.partition)
+            label = f"partition column {self.partition!r}"
+            parts = arrow_encode.explicit_partitions(column, label, n, store)
+        if self.value is None:
+            for name in self.record:
+                if arrow_encode.arrow_has_non_finite(batch.column(name)):
+                    raise ValueError(arrow_encode.non_finite_message(store, name))
+            values = json_arrow.json_records(batch, self.record).cast(pa.binary())
+        else:
+            column = batch.column(self.value)
+            if w.manifest.value_serde == "json":
+                if arrow_encode.arrow_has_non_finite(column):
+                    raise ValueError(arrow_encode.non_finite_message(store, self.value))
+                values = json_arrow.json_texts(column).cast(pa.binary())
+            else:
+                serde = w._value_serde
+                values = arrow_encode.serialize_column(serde, column, store, "value", self.value)
+        return parts, keyspace.kv_keys_arrow(key_bytes), values

@@ -20,12 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from iqkit.spark.to_json import json_records
 from iqkit.store.columnar.twins import (
     twin_source_columns,
     twin_table,
     twin_table_of_columns,
 )
+from iqkit.store.encoding.json_arrow import json_records
 from iqkit.store.encoding.keyspace import kv_keys_arrow
 from iqkit.store.encoding.serdes import get_serde
 from iqkit.store.manifest import StoreKind, StoreManifest

@@ -1,6 +1,7 @@
 """Arrow columns as JSON text, exactly as Spark's ``to_json`` writes them: what the
-``iqkit`` data source's tasks write as JSON values and records (``write_encode``), so a
-store written by ``df.write.format("iqkit")`` reads back like one ``write_store`` wrote.
+bulk writes that encode in Python write as JSON values and records (``arrow_encode``:
+``StoreWriter.put_table`` and the ``iqkit`` data source's tasks), so a store they write
+reads back like one ``write_store`` (Spark's own ``to_json``) wrote.
 
 Vectorized in Arrow for strings, numbers and booleans; other types go value by value
 through the spellings here (timestamps to the microsecond, ``JSON_OPTIONS``, which
@@ -20,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-# NaN and infinities are refused before encoding (schema.arrow_has_non_finite); JSON has no
+# NaN and infinities are refused before encoding (arrow_encode.arrow_has_non_finite); JSON has no
 # such numbers, so one reaching the encoder fails the task rather than being written.
 _json_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
