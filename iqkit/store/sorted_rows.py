@@ -15,7 +15,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
@@ -33,23 +33,35 @@ class ArrowRows:
     filtered column-wise and handed over through C-level iterators (``chain``/``zip``),
     so no Python frame runs per row on the way to the SST writer."""
 
-    def __init__(self, chunks: Iterable[tuple[pa.Array, pa.Array]]) -> None:
+    def __init__(self, chunks: Iterable[tuple[pa.Array, ...]]) -> None:
+        #: ``(keys, values)`` or, from ``SortedRows``, ``(keys, values, seqs)``.
         self._chunks = chunks
         #: Puts and deletes handed out by ``chunks()`` so far (a job's counts, without
         #: another pass).
         self.puts_seen = 0
         self.deletes_seen = 0
+        #: The writer's own columns of rows by their sequence numbers, where it kept
+        #: them (``StoreWriter.put_table``: a twin is then made of them, not of the
+        #: stored bytes); None, or a call returning None: there are none.
+        self.twin_columns: Callable[[pa.Array], pa.Table | None] | None = None
 
     def chunks(self) -> Iterator[tuple[pa.Array, pa.Array]]:
         """``(keys, values)`` Arrow arrays of at most ``_CHUNK_ROWS`` rows each: keys
         sorted, values aligned, ``null`` a delete. One pass (a merge of spilled runs
         cannot be read twice)."""
-        for keys, values in self._chunks:
+        for keys, values, _ in self.sequenced_chunks():
+            yield keys, values
+
+    def sequenced_chunks(self) -> Iterator[tuple[pa.Array, pa.Array, pa.Array | None]]:
+        """``chunks`` with each row's sequence number (None where not known)."""
+        for chunk in self._chunks:
+            keys, values = chunk[0], chunk[1]
+            seqs = chunk[2] if len(chunk) > 2 else None
             for lo in range(0, len(keys), _CHUNK_ROWS):
                 k, v = keys.slice(lo, _CHUNK_ROWS), values.slice(lo, _CHUNK_ROWS)
                 self.deletes_seen += v.null_count
                 self.puts_seen += len(v) - v.null_count
-                yield k, v
+                yield k, v, None if seqs is None else seqs.slice(lo, _CHUNK_ROWS)
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes | None]]:
         return chain.from_iterable(
@@ -224,12 +236,13 @@ def _rows_of(pieces: list[pa.Table]) -> ArrowRows:
     """One partition's rows from its sorted, key-unique pieces (one per run): the piece
     itself, or a merge of them (``_merge_runs``) made while the rows are read."""
     if len(pieces) == 1:
-        return ArrowRows([(pieces[0].column("key"), pieces[0].column("value"))])
+        only = pieces[0]
+        return ArrowRows([(only.column("key"), only.column("value"), only.column("seq"))])
 
-    def merged() -> Iterator[tuple[pa.Array, pa.Array]]:
+    def merged() -> Iterator[tuple[pa.Array, pa.Array, pa.Array]]:
         runs = [iter(piece.to_batches(max_chunksize=_CHUNK_ROWS)) for piece in pieces]
         for b in _merge_runs(runs):
-            yield b.column("key"), b.column("value")
+            yield b.column("key"), b.column("value"), b.column("seq")
 
     return ArrowRows(merged())
 

@@ -171,6 +171,9 @@ class StoreWriter:
         self._route_later = self._partitioner.routes_keys and not self._window
         self._memory_budget = memory_budget
         self._sorted: SortedRows | None = None  # once more than FLUSH_ROWS were pending
+        #: put_table's own columns a twin can be made of: (first sequence number, batch).
+        self._twin_sources: list[tuple[int, pa.RecordBatch]] = []
+        self._twin_table: pa.Table | None = None
         self._seq = 0
         self._source_end: Position | None = None
         self._metadata: dict[str, Any] = {}
@@ -258,8 +261,37 @@ class StoreWriter:
         plan = _TablePlan.of(self, table, keys, value, partition)
         self._flush()
         for batch in table.to_batches(max_chunksize=FLUSH_ROWS):
-            self._add_encoded(*plan.encode(batch))
+            encoded = plan.encode(batch)
+            if plan.twin_names is not None:  # the twin is made of these columns (commit)
+                self._twin_sources.append((self._seq, batch.select(list(plan.twin_names))))
+            self._add_encoded(*encoded)
         return table.num_rows
+
+    def _twin_columns(self, seqs: pa.Array) -> pa.Table | None:
+        """The columns ``put_table`` kept of the rows with sequence numbers ``seqs`` (a
+        twin is made of them: ``twins.TwinWriter``), or None when a row has none (it
+        was a ``put``)."""
+        import numpy as np
+        import pyarrow as pa
+
+        if not self._twin_sources or not len(seqs):
+            return None
+        starts = np.array([start for start, _ in self._twin_sources], dtype=np.int64)
+        sizes = np.array([t.num_rows for _, t in self._twin_sources], dtype=np.int64)
+        wanted = np.asarray(seqs, dtype=np.int64)
+        source = np.searchsorted(starts, wanted, side="right") - 1
+        if (source < 0).any():
+            return None
+        within = wanted - starts[source]
+        if (within >= sizes[source]).any():
+            return None
+        if self._twin_table is None:
+            schemas = {t.schema for _, t in self._twin_sources}
+            if len(schemas) != 1:
+                return None
+            self._twin_table = pa.Table.from_batches([t for _, t in self._twin_sources])
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        return self._twin_table.take(pa.array(offsets[source] + within))
 
     def advance(self, partition: int, source: tuple[str, int, int]) -> None:
         """Advance a store partition's position without writing data.
@@ -421,6 +453,7 @@ class StoreWriter:
         self._flush()
         with self._sorted.by_partition() as parts:
             for p, rows in parts.items():
+                rows.twin_columns = self._twin_columns
                 self._buffer(p).changes = rows
             yield
 
@@ -454,6 +487,7 @@ class StoreWriter:
 
     def _discard(self) -> None:
         self._buffers.clear()
+        self._twin_sources, self._twin_table = [], None
         self._keys, self._values, self._parts = [], [], []
         if self._sorted is not None:
             self._sorted.close()
@@ -594,6 +628,11 @@ class _TablePlan:
         self.value = value
         self.record = record
         self.partition = partition
+        #: The columns a twin of the rows is made of (``twins.twin_of_columns``: the
+        #: key, then the record's), or None: twins are shaped from the stored rows.
+        self.twin_names: tuple[str, ...] | None = None
+        if record and len(keys) == 1 and writer.manifest.kind.has_twins:
+            self.twin_names = (keys[0], *record)
 
     @classmethod
     def of(

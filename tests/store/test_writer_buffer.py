@@ -268,3 +268,77 @@ def test_put_table_refuses_bad_input_whole(tmp_path, kwargs, message):
         with pytest.raises(ValueError, match=message):
             w.put_table(table, **kwargs)
     assert [k for _, k, _ in kv_rows(iqkit.open(root), "s")] == ["kept"]
+
+
+COLUMNS = st.sampled_from(["int64", "int32", "float64", "string", "bool", "float32", "nulls"])
+
+
+def arrow_column(kind: str, n: int, draw_values, with_nulls: bool):
+    import pyarrow as pa
+
+    if kind == "nulls":
+        return pa.nulls(n, pa.int64())
+    strategy = {
+        "int64": st.integers(-(2**63), 2**63 - 1),
+        "int32": st.integers(-(2**31), 2**31 - 1),
+        "float64": st.floats(allow_nan=False, allow_infinity=False),
+        "float32": st.floats(width=32, allow_nan=False, allow_infinity=False),
+        "string": st.text(max_size=4),
+        "bool": st.booleans(),
+    }[kind]
+    values = draw_values(st.lists(strategy | st.none() if with_nulls else strategy,
+                                  min_size=n, max_size=n))  # fmt: skip
+    return pa.array(values, {"int32": pa.int32(), "float32": pa.float32()}.get(kind))
+
+
+@PROPERTY
+@given(data=st.data())
+def test_a_twin_made_from_put_table_columns_is_the_twin_of_the_stored_rows(
+    tmp_path_factory, monkeypatch, data
+):
+    """put_table's twin taken from its columns (twins.twin_of_columns) equals, schema and
+    rows, the twin shaped from the JSON records it stored — or is not taken at all."""
+    import pyarrow as pa
+
+    n = data.draw(st.integers(1, 12))
+    kinds = data.draw(st.lists(COLUMNS, min_size=1, max_size=4))
+    names = data.draw(
+        st.lists(st.sampled_from(["a", "b", "key", "partition", "value.key"]), min_size=len(kinds),
+                 max_size=len(kinds), unique=True)
+    )
+    with_nulls = data.draw(st.booleans())
+    ids = data.draw(st.lists(st.text("xyz", min_size=1, max_size=3), min_size=n, max_size=n))
+    columns = {"id": pa.array(ids, data.draw(st.sampled_from([pa.string(), pa.large_string()])))}
+    for name, kind in zip(names, kinds, strict=True):
+        columns[name] = arrow_column(kind, n, data.draw, with_nulls)
+    table = pa.table(columns)
+    root = tmp_path_factory.mktemp("root")
+    for store in ("cols", "shaped"):
+        iqkit.create_store(root, store, partitions=2)
+    taken = []
+    real = twins.twin_of_columns
+    with monkeypatch.context() as m:
+        m.setattr(twins, "twin_of_columns", lambda *a: taken.append(real(*a)) or taken[-1])
+        with iqkit.StoreWriter(root, "cols") as w:
+            w.put_table(table, key="id")
+    simple = {"int64", "int32", "float64", "string", "bool"}
+    if not with_nulls and set(kinds) <= simple | {"nulls"} and set(kinds) & simple:
+        assert taken and all(t is not None for t in taken)  # the columns path ran
+    with monkeypatch.context() as m:
+        m.setattr(twins, "twin_of_columns", lambda manifest, columns: None)
+        with iqkit.StoreWriter(root, "shaped") as w:
+            w.put_table(table, key="id")
+    engine = iqkit.open(root)
+    assert kv_rows(engine, "cols") == kv_rows(engine, "shaped")
+    objects = open_objects(root)
+    for store_chain, shaped_chain in zip(
+        latest_version(objects, "cols").partitions.values(),
+        latest_version(objects, "shaped").partitions.values(),
+        strict=True,
+    ):
+        got, want = (
+            pq.read_table(root / twin_key(chain.files[-1].name))
+            for chain in (store_chain, shaped_chain)
+        )
+        assert got.schema == want.schema and got.schema.metadata == want.schema.metadata
+        assert got.equals(want)

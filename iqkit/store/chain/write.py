@@ -306,8 +306,8 @@ def commit_partition(
                 from ..columnar import twins  # pyarrow: imported by writers only
 
                 rows = []
-                writer = twins.TwinWriter(twin, manifest)
-                changes = ArrowRows(writer.tee(changes.chunks()))
+                writer = twins.TwinWriter(twin, manifest, changes.twin_columns)
+                changes = ArrowRows(writer.tee(changes.sequenced_chunks()))
                 streamed = True
             else:
                 rows = []

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,8 +74,10 @@ __all__ = [
     "TwinWriter",
     "write_twin",
     "write_twin_of_arrays",
+    "twin_of_columns",
     "twin_source_columns",
     "twin_table_of_columns",
+    "twin_table_of_records",
     "write_twin_of_columns",
 ]
 
@@ -278,21 +280,29 @@ class TwinWriter:
     (``try_write``'s rule: a commit never fails for want of a twin, and that SST's scans
     read RocksDB)."""
 
-    def __init__(self, path: str | os.PathLike[str], manifest: StoreManifest) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        manifest: StoreManifest,
+        columns_of: Callable[[pa.Array], pa.Table | None] | None = None,
+    ) -> None:
         self.path = os.fspath(path)
         self.manifest = manifest
+        #: The writer's own columns of rows by sequence number (``ArrowRows.twin_columns``):
+        #: a piece of puts they cover is taken from them (``twin_of_columns``), not shaped.
+        self.columns_of = columns_of
         self._writer: pq.ParquetWriter | None = None
-        self._pending: list[tuple[Any, Any]] = []
+        self._pending: list[tuple[Any, Any, Any]] = []
         self._rows = 0
         self._live = 0
         self.failed = False
 
     def tee(self, chunks: Any) -> Any:
-        """``chunks`` (``(keys, values)`` Arrow pairs) passed on as they are, each one
-        added to the twin on the way."""
-        for keys, values in chunks:
+        """``chunks`` (``ArrowRows.sequenced_chunks``) passed on as ``(keys, values)``
+        pairs, each one added to the twin on the way."""
+        for keys, values, seqs in chunks:
             if not self.failed:
-                self._pending.append((keys, values))
+                self._pending.append((keys, values, seqs))
                 self._rows += len(keys)
                 self._live += len(values) - values.null_count
                 if self._rows >= TWIN_CHUNK_ROWS and (self._live or self._writer is not None):
@@ -300,15 +310,19 @@ class TwinWriter:
             yield keys, values
 
     def _write_pending(self) -> None:
-        rows = [
-            pair
-            for keys, values in self._pending
-            for pair in zip(keys.to_pylist(), values.to_pylist(), strict=True)
-        ]
-        self._pending, self._rows, self._live = [], 0, 0
+        pending, self._pending = self._pending, []
+        deletes = self._rows - self._live
+        self._rows, self._live = 0, 0
         try:
-            table = twin_table(self.manifest, rows)
-            del rows
+            table = self._of_columns(pending) if not deletes else None
+            if table is None:
+                rows = [
+                    pair
+                    for keys, values, _ in pending
+                    for pair in zip(keys.to_pylist(), values.to_pylist(), strict=True)
+                ]
+                table = twin_table(self.manifest, rows)
+                del rows
             if self._writer is None:
                 options = _parquet_options(table)
                 self._writer = pq.ParquetWriter(self.path, table.schema, **options)
@@ -319,6 +333,16 @@ class TwinWriter:
         except (pa.ArrowException, ValueError, TypeError, OverflowError, RecursionError,
                 IqkitError):  # fmt: skip
             self._give_up()
+
+    def _of_columns(self, pending: list[tuple[Any, Any, Any]]) -> pa.Table | None:
+        """The twin of a piece of puts from the writer's own columns, when it has them
+        for every row of the piece."""
+        if self.columns_of is None or any(seqs is None for _, _, seqs in pending):
+            return None
+        seqs = pa.concat_arrays([s.combine_chunks() if isinstance(s, pa.ChunkedArray) else s
+                                 for _, _, s in pending])  # fmt: skip
+        columns = self.columns_of(seqs)
+        return None if columns is None else twin_of_columns(self.manifest, columns)
 
     def _give_up(self) -> None:
         self.failed = True
@@ -506,6 +530,77 @@ def twin_table_of_columns(manifest: StoreManifest, columns: pa.Table) -> pa.Tabl
         return None
     metadata = {LAYOUT: layout_of(manifest), KEY_FROM: rows.key_column.encode()}
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
+
+
+def twin_of_columns(manifest: StoreManifest, columns: pa.Table) -> pa.Table | None:
+    """The twin of puts made from a table's columns (``StoreWriter.put_table``: its key
+    column, then its record's columns), taken as they are where that is exactly the
+    twin of the stored rows: a typed store's (``twin_table_of_columns``), or a JSON
+    store's without a value schema (``twin_table_of_records``); else None (shaped)."""
+    if RowSchema(manifest).value_schema is not None:
+        return twin_table_of_columns(manifest, columns)
+    return twin_table_of_records(manifest, columns)
+
+
+def _record_type(t: pa.DataType) -> pa.DataType | None:
+    """The type shaping gives a JSON record field written from an Arrow column of type
+    ``t`` (Spark's ``to_json`` spellings read back): integers up to 64 bits as ``int64``,
+    doubles, strings, booleans; None for the others (a ``float32``'s text is not the
+    double it widens to; nested and temporal values are shaped)."""
+    if pa.types.is_signed_integer(t) or t in (pa.uint8(), pa.uint16(), pa.uint32()):
+        return pa.int64()
+    if t == pa.float64() or t == pa.bool_():
+        return t
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pa.string()
+    return None
+
+
+def twin_table_of_records(manifest: StoreManifest, columns: pa.Table) -> pa.Table | None:
+    """The twin of puts into a JSON store without a value schema made from the table they
+    came from: ``columns`` is the key column, then the record's columns in order, rows
+    sorted by key, each key once. None unless that is exactly what shaping the stored
+    records gives (``twin_table``; tests/store/test_writer_buffer.py checks it): one key
+    column of the key serde's own type, record columns of ``_record_type``s with no
+    nulls (a null field is left out of its record, which changes the order fields are
+    first seen in) or all nulls (such a field is never seen: no column)."""
+    rows = RowSchema(manifest)
+    derived = key_column_of(manifest)
+    if manifest.value_serde != "json" or derived is None or columns.num_columns < 2:
+        return None
+    n = columns.num_rows
+    key = _one_array(columns.column(0))
+    key_type = rows.key_serde.arrow_type()
+    if key_type is None or key.null_count:
+        return None
+    if key.type != key_type:
+        if not (pa.types.is_large_string(key.type) and key_type == pa.string()):
+            return None
+        key = key.cast(key_type)
+    arrays = [bools_array(n, False), key]
+    fields = [pa.field(DELETED, pa.bool_(), nullable=False), pa.field(derived, key_type)]
+    taken = {PARTITION, derived}
+    for name, column in zip(columns.column_names[1:], columns.columns[1:], strict=True):
+        array = _one_array(column)
+        if n and array.null_count == n:
+            continue
+        target = _record_type(array.type)
+        if target is None or array.null_count:
+            return None
+        field = RowSchema.field_column(name, taken)
+        taken.add(field)
+        arrays.append(array.cast(target))
+        fields.append(pa.field(field, target))
+    if len(arrays) == 2:  # records with no field: shaped (an empty object's twin)
+        return None
+    metadata = {LAYOUT: layout_of(manifest), KEY_FROM: derived.encode()}
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
+
+
+def _one_array(column: Any) -> pa.Array:
+    if isinstance(column, pa.ChunkedArray):
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return column
 
 
 def _same_instants(got: pa.DataType, want: pa.DataType) -> bool:
