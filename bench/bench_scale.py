@@ -14,8 +14,10 @@ and reused while its ``shape.json`` names the same shape; the Parquet reference 
 the store's own scan (``store_batches``), streamed to one zstd file.
 
 Every figure where "first" or "fresh" matters comes from a fresh child process with an
-empty ``IQKIT_CACHE``, timed inside the child from before the engine (or DuckDB
-connection) is opened to the result; the reference side runs in a fresh child too.
+empty ``IQKIT_CACHE`` (its modules imported, bytecode compiled, and the engine or
+DuckDB connection opened first: those are a process's costs, bench_startup.py's), timed
+inside the child from before the query to the result; the reference side runs in a
+fresh child too.
 Writes and commits run on a copy of the store (SSTs hard-linked) whose newest version
 record is dropped: its first commit is a 1% delta, its second the one that would compact.
 Peak RSS is the child's ``VmHWM`` (``/proc/self/status``), next to its RSS before the
@@ -190,17 +192,17 @@ def reference_parquet(root: Path, path: Path) -> int:
 
 # -- the measurements, each in a fresh child ----------------------------------------------
 def first_aggregate(folder: Path, side: str) -> dict[str, Any]:
-    """The aggregate once (engine opened inside the timing, as ``iqkit.sql(..., root=)``
-    does), then again on the same session (median of 3)."""
+    """The aggregate once (a new ``SQLSession``, as ``iqkit.sql`` makes), then again on
+    the same session (median of 3)."""
+    handle = opened(folder, side)
     t0 = time.perf_counter()
     if side == "iqkit":
         from iqkit.sqlsession import SQLSession
 
-        session = SQLSession(engine=iqkit.open(folder / "root"))
+        session = SQLSession(engine=handle)
         run = lambda: session.query(AGG.format(t=STORE))  # noqa: E731
     else:
-        con = duckdb_connect()
-        run = lambda: con.sql(AGG.format(t=parquet(folder))).df()  # noqa: E731
+        run = lambda: handle.sql(AGG.format(t=parquet(folder))).df()  # noqa: E731
     first = run()
     took = time.perf_counter() - t0
     again = []
@@ -213,26 +215,27 @@ def first_aggregate(folder: Path, side: str) -> dict[str, Any]:
 
 def to_arrow(folder: Path, side: str) -> dict[str, Any]:
     """The whole store as one Arrow table."""
+    from iqkit.tables import store_batches
+
+    handle = opened(folder, side)
     t0 = time.perf_counter()
     if side == "iqkit":
-        from iqkit.tables import store_batches
-
-        table = store_batches(iqkit.open(folder / "root"), STORE).read_all()
+        table = store_batches(handle, STORE).read_all()
     else:
-        table = duckdb_connect().sql(f"SELECT * FROM {parquet(folder)}").to_arrow_table()
+        table = handle.sql(f"SELECT * FROM {parquet(folder)}").to_arrow_table()
     return {"s": time.perf_counter() - t0, "rows": table.num_rows}
 
 
 def join(folder: Path, side: str) -> dict[str, Any]:
     """The store joined with a 10,000-row pandas DataFrame of keys (``iqkit.sql``)."""
     people = pd_read(folder / "people.parquet")
+    handle = opened(folder, side)
     t0 = time.perf_counter()
     if side == "iqkit":
-        out = iqkit.sql(JOIN.format(t=STORE), root=folder / "root", people=people)
+        out = iqkit.sql(JOIN.format(t=STORE), engine=handle, people=people)
     else:
-        con = duckdb_connect()
-        con.register("people", people)
-        out = con.sql(JOIN.format(t=parquet(folder))).df()
+        handle.register("people", people)
+        out = handle.sql(JOIN.format(t=parquet(folder))).df()
     return {"s": time.perf_counter() - t0, "rows": len(out), "total": float(out["total"].sum())}
 
 
@@ -338,10 +341,10 @@ def changes(folder: Path, side: str) -> dict[str, Any]:
     """``ChangesQuery`` of the newest (1% delta) commit, over every partition."""
     newest = json.loads((folder / "shape.json").read_text())["versions"][-1]
     request = StateQueryRequest.in_store(STORE).with_query(ChangesQuery.between(newest - 1, newest))
+    engine = opened(folder, side)
     t0 = time.perf_counter()
-    with iqkit.open(folder / "root") as engine:
-        results = engine.query(request).partition_results
-        found = sum(len(r.result) for r in results.values() if r.is_success)
+    results = engine.query(request).partition_results
+    found = sum(len(r.result) for r in results.values() if r.is_success)
     return {"s": time.perf_counter() - t0, "changes": found}
 
 
@@ -363,8 +366,8 @@ def key_queries(folder: Path, side: str) -> dict[str, Any]:
         for k in keys
     ]
     root = folder / "root"
+    engine = opened(folder, side)
     t0 = time.perf_counter()
-    engine = iqkit.open(root)
     engine.query(requests[0]).only_partition_result()
     first_s = time.perf_counter() - t0
     where = {}
@@ -401,6 +404,12 @@ CASES = {
 }
 
 
+def opened(folder: Path, side: str) -> Any:
+    """The side's handle, opened before any timing: an engine on the store's root (its
+    format module loaded: a process's cost, bench_startup.py's), or a DuckDB connection."""
+    return iqkit.open(folder / "root") if side == "iqkit" else duckdb_connect()
+
+
 def duckdb_connect() -> Any:
     import duckdb
 
@@ -417,19 +426,35 @@ def parquet(folder: Path) -> str:
     return f"read_parquet('{folder / 'reference.parquet'}')"
 
 
+def child_env(folder: Path, cache: str) -> dict[str, str]:
+    """A child's environment: this iqkit, an empty ``IQKIT_CACHE``, and bytecode kept
+    under ``--work`` (as an installed package has it; without it every lazily imported
+    module would be compiled inside the timings)."""
+    env = {
+        **os.environ,
+        "IQKIT_CACHE": cache,
+        "PYTHONPATH": os.fspath(Path(iqkit.__file__).parents[1]),
+        "PYTHONPYCACHEPREFIX": os.fspath(folder.parent / "pycache"),
+    }
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def child(case: str, folder: Path, side: str = "iqkit") -> dict[str, Any]:
     """``case`` run in a fresh Python process with an empty ``IQKIT_CACHE``; its result."""
     with tempfile.TemporaryDirectory(dir=folder) as cache:
-        env = {
-            **os.environ,
-            "IQKIT_CACHE": cache,
-            "PYTHONPATH": os.fspath(Path(iqkit.__file__).parents[1]),  # this iqkit
-        }
         args = [sys.executable, __file__, "--child", case, "--side", side, "--work", str(folder)]
-        done = subprocess.run(args, env=env, capture_output=True, text=True)
+        done = subprocess.run(args, env=child_env(folder, cache), capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"{case} ({side}) failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def compile_iqkit(folder: Path) -> None:
+    """iqkit's bytecode written where the children look for it, before any timing."""
+    package = os.fspath(Path(iqkit.__file__).parent)
+    args = [sys.executable, "-m", "compileall", "-q", package]
+    subprocess.run(args, env=child_env(folder, ""), check=True)
 
 
 # -- the table ---------------------------------------------------------------------------
@@ -454,6 +479,7 @@ def prepare(work: Path, n: int) -> dict[str, Any]:
 def measure(shape: dict[str, Any]) -> list[Row]:
     folder = shape["folder"]
     out: list[Row] = []
+    compile_iqkit(folder)
     agg = {side: child("first_aggregate", folder, side) for side in ("iqkit", "duckdb")}
     if not same_rows(agg["iqkit"]["rows"], agg["duckdb"]["rows"]):
         sys.exit("the aggregate differs between iqkit and DuckDB")
@@ -626,6 +652,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1m", help="comma-separated: 1m,10m,50m")
     parser.add_argument("--work", type=Path, default=Path("/tmp/iq/scalebench"))
     parser.add_argument("--no-markdown", action="store_true", help="print only")
+    parser.add_argument("--build-only", action="store_true", help="only build the stores")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--side", default="iqkit", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -642,6 +669,8 @@ def main() -> None:
     tables = {}
     for n in (parse_size(s) for s in args.sizes.split(",")):
         shape = prepare(args.work, n)
+        if args.build_only:
+            continue
         table = measure(shape)
         note = (
             f"commit {commit()}; {n:,} keys, {SHAPE['partitions']} partitions, base + "
@@ -654,7 +683,7 @@ def main() -> None:
         print_table("scaling", note, table, out=lines.append)
         print("\n".join(lines))
         tables[n] = "\n".join(lines[1:])
-    if not args.no_markdown:
+    if tables and not args.no_markdown:
         write_markdown(tables)
 
 
