@@ -34,6 +34,7 @@ import math
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -483,11 +484,18 @@ def prepare(work: Path, n: int) -> dict[str, Any]:
     return {**shape, "folder": folder}
 
 
-def measure(shape: dict[str, Any]) -> list[Row]:
+def measure(shape: dict[str, Any], repeat: int) -> list[Row]:
+    """The table's rows; each reader figure the median of ``repeat`` fresh children."""
     folder = shape["folder"]
     out: list[Row] = []
     compile_iqkit(folder)
-    agg = {side: child("first_aggregate", folder, side) for side in ("iqkit", "duckdb")}
+
+    def reader(case: str, side: str = "iqkit") -> dict[str, Any]:
+        runs = [child(case, folder, side) for _ in range(repeat)]
+        timed = [k for k in runs[0] if k == "s" or k.endswith("_s")]
+        return {**runs[-1], **{k: statistics.median(r[k] for r in runs) for k in timed}}
+
+    agg = {side: reader("first_aggregate", side) for side in ("iqkit", "duckdb")}
     if not same_rows(agg["iqkit"]["rows"], agg["duckdb"]["rows"]):
         sys.exit("the aggregate differs between iqkit and DuckDB")
     iq, ref = agg["iqkit"], agg["duckdb"]
@@ -498,15 +506,15 @@ def measure(shape: dict[str, Any]) -> list[Row]:
         (to_arrow, "the whole store to Arrow (`store_batches(...).read_all()`)", 1.5),
         (join, f"join with a {FRAME:,}-row pandas DataFrame (`iqkit.sql`)", 2),
     ):
-        iq, ref = (child(case.__name__, folder, side) for side in ("iqkit", "duckdb"))
+        iq, ref = (reader(case.__name__, side) for side in ("iqkit", "duckdb"))
         same = math.isclose(iq.get("total", 0), ref.get("total", 0), rel_tol=1e-9)
         if iq["rows"] != ref["rows"] or not same:
             sys.exit(f"{case.__name__} differs between iqkit and DuckDB: {iq} vs {ref}")
         out.append(row(label, iq["s"], ref["s"], "DuckDB", target))
     writes = {"puts": child("puts", folder), "bulk": child("bulk", folder)}
     out += writer_rows(shape, {k: v for k, v in writes.items() if v})
-    out += commit_rows(shape, child("commits", folder), child("changes", folder))
-    out += lookup_rows(child("key_queries", folder))
+    out += commit_rows(shape, child("commits", folder), reader("changes"))
+    out += lookup_rows(reader("key_queries"))
     out.append(bytes_row(folder))
     return out
 
@@ -664,6 +672,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="1m", help="comma-separated: 1m,10m,50m")
     parser.add_argument("--work", type=Path, default=Path("/tmp/iq/scalebench"))
     parser.add_argument("--no-markdown", action="store_true", help="print only")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="fresh children per reader figure (median)"
+    )
     parser.add_argument("--build-only", action="store_true", help="only build the stores")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--side", default="iqkit", help=argparse.SUPPRESS)
@@ -683,13 +694,14 @@ def main() -> None:
         shape = prepare(args.work, n)
         if args.build_only:
             continue
-        table = measure(shape)
+        table = measure(shape, args.repeat)
         note = (
             f"commit {commit()}; {n:,} keys, {SHAPE['partitions']} partitions, base + "
             f"{SHAPE['deltas']} deltas ({shape['live']:,} live rows; built by "
             f"{shape['built_by']} with `{shape['writer']}`, "
             f"base written at {rate(n, shape['base']['write_s'])}, committed in "
-            f"{fmt(shape['base']['commit_s'])}); load average {os.getloadavg()[0]:.1f}"
+            f"{fmt(shape['base']['commit_s'])}); reader figures the median of {args.repeat} "
+            f"fresh children; load average {os.getloadavg()[0]:.1f}"
         )
         lines: list[str] = []
         print_table("scaling", note, table, out=lines.append)
