@@ -319,17 +319,23 @@ def first_open_row(root: str, partitions: int = 8, keys: int = 80_000) -> tuple[
     )
 
 
-def print_table(title: str, note: str, rows: list[tuple[str, str, str, str, str]]) -> None:
-    """The benchmarks' Markdown output: a heading, the machine, the table."""
-    print(f"# iqkit {title} benchmark — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
-    print(
+def print_table(
+    title: str,
+    note: str,
+    rows: list[tuple[str, str, str, str, str]],
+    out: Callable[[str], object] = print,
+) -> None:
+    """The benchmarks' Markdown output: a heading, the machine, the table (each line
+    handed to ``out``)."""
+    out(f"# iqkit {title} benchmark — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
+    out(
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
         f"{platform.system()} {platform.release()}; {note}\n"
     )
-    print("| measure | iqkit | reference | ratio | target |")
-    print("|---|---|---|---|---|")
+    out("| measure | iqkit | reference | ratio | target |")
+    out("|---|---|---|---|---|")
     for r in rows:
-        print("| " + " | ".join(r) + " |")
+        out("| " + " | ".join(r) + " |")
 
 
 if __name__ == "__main__":
