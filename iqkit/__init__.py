@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time these load on first
     from .store.encoding.partitioners import murmur2
     from .store.encoding.serdes import get_serde
     from .store.manifest import StoreManifest
-    from .store.writer import StoreWriter, create_store
+    from .store.writer import StoreWriter, compact, create_store
 
 #: The public names whose modules load on first use (PEP 562), so that ``import iqkit``
 #: costs only the query model and the errors: the engine, the writer, the SQL session
@@ -52,6 +52,7 @@ _LAZY = {
     "StoreManifest": "store.manifest",
     "StoreWriter": "store.writer",
     "create_store": "store.writer",
+    "compact": "store.writer",
 }
 #: The subpackages a bare ``import iqkit`` makes attributes (``iqkit.engine`` works with
 #: no ``import iqkit.engine`` first), loaded on first use too.
@@ -131,6 +132,7 @@ __all__ = [
     "StoreWriter",
     "UnknownStoreError",
     "__version__",
+    "compact",
     "create_store",
     "get_serde",
     "load_ipython_extension",

@@ -257,9 +257,20 @@ class Publisher(Protocol):
         metadata: Mapping[str, Any],
         who: str,
         lock_timeout: float,
+        compaction: str = "inline",
     ) -> int:
         """Commit ``buffers`` (partition -> its changes, position and counts) as the next
-        version; its number."""
+        version; its number. ``compaction``: ``"background"`` (a chain made too long is
+        compacted by a version of its own, on a thread: ``background`` is that thread)
+        or ``"inline"`` (inside this commit)."""
+
+    @property
+    def background(self) -> Any:
+        """The compaction the last publish started (a ``threading.Thread``), or None."""
+
+    def compact(self, *, who: str, lock_timeout: float) -> int | None:
+        """Compact every chain of the latest version that has deltas, as a version of its
+        own (``iqkit.compact``); its number, or None when there was nothing to do."""
 
 
 class JobCommit(Protocol):

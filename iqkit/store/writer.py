@@ -44,7 +44,14 @@ if TYPE_CHECKING:
 
     from .sorted_rows import SortedRows
 
-__all__ = ["STORE_SETTINGS", "StoreWriter", "create_store", "ensure_store", "store_format_of"]
+__all__ = [
+    "STORE_SETTINGS",
+    "StoreWriter",
+    "compact",
+    "create_store",
+    "ensure_store",
+    "store_format_of",
+]
 
 
 def store_format_of(root: str | os.PathLike[str] | StoreRoot | StoreFormat) -> StoreFormat:
@@ -88,6 +95,22 @@ def create_store(
     return store_format_of(root).ensure_store(manifest, create=True)
 
 
+def compact(
+    root: str | os.PathLike[str] | StoreRoot | StoreFormat,
+    name: str,
+    *,
+    lock_timeout: float = 30.0,
+    who: str = "iqkit.compact",
+) -> int | None:
+    """Compact every partition of store ``name`` whose chain has deltas into one base,
+    published as the store's next version (the same rows, positions and change feed:
+    Delta Lake's ``OPTIMIZE``); its number, or None when there was nothing to compact.
+    Commits compact on their own, in the background; this is for doing it now."""
+    name = validate_store_name(name)
+    publisher = store_format_of(root).publisher(name)
+    return publisher.compact(who=who, lock_timeout=lock_timeout)
+
+
 def ensure_store(
     root: str | os.PathLike[str] | StoreRoot | StoreFormat,
     manifest: StoreManifest,
@@ -107,6 +130,11 @@ def ensure_store(
         manifest, settings=settings, asked=asked, create=create
     )
 
+
+#: How a commit that makes a chain too long has it compacted: inside the commit (the
+#: default: every version is a commit's), or by a version of its own on a thread
+#: (docs/DECISIONS.md "Compaction").
+COMPACTION_MODES = ("inline", "background")
 
 #: Pending puts handed to the Arrow buffer (``SortedRows``) at a time.
 FLUSH_ROWS = 65_536
@@ -152,6 +180,7 @@ class StoreWriter:
         lock_timeout: float = 30.0,
         who: str | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        compaction: str = "inline",
     ) -> None:
         name = validate_store_name(name)
         self._publisher: Publisher = store_format_of(root).publisher(name)
@@ -161,6 +190,15 @@ class StoreWriter:
         self._partitioner = get_partitioner(self.manifest.partitioner)
         self._window = self.manifest.kind.windowed
         self._lock_timeout = lock_timeout
+        if compaction not in COMPACTION_MODES:
+            raise ValueError(
+                f"store {name!r}: compaction must be one of {list(COMPACTION_MODES)}, "
+                f"got {compaction!r}"
+            )
+        self._compaction = compaction
+        #: The background compaction this writer's commit started (a ``threading.Thread``;
+        #: ``join()`` waits for it), or None.
+        self.compacting: Any = None
         self._who = who or "StoreWriter"
         self._buffers: dict[int, _PartitionBuffer] = {}
         # Pending puts and deletes, in the order written: raw keys, values (None: a
@@ -374,7 +412,9 @@ class StoreWriter:
                         metadata=self._metadata,
                         who=self._who,
                         lock_timeout=self._lock_timeout,
+                        compaction=self._compaction,
                     )
+                    self.compacting = self._publisher.background
         except BaseException:
             self._state = "failed"
             self._discard()

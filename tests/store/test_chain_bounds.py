@@ -329,7 +329,7 @@ def test_failed_compactions_never_publish_a_chain_over_the_bound(objects, tmp_pa
         raise OSError("injected: compaction failed")
 
     with monkeypatch.context() as m:
-        m.setattr(chain_write, "_compact", failing)
+        m.setattr(chain_write, "compact_files", failing)
         for i in range(3):
             with pytest.raises(OSError, match="injected"):
                 commit_version(objects, STORE, record, {0: [(key(100 + i), b"x")]}, cache=cache)

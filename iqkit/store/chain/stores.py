@@ -20,9 +20,9 @@ instead of one losing the race: only writers that cannot share a lock race.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
+import threading
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
@@ -39,18 +39,18 @@ from ...query.position import Position
 from ...query.request import validate_store_name
 from ..cache import FileCache
 from ..format import folder_store_error, is_folder_store
-from ..locking import CommitLock
 from ..manifest import STORE_SETTINGS, StoreManifest, check_same_settings
-from ..names import CHAIN_FORMAT_VERSION, LOCK_FILE, MANIFEST_FILE
+from ..names import CHAIN_FORMAT_VERSION, MANIFEST_FILE
 from ..objects import ObjectStore
-from .records import latest_version, list_versions
+from .compaction import INLINE_COMPACT_AFTER, compact_store, start_background
+from .records import ChainVersion, latest_version, list_versions
 from .retention import collect_chain_garbage
-from .write import commit_version
+from .write import COMPACT_AFTER_DELTAS, chain_commit_lock, commit_version, overlong
 
 __all__ = [
     "ChainPublisher",
     "as_chain_manifest",
-    "chain_commit_lock",
+    "chain_commit_lock",  # write.py's, re-exported: migrate and jobs take it from here
     "chain_store_names",
     "clean_after_publish",
     "ensure_chain_store",
@@ -143,20 +143,6 @@ def ensure_chain_store(
     return check_same_settings(existing, manifest, settings=settings, asked=asked)
 
 
-def chain_commit_lock(
-    objects: ObjectStore, store: str, *, who: str, timeout: float
-) -> contextlib.AbstractContextManager[object]:
-    """What a chain commit holds while it publishes: on a local root the store's commit
-    lock (``locking.CommitLock``, waited for up to ``timeout`` seconds), so local writers
-    and jobs queue instead of one losing the race of the version record's create; on an
-    object root nothing, as the exclusive create alone decides (writers there cannot
-    share a lock)."""
-    local = objects.root.local
-    if local is None:
-        return contextlib.nullcontext()
-    return CommitLock(os.path.join(local, store, LOCK_FILE), store, who=who, timeout=timeout)
-
-
 class Buffered(Protocol):
     """What a writer buffered for one partition (``writer._PartitionBuffer``): its
     changes sorted by raw key, each key once (``None``: a delete)."""
@@ -174,6 +160,7 @@ class ChainPublisher:
         self.objects = objects
         self.store = store
         self.manifest = read_chain_manifest(objects, store)
+        self.background: threading.Thread | None = None
 
     def latest_number(self) -> int | None:
         numbers = list_versions(self.objects, self.store)
@@ -187,13 +174,40 @@ class ChainPublisher:
         metadata: Mapping[str, Any],
         who: str,
         lock_timeout: float,
+        compaction: str = "inline",
     ) -> int:
         """Commit ``buffers`` as the next version; returns its number. On an object
         root the exclusive create of the version record decides a race; on a local root
         the store's commit lock (waited for up to ``lock_timeout`` seconds) serializes
-        writers first (module docstring)."""
+        writers first (module docstring). Chains this version leaves longer than
+        ``COMPACT_AFTER_DELTAS`` are compacted by a version of their own on a thread
+        (``compaction.start_background``; ``compaction="inline"``: by this commit)."""
+        inline = compaction == "inline"
         with chain_commit_lock(self.objects, self.store, who=who, timeout=lock_timeout):
-            return self._publish(buffers, source_end=source_end, metadata=metadata, who=who)
+            record = self._publish(
+                buffers,
+                source_end=source_end,
+                metadata=metadata,
+                who=who,
+                compact_after=COMPACT_AFTER_DELTAS if inline else INLINE_COMPACT_AFTER,
+            )
+        self.background = None
+        if not inline and overlong(record):
+            self.background = start_background(
+                self.objects, self.store, self.manifest, who=who, lock_timeout=lock_timeout
+            )
+        return record.version
+
+    def compact(self, *, who: str, lock_timeout: float) -> int | None:
+        """Every chain with deltas compacted into one base (``compaction.compact_store``)."""
+        return compact_store(
+            self.objects,
+            self.store,
+            self.manifest,
+            who=who,
+            lock_timeout=lock_timeout,
+            partitions=range(self.manifest.partitions),
+        )
 
     def _publish(
         self,
@@ -202,7 +216,8 @@ class ChainPublisher:
         source_end: Position | None,
         metadata: Mapping[str, Any],
         who: str,
-    ) -> int:
+        compact_after: int,
+    ) -> ChainVersion:
         previous = latest_version(self.objects, self.store, partitions=self.manifest.partitions)
         record = commit_version(
             self.objects,
@@ -216,9 +231,10 @@ class ChainPublisher:
             metadata=metadata,
             who=who,
             manifest=self.manifest,
+            compact_after=compact_after,
         )
         clean_after_publish(self.objects, self.store, record.version, self.manifest.retention)
-        return record.version
+        return record
 
 
 def clean_after_publish(objects: ObjectStore, store: str, version: int, retain: int) -> None:

@@ -343,6 +343,8 @@ class ChainVersionWalk:
                 return []  # empty before and after
             self._compared.append(version)
             return None
+        if previous is not None and chain.commit == previous.commit:
+            return []  # no commit wrote here: a compaction's version, or none at all
         if previous is not None and not _extends(previous, chain):
             self._compared.append(version)
             return None

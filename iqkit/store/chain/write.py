@@ -51,8 +51,16 @@ from ...errors import ObjectMissingError
 from ...query.position import Position
 from ..cache import FileCache
 from ..integrity import checksum_file
+from ..locking import CommitLock
 from ..manifest import StoreManifest
-from ..names import CHAIN_SST_DIR, CHAIN_WORK_PREFIX, COMMIT_KEY, META_PREFIX, twin_key
+from ..names import (
+    CHAIN_SST_DIR,
+    CHAIN_WORK_PREFIX,
+    COMMIT_KEY,
+    LOCK_FILE,
+    META_PREFIX,
+    twin_key,
+)
 from ..objects import ObjectStore
 from ..partitions import rocks
 from ..partitions.builds import build_database
@@ -73,10 +81,13 @@ __all__ = [
     "COMPACT_AFTER_DELTAS",
     "Change",
     "commit_partition",
+    "chain_commit_lock",
     "commit_version",
+    "compact_files",
     "overlong",
     "publish_next",
     "sst_key",
+    "upload_file",
     "work_folder",
     "write_arrow_delta",
     "writer_clock",
@@ -322,7 +333,9 @@ def commit_partition(
             rocks.write_changes_sst(delta, _checked(changes, commit))
         if compacting:
             upload = Path(tmp) / "base.sst"
-            _compact(cache, objects, old, delta, Path(tmp) / "db", upload, manifest, rows, twin)
+            compact_files(
+                cache, objects, old, upload, Path(tmp) / "db", manifest, twin, delta, rows
+            )
             kept: tuple[ChainFile, ...] = ()
         else:
             upload, kept = delta, old
@@ -333,36 +346,47 @@ def commit_partition(
                 if not twins.try_write(twins.write_twin_of_rows, twin, manifest, rows):
                     twin = None
         del rows
-        key = sst_key(store, partition, version)
-        checksum = checksum_file(upload)  # of the bytes uploaded (integrity.py)
-        objects.put_immutable(key, upload)
-        twin_size = twin_checksum = None
-        if twin is not None and twin.exists():
-            twin_checksum = checksum_file(twin)
-            objects.put_immutable(twin_key(key), twin)
-            twin_size = twin.stat().st_size
-        new = ChainFile(key, upload.stat().st_size, twin_size, checksum, twin_checksum)
+        new = upload_file(objects, sst_key(store, partition, version), upload, twin)
     return PartitionChain(files=(*kept, new), commit=commit, written_by=version)
 
 
-def _compact(
+def upload_file(objects: ObjectStore, key: str, sst: Path, twin: Path | None) -> ChainFile:
+    """Upload ``sst`` under ``key`` and its twin (when written) beside it; the chain
+    file that lists them, with the checksums of the bytes uploaded (integrity.py)."""
+    checksum = checksum_file(sst)
+    objects.put_immutable(key, sst)
+    twin_size = twin_checksum = None
+    if twin is not None and twin.exists():
+        twin_checksum = checksum_file(twin)
+        objects.put_immutable(twin_key(key), twin)
+        twin_size = twin.stat().st_size
+    return ChainFile(key, sst.stat().st_size, twin_size, checksum, twin_checksum)
+
+
+def compact_files(
     cache: FileCache,
     objects: ObjectStore,
     files: tuple[ChainFile, ...],
-    delta: Path,
-    db_dir: Path,
     base: Path,
+    db_dir: Path,
     manifest: StoreManifest | None,
-    delta_rows: list[Change],
     twin: Path | None,
+    delta: Path | None = None,
+    delta_rows: list[Change] | None = None,
 ) -> None:
-    """Write ``base``: every live row of ``files`` plus ``delta``, no tombstones, and its
-    twin at ``twin`` when asked: merged from the files' twins and the delta's rows when
-    every file has one, else made from the base's rows. The files are read where
-    ``FileCache.sources`` says: in place on a local root, else the cache's copies."""
+    """Write ``base``: every live row of ``files`` (plus a commit's ``delta``), no
+    tombstones, and its twin at ``twin`` when asked: merged from the files' twins (and
+    the delta's rows) when every file has one, else made from the base's rows. The
+    files are read where ``FileCache.sources`` says: in place on a local root, else the
+    cache's copies. A commit compacts inline, ``compaction.compact_store`` on its own."""
+    delta_rows = delta_rows or []
     with cache.sources(objects, [f.name for f in files]) as paths:
-        names = [*(place_on_root(objects, f.name) for f in files), "this commit's delta"]
-        build_database(db_dir, [*paths, delta], names)
+        names = [place_on_root(objects, f.name) for f in files]
+        sources = list(paths)
+        if delta is not None:
+            names.append("this commit's delta")
+            sources.append(delta)
+        build_database(db_dir, sources, names)
     db = rocks.open_for_read(db_dir)
     try:
         if twin is None:
@@ -390,6 +414,20 @@ def _compact(
         rocks.close_quietly(db)
         with contextlib.suppress(OSError):
             shutil.rmtree(db_dir)
+
+
+def chain_commit_lock(
+    objects: ObjectStore, store: str, *, who: str, timeout: float
+) -> contextlib.AbstractContextManager[object]:
+    """What a chain commit holds while it publishes: on a local root the store's commit
+    lock (``locking.CommitLock``, waited for up to ``timeout`` seconds), so local writers
+    and jobs queue instead of one losing the race of the version record's create; on an
+    object root nothing, as the exclusive create alone decides (writers there cannot
+    share a lock)."""
+    local = objects.root.local
+    if local is None:
+        return contextlib.nullcontext()
+    return CommitLock(os.path.join(local, store, LOCK_FILE), store, who=who, timeout=timeout)
 
 
 def overlong(version: ChainVersion | None, compact_after: int = COMPACT_AFTER_DELTAS) -> list[int]:
