@@ -47,8 +47,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import orjson
-
+from iqkit.store.encoding.json_bytes import json_bytes, json_value
 from iqkit.store.encoding.ordered import decode as _ordered_decode
 from iqkit.store.encoding.ordered import encode as _ordered_encode
 from iqkit.store.encoding.ordered import short_repr
@@ -584,61 +583,11 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-_json_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 _json_encode_non_finite = json.JSONEncoder(
     ensure_ascii=False, separators=(",", ":"), allow_nan=True
 ).encode
 _json_decode = json.JSONDecoder().decode
 _json_decode_strict = json.JSONDecoder(parse_constant=_reject_constant).decode
-
-# orjson's fast path, taken only where its bytes and values equal the stdlib's (the
-# stdlib stays the reference: ``JsonSerde``'s docstring says why and where they differ).
-_orjson_dumps = orjson.dumps
-_orjson_loads = orjson.loads
-#: Types orjson writes exactly as the stdlib writes them. Not subclasses (``IntEnum``,
-#: ``numpy.float64``, ``OrderedDict``), nor ``uuid.UUID``, ``enum.Enum``, dataclasses or
-#: datetimes, which orjson writes natively and the stdlib refuses.
-_ORJSON_LEAVES = frozenset({str, int, float, bool, type(None)})
-#: Where orjson spells a float unlike ``repr``: below 1e-4 it writes ``1e-7`` (``repr``:
-#: ``1e-07``) and ``0.00001`` (``repr``: ``1e-05``). Strings that happen to match take
-#: the stdlib path, which is only slower.
-_ORJSON_FLOAT_SPELLING = re.compile(rb"\de-\d(?!\d)|\.0000")
-#: A run of 19 digits may be an int outside orjson's 64 bits, which it reads as a float
-#: (the stdlib: an exact int). Such bytes are read by the stdlib.
-_LONG_DIGITS = re.compile(rb"\d{19}")
-
-
-def _orjson_types(value: Any) -> bool:
-    """Whether every container in ``value`` is an exact ``dict``/``list``/``tuple`` and
-    every leaf an exact ``_ORJSON_LEAVES`` type: the values orjson writes as the stdlib
-    does (dict keys that are not ``str`` make orjson raise, which also falls back). A
-    flat record is checked by one C-level pass over its values."""
-    t = type(value)
-    if t is dict:
-        items: Any = value.values()
-    elif t is list or t is tuple:
-        items = value
-    else:
-        return t in _ORJSON_LEAVES
-    return _ORJSON_LEAVES.issuperset(map(type, items)) or all(map(_orjson_types, items))
-
-
-def _json_bytes(value: Any) -> bytes:
-    """The stdlib's bytes for ``value`` (``_json_encode``), through orjson when that gives
-    the very same bytes: the types it writes alike (``_orjson_types``), no ``null`` in
-    its output (orjson writes NaN and infinities as ``null``, which the stdlib refuses:
-    a ``None`` in the value only costs the slower path) and no float spelled otherwise.
-    Anything orjson refuses (an int past 64 bits, a non-``str`` dict key, a lone
-    surrogate, nesting past 254 levels) is left to the stdlib, which raises or writes it
-    as it always did."""
-    try:
-        if _orjson_types(value):
-            data = _orjson_dumps(value)
-            if b"null" not in data and _ORJSON_FLOAT_SPELLING.search(data) is None:
-                return data
-    except (TypeError, RecursionError):  # orjson.JSONEncodeError is a TypeError
-        pass
-    return _json_encode(value).encode("utf-8")
 
 
 class JsonSerde(Serde):
@@ -656,10 +605,8 @@ class JsonSerde(Serde):
 
     The bytes are the stdlib ``json`` module's, to the byte (a JSON *key*'s bytes are its
     identity: a store written before must still find its keys), and so are the values
-    read back; orjson (about 8x faster) computes both wherever it agrees with the
-    stdlib (``_json_bytes``; reading: ``bytes`` without a 19-digit run, and orjson
-    accepting them), the stdlib everywhere else. One difference is kept: orjson reads
-    arrays and objects nested deeper than the stdlib's recursion limit.
+    read back: :mod:`iqkit.store.encoding.json_bytes` computes them with orjson where it
+    agrees with the stdlib, with the stdlib everywhere else.
     """
 
     __slots__ = ()
@@ -670,7 +617,7 @@ class JsonSerde(Serde):
 
     def serialize(self, value: Any) -> bytes:
         try:
-            return _json_bytes(value)
+            return json_bytes(value)
         except (TypeError, ValueError, RecursionError) as exc:
             raise self._encode_error(value, exc) from None
 
@@ -694,13 +641,8 @@ class JsonSerde(Serde):
         return self._value_error(value, str(exc))
 
     def deserialize(self, data: bytes) -> Any:
-        if type(data) is bytes and _LONG_DIGITS.search(data) is None:
-            try:
-                return _orjson_loads(data)
-            except orjson.JSONDecodeError:
-                pass  # NaN/Infinity tokens, lone surrogates, bad bytes: the stdlib says
         try:
-            return _json_decode(str(data, "utf-8"))
+            return json_value(data)
         except UnicodeDecodeError as exc:
             raise self._malformed(data, f"invalid UTF-8 at byte {exc.start}") from None
         except ValueError as exc:
