@@ -16,7 +16,6 @@ limit, which the stdlib refused with a ``RecursionError``.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
@@ -27,47 +26,56 @@ _stdlib_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), all
 _stdlib_decode = json.JSONDecoder().decode
 _orjson_dumps = orjson.dumps
 _orjson_loads = orjson.loads
-#: Types orjson writes exactly as the stdlib writes them. Not subclasses (``IntEnum``,
-#: ``numpy.float64``, ``OrderedDict``), nor ``uuid.UUID``, ``enum.Enum``, dataclasses or
-#: datetimes, which orjson writes natively and the stdlib refuses.
-_ORJSON_LEAVES = frozenset({str, int, float, bool, type(None)})
-#: Where orjson spells a float unlike ``repr``: below 1e-4 it writes ``1e-7`` (``repr``:
-#: ``1e-07``) and ``0.00001`` (``repr``: ``1e-05``). Strings that happen to match take
-#: the stdlib path, which is only slower.
-_ORJSON_FLOAT_SPELLING = re.compile(rb"\de-\d(?!\d)|\.0000")
-#: A run of 19 digits may be an int outside orjson's 64 bits, which it reads as a float
-#: (the stdlib: an exact int). Such bytes are read by the stdlib.
-_LONG_DIGITS = re.compile(rb"\d{19}")
+#: Leaf types orjson writes exactly as the stdlib writes them (floats: ``_orjson_safe``).
+#: Not subclasses (``IntEnum``, ``numpy.float64``, ``OrderedDict``), nor ``uuid.UUID``,
+#: ``enum.Enum``, dataclasses or datetimes, which orjson writes natively and the stdlib
+#: refuses.
+_ORJSON_LEAVES = frozenset({str, int, bool, type(None)})
+_INF = float("inf")
+#: Digits, all made ``0``: a run of 19 may be an int outside orjson's 64 bits, which it
+#: reads as a float (the stdlib: an exact int); such bytes are read by the stdlib. Found
+#: by ``translate`` and ``find`` (a regular expression cost three times as much).
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_NINETEEN_DIGITS = b"0" * 19
 
 
-def _orjson_types(value: Any) -> bool:
-    """Whether every container in ``value`` is an exact ``dict``/``list``/``tuple`` and
-    every leaf an exact ``_ORJSON_LEAVES`` type: the values orjson writes as the stdlib
-    does (dict keys that are not ``str`` make orjson raise, which also falls back). A
-    flat record is checked by one C-level pass over its values."""
+def _orjson_safe(value: Any) -> bool:
+    """Whether orjson writes ``value`` as the stdlib does: every container an exact
+    ``dict``/``list``/``tuple``, every leaf an exact ``_ORJSON_LEAVES`` type or a float
+    that is 0 or finite with ``abs >= 1e-4`` (below, orjson spells ``1e-7`` and
+    ``0.00001`` where ``repr`` spells ``1e-07`` and ``1e-05``; NaN and infinities orjson
+    writes as ``null``, which the stdlib refuses). Non-``str`` dict keys and ints past 64
+    bits make orjson raise, which also falls back."""
     t = type(value)
     if t is dict:
         items: Any = value.values()
     elif t is list or t is tuple:
         items = value
+    elif t is float:
+        return 1e-4 <= value < _INF or -_INF < value <= -1e-4 or value == 0.0
     else:
         return t in _ORJSON_LEAVES
-    return _ORJSON_LEAVES.issuperset(map(type, items)) or all(map(_orjson_types, items))
+    for item in items:  # a flat record's leaves without a call each
+        t = type(item)
+        if t is str or t is int:
+            continue
+        if t is float:
+            if 1e-4 <= item < _INF or -_INF < item <= -1e-4 or item == 0.0:
+                continue
+            return False
+        if not _orjson_safe(item):
+            return False
+    return True
 
 
 def json_bytes(value: Any) -> bytes:
-    """The stdlib's bytes for ``value`` (``_stdlib_encode``), through orjson when that gives
-    the very same bytes: the types it writes alike (``_orjson_types``), no ``null`` in
-    its output (orjson writes NaN and infinities as ``null``, which the stdlib refuses:
-    a ``None`` in the value only costs the slower path) and no float spelled otherwise.
-    Anything orjson refuses (an int past 64 bits, a non-``str`` dict key, a lone
-    surrogate, nesting past 254 levels) is left to the stdlib, which raises or writes it
-    as it always did."""
+    """The stdlib's bytes for ``value`` (``_stdlib_encode``), through orjson when that
+    gives the very same bytes (``_orjson_safe``). Anything orjson refuses (an int past 64
+    bits, a non-``str`` dict key, a lone surrogate, nesting past 254 levels) is left to
+    the stdlib, which raises or writes it as it always did."""
     try:
-        if _orjson_types(value):
-            data = _orjson_dumps(value)
-            if b"null" not in data and _ORJSON_FLOAT_SPELLING.search(data) is None:
-                return data
+        if _orjson_safe(value):
+            return _orjson_dumps(value)
     except (TypeError, RecursionError):  # orjson.JSONEncodeError is a TypeError
         pass
     return _stdlib_encode(value).encode("utf-8")
@@ -78,7 +86,7 @@ def json_value(data: bytes) -> Any:
     tokens accepted), through orjson when ``data`` is ``bytes`` with no 19-digit run and
     orjson reads it; errors are the stdlib's (``UnicodeDecodeError``, ``ValueError``,
     ``TypeError`` for a ``str``)."""
-    if type(data) is bytes and _LONG_DIGITS.search(data) is None:
+    if type(data) is bytes and data.translate(_DIGITS_AS_ZERO).find(_NINETEEN_DIGITS) < 0:
         try:
             return _orjson_loads(data)
         except orjson.JSONDecodeError:
