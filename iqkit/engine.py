@@ -50,7 +50,7 @@ from .store.format import (
 from .store.formats import format_for
 from .store.inputs import is_up_to, offset_lag
 from .store.manifest import StoreManifest
-from .store.partitions.layers import Trace, TypedKeyValueLayer, twin_scans_enabled
+from .store.partitions.layers import Trace, twin_scans_enabled
 from .store.roots import parse_root
 from .store.versions import VERSION_QUERIES, Timeline, VersionNotRetained, VersionReader
 
@@ -73,6 +73,7 @@ class _StoreView:
         self.snapshot = snapshot
         self.manifest = snapshot.manifest
         self.key_serde = get_serde(self.manifest.key_serde)
+        self.partitions = self.manifest.partitions
         self.partitioner = partitioner
         self.routes_keys = self.partitioner.routes_keys
         self.query_types = self.manifest.kind.query_types
@@ -80,7 +81,7 @@ class _StoreView:
         #: key-value store whose partitioner routes keys, on a snapshot that serves them.
         self.looks_up_keys = (
             self.routes_keys and KeyQuery in self.query_types and snapshot.serves_key_lookups
-        )
+        )  # and so its open partitions' layers are ``TypedKeyValueLayer``s
 
 
 class StateEngine:
@@ -251,22 +252,17 @@ class StateEngine:
         then runs it and makes any failure the partition's result."""
         snapshot = view.snapshot
         try:
-            record = snapshot.current()
-            if record is None:
+            if snapshot.current() is None:
                 return None
             key_bytes = view.key_serde.serialize(query.key)
-            p = view.partitioner.partition(key_bytes, view.manifest.partitions)
+            p = view.partitioner.partition(key_bytes, view.partitions)
             entry = snapshot.hot_partition(p)
             if entry is None:
                 return None
-            layers = entry.layers
-            assert isinstance(layers, TypedKeyValueLayer)
-            value = layers.execute_key(key_bytes, query.is_skip_cache)
+            value = entry.layers.execute_key(key_bytes, query.is_skip_cache)
         except (IqkitError, TypeError, ValueError):
             return None
-        result: StateQueryResult = StateQueryResult()
-        result.add_result(p, QueryResult.for_result(value, position=entry.position))
-        return result
+        return StateQueryResult._of_one(p, QueryResult.for_result(value, position=entry.position))
 
     def _query(self, view: _StoreView, request: StateQueryRequest) -> StateQueryResult:
         record = view.snapshot.served()

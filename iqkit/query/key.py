@@ -30,12 +30,20 @@ class KeyQuery(_ImmutableQuery[V | None], Generic[K, V]):
     def with_key(cls, key: K) -> KeyQuery[K, Any]:
         """A query for the value of ``key`` (``None`` raises ``ValueError``)."""
         require_key(key, "KeyQuery")
-        return cls._build(key=key, skip_cache=False)
+        return cls._of(key, False)
+
+    @classmethod
+    def _of(cls, key: Any, skip_cache: bool) -> KeyQuery[Any, Any]:
+        # ``_build`` with the two fields set directly: a notebook loop builds one per key.
+        obj = object.__new__(cls)
+        object.__setattr__(obj, "_key", key)
+        object.__setattr__(obj, "_skip_cache", skip_cache)
+        return obj
 
     def skip_cache(self) -> KeyQuery[K, V]:
         """A copy that reads the store itself, bypassing any cache layer (Kafka's
         ``KeyQuery.skipCache``), e.g. to check what was really committed."""
-        return self._replace(skip_cache=True)
+        return self._of(self._key, True)
 
     @property
     def key(self) -> K:

@@ -203,6 +203,10 @@ class Position:
         return (Position.from_map, (self.to_map(),))
 
 
+#: ``PositionBound.unbounded()``, made once per class.
+_UNBOUNDED: dict[type, Any] = {}
+
+
 class PositionBound:
     """The position a store partition must have reached to serve a query.
 
@@ -220,8 +224,12 @@ class PositionBound:
 
     @classmethod
     def unbounded(cls) -> PositionBound:
-        """A bound any partition satisfies, however far behind it is."""
-        return cls.at(Position.empty())
+        """A bound any partition satisfies, however far behind it is (one shared
+        instance: bounds are immutable, and every request starts with this one)."""
+        bound = _UNBOUNDED.get(cls)
+        if bound is None:
+            bound = _UNBOUNDED[cls] = cls.at(Position.empty())
+        return bound
 
     @classmethod
     def at(cls, position: Position) -> PositionBound:

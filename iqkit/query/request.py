@@ -24,6 +24,15 @@ R = TypeVar("R")
 MAX_STORE_NAME_BYTES = 255
 
 
+#: Path separators a store name must not contain, sorted (the first one found is named).
+_SEPARATORS = tuple(sorted({"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())))
+#: Names that passed ``validate_store_name``: a notebook loop builds a request per key,
+#: and checking the same name each time was a fifth of a warm key lookup. Cleared when
+#: full, so it stays small whatever a process names.
+_VALID_NAMES: set[str] = set()
+_VALID_NAMES_LIMIT = 1024
+
+
 def validate_store_name(name: str) -> str:
     """Return ``name`` if it can safely be a store's folder name, else raise.
 
@@ -34,12 +43,13 @@ def validate_store_name(name: str) -> str:
     255 bytes (the longest folder name file systems take).
     A non-``str`` is a ``TypeError``.
     """
+    if type(name) is str and name in _VALID_NAMES:
+        return name
     if not isinstance(name, str):
         raise TypeError(f"store name must be a str, got {type(name).__name__}")
     if not name:
         raise ValueError("store name must not be empty")
-    separators = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
-    bad = sorted(s for s in separators if s in name)
+    bad = [s for s in _SEPARATORS if s in name]
     if bad:
         raise ValueError(f"store name {name!r} must not contain a path separator ({bad[0]!r})")
     if ".." in name or name.startswith("."):
@@ -58,6 +68,10 @@ def validate_store_name(name: str) -> str:
             f"store name {name[:20]!r}... is {size} bytes long; a folder name holds at most "
             f"{MAX_STORE_NAME_BYTES}"
         )
+    if type(name) is str:  # not a str subclass: its == or hash could say anything
+        if len(_VALID_NAMES) >= _VALID_NAMES_LIMIT:
+            _VALID_NAMES.clear()
+        _VALID_NAMES.add(name)
     return name
 
 
@@ -86,14 +100,7 @@ class InStore:
 
     def with_query(self, query: Query[R]) -> StateQueryRequest[R]:
         """The request running ``query`` on every partition of the store."""
-        return StateQueryRequest._make(
-            store_name=self._store_name,
-            query=query,
-            partitions=None,
-            position_bound=PositionBound.unbounded(),
-            require_active=False,
-            execution_info=False,
-        )
+        return StateQueryRequest._plain(self._store_name, query)
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
         raise AttributeError("InStore is immutable")
@@ -162,6 +169,30 @@ class StateQueryRequest(Generic[R]):
             and not values["require_active"]
             and not values["execution_info"],
         )
+        return obj
+
+    @classmethod
+    def _plain(cls, store_name: str, query: Query[R]) -> StateQueryRequest[R]:
+        """``_make`` with every default (what ``with_query`` builds, once per key in a
+        notebook loop): the same fields, set directly."""
+        if not isinstance(query, Query):
+            return cls._make(
+                store_name=store_name,
+                query=query,
+                partitions=None,
+                position_bound=PositionBound.unbounded(),
+                require_active=False,
+                execution_info=False,
+            )  # raises the usual TypeError
+        obj = object.__new__(cls)
+        set_ = object.__setattr__
+        set_(obj, "_store_name", store_name)
+        set_(obj, "_query", query)
+        set_(obj, "_partitions", None)
+        set_(obj, "_position_bound", PositionBound.unbounded())
+        set_(obj, "_require_active", False)
+        set_(obj, "_execution_info", False)
+        set_(obj, "_uses_defaults", True)
         return obj
 
     def _replace(self, **changes: Any) -> StateQueryRequest[R]:

@@ -322,6 +322,15 @@ class StateQueryResult(Generic[R]):
     def __init__(self) -> None:
         self._results: dict[int, QueryResult[R]] = {}
 
+    @classmethod
+    def _of_one(cls, partition: int, query_result: QueryResult[R]) -> StateQueryResult[R]:
+        """The answer of one partition, for a caller whose ``partition`` is a plain int
+        ``>= 0`` and ``query_result`` a ``QueryResult`` (the engine's key lookups): what
+        ``add_result`` would check, known already."""
+        obj = object.__new__(cls)
+        obj._results = {partition: query_result}
+        return obj
+
     def add_result(self, partition: int, query_result: QueryResult[R]) -> None:
         """Record ``query_result`` as the answer of store partition ``partition``."""
         is_int = type(partition) is int or (  # the plain int first: the usual case

@@ -47,6 +47,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from iqkit.store.encoding.json_bytes import json_bytes, json_value
 from iqkit.store.encoding.ordered import decode as _ordered_decode
 from iqkit.store.encoding.ordered import encode as _ordered_encode
 from iqkit.store.encoding.ordered import short_repr
@@ -582,7 +583,6 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-_json_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 _json_encode_non_finite = json.JSONEncoder(
     ensure_ascii=False, separators=(",", ":"), allow_nan=True
 ).encode
@@ -602,6 +602,11 @@ class JsonSerde(Serde):
     as a *key* serde, ``{"a":1,"b":2}`` and ``{"b":2,"a":1}`` are different keys.
     ``None`` serializes to ``b"null"``; what a ``None`` value means (a delete) is the
     store's decision, not the serde's.
+
+    The bytes are the stdlib ``json`` module's, to the byte (a JSON *key*'s bytes are its
+    identity: a store written before must still find its keys), and so are the values
+    read back: :mod:`iqkit.store.encoding.json_bytes` computes them with orjson where it
+    agrees with the stdlib, with the stdlib everywhere else.
     """
 
     __slots__ = ()
@@ -612,7 +617,7 @@ class JsonSerde(Serde):
 
     def serialize(self, value: Any) -> bytes:
         try:
-            return _json_encode(value).encode("utf-8")
+            return json_bytes(value)
         except (TypeError, ValueError, RecursionError) as exc:
             raise self._encode_error(value, exc) from None
 
@@ -637,7 +642,7 @@ class JsonSerde(Serde):
 
     def deserialize(self, data: bytes) -> Any:
         try:
-            return _json_decode(str(data, "utf-8"))
+            return json_value(data)
         except UnicodeDecodeError as exc:
             raise self._malformed(data, f"invalid UTF-8 at byte {exc.start}") from None
         except ValueError as exc:

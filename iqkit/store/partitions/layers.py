@@ -531,12 +531,18 @@ class TypedKeyValueLayer(_TypedLayer):
         """An untraced KeyQuery whose key the engine already serialized (to route it): the
         engine's key-lookup path."""
         key = keyspace.DATA_PREFIX + key_bytes
+        caching = self.inner
         if skip_cache:
-            # What the caching and RocksDB layers do here, without their two calls: a
-            # skipped cache passes the key down and an untraced RocksDB layer only reads.
-            raw = self.inner.inner.partition.get(key)
+            # What the caching and RocksDB layers do here, without their calls: a skipped
+            # cache passes the key down and an untraced RocksDB layer only reads; else
+            # the cache answers, or the partition's value is read and remembered.
+            raw = caching.inner.partition.get(key)
         else:
-            raw = self.inner.get(key, _UNTRACED, False)
+            cache = caching.cache
+            raw = cache.lookup(key)
+            if raw is _MISSING:
+                raw = caching.inner.partition.get(key)
+                cache.store(key, raw)
         return None if raw is None else self.value_de(raw)
 
     def _key(self, query: KeyQuery, trace: Trace) -> Any:
