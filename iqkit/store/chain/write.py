@@ -47,7 +47,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ...errors import ObjectMissingError
+from ...errors import IqkitError, ObjectMissingError
 from ...query.position import Position
 from ..cache import FileCache
 from ..integrity import checksum_file
@@ -318,7 +318,8 @@ def commit_partition(
                 assert manifest is not None
                 from ..columnar import twins  # pyarrow: imported by writers only
 
-                if not twins.try_write(twins.write_twin_of_rows, twin, manifest, rows):
+                deletes = _position_deletes(cache, objects, old, manifest, rows)
+                if not twins.try_write(twins.write_twin_of_rows, twin, manifest, rows, deletes):
                     twin = None
         del rows
         key = sst_key(store, partition, version)
@@ -331,6 +332,34 @@ def commit_partition(
             twin_size = twin.stat().st_size
         new = ChainFile(key, upload.stat().st_size, twin_size, checksum, twin_checksum)
     return PartitionChain(files=(*kept, new), commit=commit, written_by=version)
+
+
+def _position_deletes(
+    cache: FileCache,
+    objects: ObjectStore,
+    old: tuple[ChainFile, ...],
+    manifest: StoreManifest,
+    rows: list[Change],
+) -> dict[bytes, bytes] | None:
+    """The position deletes the delta's twin carries for the older files ``old``
+    (``columnar/deletes.py``), or None: no older file, one without a twin a reader may
+    be handed, or one that cannot be read (readers then merge on keys, as before; a
+    commit never fails for want of them)."""
+    if not old or not all(f.twin_readable for f in old):
+        return None
+    import pyarrow as pa
+
+    from ..columnar import deletes  # pyarrow: imported by writers only
+
+    if not deletes.writing_enabled():
+        return None
+    try:
+        with cache.sources(objects, [f.twin_name for f in old if f.twin_name]) as paths:
+            check_twins(objects, old, [os.fspath(p) for p in paths])  # integrity.py
+            older = [(f.name, p) for f, p in zip(old, paths, strict=True)]
+            return deletes.superseded_metadata(manifest, older, [k for k, _ in rows])
+    except (IqkitError, OSError, ValueError, pa.ArrowException):
+        return None
 
 
 def _compact(

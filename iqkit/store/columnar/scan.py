@@ -37,6 +37,7 @@ from ...errors import StoreCorruptedError
 from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
 from ..rows import VALUE
+from .deletes import Superseded, read_superseded
 from .shaping import _assemble, _Column, _unified_type
 from .twins import DELETED, JSON_TEXT, KEY_BYTES, KEY_FROM, LAYOUT, key_bounds, key_bytes
 
@@ -54,6 +55,8 @@ class _File:
     key_from: str | None = None
     #: The groups whose keys all lie within the scan's bounds (by their statistics).
     inside: frozenset[int] = frozenset()
+    #: The rows of each of its row groups.
+    group_rows: tuple[int, ...] = ()
 
 
 #: Opens a twin's local path for reading, for a ``with`` block.
@@ -219,7 +222,10 @@ class TwinScan:
             groups = footer.overlapping(lower, upper)
             self.groups_total += len(footer.groups)
             inside = frozenset(g for g in groups if _within(footer.groups[g][1], lower, upper))
-            self.files.append(_File(name, local, footer.schema, groups, footer.key_from, inside))
+            rows = tuple(n for n, _ in footer.groups)
+            self.files.append(
+                _File(name, local, footer.schema, groups, footer.key_from, inside, rows)
+            )
         self.columns = None if columns is None else list(columns)
         #: Set by ``close``: the scan yields nothing more (its engine was closed).
         self.closed = False
@@ -333,6 +339,25 @@ class TwinScan:
             if parts:
                 return pa.concat_tables(parts)
             return _live(self._bounded(self._read(self.files[0], [])))
+        deletes = read_superseded(
+            self.files[-1].schema.metadata,
+            [(f.path, sum(f.group_rows)) for f in self.files[:-1]],
+        )
+        if deletes is not None:  # the newest twin says which older rows are dead
+            kept = [
+                self._bounded(_alive(self._read(f, f.groups), f, deletes, i))
+                for i, f in enumerate(self.files)
+            ]
+        else:  # an earlier iqkit's chain: merged on keys
+            kept = self._merged_on_keys()
+        merged = _live(_unify_tables(kept))
+        order = pc.sort_indices(
+            merged, sort_keys=[(KEY_BYTES, "descending" if self.reverse else "ascending")]
+        )
+        return merged.take(order)
+
+    def _merged_on_keys(self) -> list[pa.Table]:
+        """Each file's rows that no newer file has the key of (``is_in``)."""
         tables = [self._bounded(self._read(f, f.groups)) for f in self.files]
         newer: pa.Array | None = None
         kept: list[pa.Table] = []
@@ -343,11 +368,7 @@ class TwinScan:
             newer = keys if newer is None else pa.concat_arrays([newer, keys])
             kept.append(table)
         kept.reverse()
-        merged = _live(_unify_tables(kept))
-        order = pc.sort_indices(
-            merged, sort_keys=[(KEY_BYTES, "descending" if self.reverse else "ascending")]
-        )
-        return merged.take(order)
+        return kept
 
     @staticmethod
     def stored_rows(table: pa.Table, value_serde: Any) -> list[tuple[bytes, bytes]]:
@@ -374,6 +395,18 @@ def _damage(name: str) -> Iterator[None]:
         yield
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise StoreCorruptedError(f"columnar twin {name} cannot be read: {exc}") from None
+
+
+def _alive(table: pa.Table, f: _File, deletes: Superseded, i: int) -> pa.Table:
+    """``table`` (row groups ``f.groups`` of the ``i``-th file of a chain) without the
+    rows the chain's position deletes say a newer file supersedes (the newest file
+    has none)."""
+    mask = deletes.mask(i) if i < len(deletes.bitmaps) else None
+    if mask is None or not f.groups:
+        return table
+    starts = np.cumsum((0, *f.group_rows))
+    positions = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in f.groups])
+    return table.filter(pa.array(mask[positions]))
 
 
 def _live(table: pa.Table) -> pa.Table:

@@ -281,9 +281,14 @@ def write_twin_of_rows(
     path: str | os.PathLike[str],
     manifest: StoreManifest,
     rows: Sequence[tuple[bytes, bytes | None]],
+    metadata: dict[bytes, bytes] | None = None,
 ) -> int:
-    """Write the twin of an SST holding ``rows`` (``twin_table``) at ``path``."""
-    return write_twin(path, twin_table(manifest, rows))
+    """Write the twin of an SST holding ``rows`` (``twin_table``) at ``path``, with
+    ``metadata`` added to its schema's (a delta's position deletes, ``deletes.py``)."""
+    table = twin_table(manifest, rows)
+    if metadata:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    return write_twin(path, table)
 
 
 def twin_table_columns(p: int, table: pa.Table) -> dict[str, _Column]:
