@@ -17,8 +17,9 @@ that process, against DuckDB over ``live.parquet`` (fresh connection each run) a
 ``pyarrow.parquet.read_table`` of it; prints a Markdown table of medians and ratios.
 
 ``candidates`` times the merge alone, in DuckDB over the twin files of the latest
-version: today's key anti join (the view of ``sqlsession/twins.py``) against position
-deletes (the view with deletes files, ``columnar/deletes.py``).
+version: the key anti join (``sqlsession/twins.py`` for chains of an earlier iqkit)
+against position deletes joined three ways (the bitmap join is what the view does,
+``columnar/deletes.py``), and two floors (no merge at all).
 """
 
 from __future__ import annotations
@@ -99,110 +100,154 @@ import json, sys, time
 t0 = time.perf_counter()
 import iqkit
 from iqkit.tables import store_batches
-root, what, repeat = sys.argv[1], sys.argv[2], int(sys.argv[3])
+root, what, repeat, query, store = sys.argv[1:]
 def once():
     if what == "sql":
-        return iqkit.sql(QUERY, root=root).sort_values("region").values.tolist()
+        return iqkit.sql(query, root=root).sort_values("region").values.tolist()
     with iqkit.open(root) as e:
-        return store_batches(e, STORE).read_all().num_rows
-first_out = once()
+        return store_batches(e, store).read_all().num_rows
+once()
 first = time.perf_counter() - t0
 warm = []
-for _ in range(repeat):
-    t = time.perf_counter(); out = once(); warm.append(time.perf_counter() - t)
-print(json.dumps({"first": first, "warm": sorted(warm)[len(warm) // 2], "out": repr(first_out)[:200]}))
+for _ in range(int(repeat)):
+    t = time.perf_counter()
+    once()
+    warm.append(time.perf_counter() - t)
+print(json.dumps({"first": first, "warm": sorted(warm)[len(warm) // 2]}))
+"""
+
+_REFERENCE = r"""
+import json, sys, time
+t0 = time.perf_counter()
+path, what, repeat, query = sys.argv[1:]
+if what == "sql":
+    import duckdb
+    f = lambda: duckdb.connect().sql(query.format(path=path)).fetchall()
+else:
+    import pyarrow.parquet as pq
+    f = lambda: pq.read_table(path).num_rows
+f()
+first = time.perf_counter() - t0
+warm = []
+for _ in range(int(repeat)):
+    t = time.perf_counter()
+    f()
+    warm.append(time.perf_counter() - t)
+print(json.dumps({"first": first, "warm": sorted(warm)[len(warm) // 2]}))
 """
 
 
-def _child(root: str, what: str, repeat: int) -> dict:
-    code = f"QUERY = {QUERY!r}\nSTORE = {STORE!r}\n" + _CHILD
+def _child(code: str, args: list[str]) -> dict:
+    """Run ``code`` in a fresh process with an empty ``IQKIT_CACHE``; its JSON line."""
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "IQKIT_CACHE": cache}
         out = subprocess.run(
-            [sys.executable, "-c", code, root, what, str(repeat)],
-            env=env, capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True
+        )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _reference(root: str, what: str, repeat: int) -> tuple[float, float]:
-    """DuckDB (or pyarrow) over live.parquet: the first run in a fresh child process
-    (import included, like iqkit's), and the median warm run."""
-    path = os.path.join(root, "live.parquet")
-    code = (
-        "import sys, time, json\nt0 = time.perf_counter()\n"
-        + (
-            f"import duckdb\nf = lambda: duckdb.connect().sql({REF.format(path=path)!r}).fetchall()\n"
-            if what == "sql"
-            else f"import pyarrow.parquet as pq\nf = lambda: pq.read_table({path!r}).num_rows\n"
-        )
-        + "f(); first = time.perf_counter() - t0\nw = []\n"
-        + f"for _ in range({repeat}):\n    t = time.perf_counter(); f(); w.append(time.perf_counter() - t)\n"
-        + "print(json.dumps([first, sorted(w)[len(w) // 2]]))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    first, warm = json.loads(out.stdout)
-    return first, warm
-
-
 def run(root: str, repeat: int) -> None:
+    path = os.path.join(root, "live.parquet")
     rows = []
     for what, label in (("sql", "`iqkit.sql` aggregate"), ("arrow", "whole store to Arrow")):
-        firsts, warms, rfirsts, rwarms = [], [], [], []
+        got: dict[str, list[float]] = {"first": [], "warm": [], "rfirst": [], "rwarm": []}
         for _ in range(repeat):  # alternating, so load changes favour neither side
-            r = _child(root, what, repeat)
-            firsts.append(r["first"])
-            warms.append(r["warm"])
-            rf, rw = _reference(root, what, repeat)
-            rfirsts.append(rf)
-            rwarms.append(rw)
-        med = statistics.median
-        rows.append((f"{label}, first (fresh process)", med(firsts), med(rfirsts)))
-        rows.append((f"{label}, warm (same process)", med(warms), med(rwarms)))
+            a = _child(_CHILD, [root, what, str(repeat), QUERY, STORE])
+            b = _child(_REFERENCE, [path, what, str(repeat), REF])
+            got["first"].append(a["first"])
+            got["warm"].append(a["warm"])
+            got["rfirst"].append(b["first"])
+            got["rwarm"].append(b["warm"])
+        med = {k: statistics.median(v) for k, v in got.items()}
+        rows.append((f"{label}, first (fresh process)", med["first"], med["rfirst"]))
+        rows.append((f"{label}, again (same process)", med["warm"], med["rwarm"]))
     print("| | iqkit | reference | ratio |\n|---|---|---|---|")
     for label, a, b in rows:
         print(f"| {label} | {a:.3f} s | {b:.3f} s | {a / b:.2f}× |")
 
 
 def candidates(root: str, repeat: int) -> None:
-    """The merge alone in DuckDB over the latest version's twins (module docstring)."""
+    """The merge alone, in DuckDB over the latest version's twins: each candidate's SQL
+    aggregated as ``QUERY`` is, against DuckDB over ``live.parquet``. Positions are
+    computed here from the twins' keys (whatever wrote the store)."""
     import duckdb
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
     import iqkit
-    from iqkit.sqlsession.twins import twin_view
+    from iqkit.sqlsession.twins import _key_branches, _lookup
+    from iqkit.store.columnar.columns import twin_columns
 
-    def time_sql(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[float, object]:
+    con = duckdb.connect()
+
+    def timed(sql: str) -> tuple[float, list]:
         q = f"SELECT region, sum(total), count(*) FROM ({sql}) GROUP BY region ORDER BY region"
         out = con.sql(q).fetchall()
-        ts = []
+        times = []
         for _ in range(repeat):
             t = time.perf_counter()
             out = con.sql(q).fetchall()
-            ts.append(time.perf_counter() - t)
-        return statistics.median(ts), out
+            times.append(time.perf_counter() - t)
+        return statistics.median(times), [r[2] for r in out]
 
-    con = duckdb.connect()
-    path = os.path.join(root, "live.parquet")
-    ref, expected = time_sql(con, f"SELECT * FROM read_parquet('{path}')")
+    ref, want = timed(f"SELECT * FROM read_parquet('{os.path.join(root, 'live.parquet')}')")
     print(f"| merge | seconds | ratio |\n|---|---|---|\n| reference | {ref:.3f} | 1.00× |")
     with iqkit.open(root) as engine:
-        from iqkit.sqlsession.session import _twin_files  # type: ignore[attr-defined]
-
-        files = _twin_files(engine, STORE)
-        for label, legacy in (("key anti join", True), ("position deletes", False)):
-            view = twin_view(con, STORE, files, positions=not legacy, keep=True)
-            assert view is not None
-            t, out = time_sql(con, view.sql)
-            ok = "" if _close(out, expected) else " (WRONG ROWS)"
-            print(f"| {label}{ok} | {t:.3f} | {t / ref:.2f}× |")
+        files = engine.twin_files(STORE)
+        assert files is not None
+        chains = files.partitions
+        paths, parts, dead = [], [], {}
+        for p, chain in sorted(chains.items()):
+            keys = [pq.read_table(f.path, columns=["key"]).column("key") for f in chain]
+            newer = None
+            for i in range(len(chain) - 1, -1, -1):
+                k = keys[i].combine_chunks()
+                if newer is not None:
+                    hit = pc.is_in(k, value_set=newer).to_numpy(zero_copy_only=False)
+                    dead[len(paths) + i] = hit
+                newer = k if newer is None else pa.concat_arrays([newer, k])
+            paths += [f.path for f in chain]
+            parts += [p] * len(chain)
+        files_sql = ", ".join(f"'{x}'" for x in paths)
+        src = f"read_parquet([{files_sql}], file_row_number = true)"
+        part = _lookup(parts)
+        g = "CAST(file_index AS BIGINT) * 4294967296 + file_row_number"
+        ints = np.concatenate([f * (1 << 32) + np.flatnonzero(m) for f, m in dead.items()])
+        con.register("dead_rows", pa.table({"g": ints}))
+        masks = [(f, np.packbits(m).tobytes()) for f, m in dead.items()]
+        con.register("masks", pa.table({"f": [f for f, _ in masks], "m": [m for _, m in masks]}))
+        cases = {
+            "(a) key anti join (today)": " UNION ALL BY NAME ".join(
+                _key_branches(chains, twin_columns(chains, files.layout))
+            ),
+            "(b1) positions: anti join on (file, row)": (
+                f"SELECT {part} AS partition, o.* FROM {src} o WHERE NOT __deleted AND NOT "
+                f"EXISTS (SELECT 1 FROM dead_rows d WHERE d.g = {g})"
+            ),
+            "(b2) positions: int64 ANTI JOIN": (
+                f"SELECT o.* FROM (SELECT {part} AS partition, {g} AS g, * FROM {src} "
+                f"WHERE NOT __deleted) o ANTI JOIN dead_rows d ON d.g = o.g"
+            ),
+            "(b3) positions: per-file bitmap, get_bit (chosen)": (
+                f"SELECT {part} AS partition, o.* FROM {src} o LEFT JOIN (SELECT f, "
+                f"CAST(m AS BIT) AS m FROM masks) k ON k.f = o.file_index WHERE NOT "
+                f"__deleted AND (k.m IS NULL OR get_bit(k.m, CAST(file_row_number AS INTEGER)) = 0)"
+            ),
+            "floor: every file, no merge (wrong rows)": (
+                f"SELECT * FROM read_parquet([{files_sql}]) WHERE NOT __deleted"
+            ),
+            "floor: the bases alone (wrong rows)": "SELECT * FROM read_parquet(["
+            + ", ".join(f"'{c[0].path}'" for _, c in sorted(chains.items()))
+            + "]) WHERE NOT __deleted",
+        }
+        for label, sql in cases.items():
+            t, counts = timed(sql)
+            flag = "" if counts == want or "floor" in label else " WRONG ROWS"
+            print(f"| {label}{flag} | {t:.3f} | {t / ref:.2f}× |")
         files.release()
-
-
-def _close(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(
-        x[0] == y[0] and abs(x[1] - y[1]) < 1e-6 * max(1, abs(y[1])) and x[2] == y[2]
-        for x, y in zip(a, b, strict=True)
-    )
 
 
 def main() -> None:

@@ -6,13 +6,17 @@ instead of every column of every row being streamed from Python.
 The view, one per store a statement names (dropped, and its files unpinned, when the
 statement ends):
 
-* one ``read_parquet`` over the newest file of every partition; the ``partition``
-  column (``INTEGER``) is looked up from DuckDB's ``file_index`` in a constant list, so
-  200 partitions cost one scan to plan, not 200;
-* for partitions whose chain has several files, the older files' rows are added when no
-  newer file of the same partition has their key (``__key``, or the key column it is
-  derived from: an anti join, the newest file holding a key has its row); then
-  tombstones (``__deleted``) are dropped;
+* one ``read_parquet`` over every file of every partition; the ``partition`` column
+  (``INTEGER``) is looked up from DuckDB's ``file_index`` in a constant list, so 200
+  partitions cost one scan to plan, not 200;
+* rows a newer file of their chain supersedes are dropped by position: the newest
+  twin's bitmaps (``columnar/deletes.py``) are registered as a table of one row per older
+  file, joined on ``file_index`` (a tiny build side), and ``get_bit(bitmap,
+  file_row_number)`` says whether a row is dead; no key is compared. Chains whose newest
+  twin has none (written by an earlier iqkit) are merged on keys instead: their older
+  files' rows are added when no newer file of the same partition has their key
+  (``__key``, or the key column it is derived from: an anti join). Then tombstones
+  (``__deleted``) are dropped;
 * the twins' own columns (``__key``, ``__deleted``) are not in the view;
   each row column is cast to the DuckDB type of the Arrow type a scan of the store
   (``store_batches``) gives it, which is free where the two agree already.

@@ -8,9 +8,11 @@ statistics), and reads lazily:
 
 * one file: its row groups stream one at a time (reversed for a descending scan), so a
   full scan of a big partition never holds more than a row group of it;
-* several files: the row groups each file needs are read, every file's rows whose key a
-  newer file has are dropped (``is_in`` against the newer files' keys), tombstones are
-  dropped, and what is left is sorted by key: one table, as big as the rows scanned.
+* several files: the row groups each file needs are read, every file's rows a newer file
+  supersedes are dropped (by position, from the newest twin's position deletes,
+  ``deletes.py``; chains of an earlier iqkit by ``is_in`` against the newer files' keys),
+  tombstones are dropped, and what is left is sorted by key: one table, as big as the
+  rows scanned.
 
 Files whose columns differ (a field only some commits wrote, ints in one file and
 floats in another) are put together as a scan's chunks are (``shaping._assemble``): the
