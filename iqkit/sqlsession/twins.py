@@ -10,8 +10,8 @@ statement ends):
   (``INTEGER``) is looked up from DuckDB's ``file_index`` in a constant list, so 200
   partitions cost one scan to plan, not 200;
 * rows a newer file of their chain supersedes are dropped by position: the newest
-  twin's bitmaps (``columnar/deletes.py``) are registered as a table of one row per older
-  file, joined on ``file_index`` (a tiny build side), and ``get_bit(bitmap,
+  twin's bitmaps (``store/columnar/deletes.py``) are registered as a table of one row
+  per older file, joined on ``file_index`` (a tiny build side), and ``get_bit(bitmap,
   file_row_number)`` says whether a row is dead; no key is compared. Chains whose newest
   twin has none (written by an earlier iqkit) are merged on keys instead: their older
   files' rows are added when no newer file of the same partition has their key
@@ -173,9 +173,9 @@ def _position_branches(
     partitions: dict[int, list[TwinFile]], columns: TwinColumns, masks: str | None
 ) -> list[str]:
     """Every file of ``partitions`` in one scan: a single file per chain, or chains
-    whose newest twin says which rows of its older files are superseded (``deletes.py``):
-    each file's bitmap (table ``masks``, a build side of one row per file) is joined on the
-    file and tested at the row's position. No keys are compared."""
+    whose newest twin says which rows of its older files are superseded (position
+    deletes): each file's bitmap (table ``masks``, a build side of one row per file) is
+    joined on the file and tested at the row's position. No keys are compared."""
     files = [f for chain in partitions.values() for f in chain]
     shown = _present(files, columns.shown, "o.")
     if not shown:  # every file holds tombstones only: no rows

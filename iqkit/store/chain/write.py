@@ -342,9 +342,9 @@ def _position_deletes(
     rows: list[Change],
 ) -> dict[bytes, bytes] | None:
     """The position deletes the delta's twin carries for the older files ``old``
-    (``columnar/deletes.py``), or None: no older file, one without a twin a reader may
-    be handed, or one that cannot be read (readers then merge on keys, as before; a
-    commit never fails for want of them)."""
+    (``store/columnar/deletes.py``), or None: no older file, one without a twin a
+    reader may be handed, or one that cannot be read (readers then merge on keys, as
+    before; a commit never fails for want of them)."""
     if not old or not all(f.twin_readable for f in old):
         return None
     import pyarrow as pa
