@@ -23,8 +23,8 @@ What a reader does with them (``newest wins`` with no key comparison):
 * ``TwinScan`` (scan.py) filters each older file's rows by the bitmap as a numpy mask.
 
 Cost to the writer: the key columns of the older twins are read and probed with the
-newer keys (``pyarrow.compute.is_in``), once per commit, about 0.1 s per million rows
-of the chain (bench/bench_merge.py).
+newer keys (``pyarrow.compute.is_in``), once per commit: about 0.3 s per million rows of
+the chain (BENCHMARKS.md "Merge-on-read").
 """
 
 from __future__ import annotations
