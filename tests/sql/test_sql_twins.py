@@ -2,18 +2,24 @@
 DuckDB's own Parquet reader (sqlsession/twins.py), and gives exactly what the same SQL
 gives over ``store_batches(...)`` of the store registered as an Arrow table: same rows,
 same column names and types (compared with the scan of RocksDB,
-``twin_scans(False)``). Stores without twins keep the streamed path."""
+``twin_scans(False)``), whether chains merge by position deletes or, written by an
+earlier iqkit, on keys. Stores without twins keep the streamed path."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import iqkit
 from iqkit import SQLError
 from iqkit.sqlsession import SQLSession
+from iqkit.sqlsession.twins import twin_view
+from iqkit.store.columnar.deletes import writing
 from iqkit.store.partitions.layers import twin_scans
 from iqkit.tables import store_batches
 
@@ -182,3 +188,61 @@ def test_a_twin_damaged_past_its_footer_is_one_line(tmp_path):
     message = str(info.value)
     assert "\n" not in message
     assert "'r'" in message and "partition 2" in message and twin.name in message
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_random_histories_merge_by_position_as_rocksdb_does(tmp_path_factory, data):
+    """Random histories of puts, deletes, compactions (over 9 commits) and retention,
+    some commits written without position deletes (an earlier iqkit's: those chains are
+    merged on keys), every retained version: the view gives what RocksDB has."""
+    root = tmp_path_factory.mktemp("positions")
+    iqkit.create_store(
+        root, "r", partitions=data.draw(st.integers(1, 3)), value_serde="json",
+        retention=data.draw(st.integers(2, 4)),
+    )  # fmt: skip
+    keys = [f"k{i:03d}" for i in range(40)]
+    for _ in range(data.draw(st.integers(1, 12))):
+        with writing(data.draw(st.integers(0, 3)) > 0), iqkit.StoreWriter(root, "r") as w:
+            for i in data.draw(st.lists(st.integers(0, 39), max_size=15)):
+                if data.draw(st.integers(0, 3)) == 0:
+                    w.delete(keys[i])
+                else:
+                    w.put(keys[i], record(data.draw(st.integers(0, 99))))
+    with iqkit.open(root) as latest:
+        versions = latest.versions("r")
+    for version in versions:
+        with iqkit.open(root, as_of=version) as engine:
+            with twin_scans(False):
+                want = store_batches(engine, "r").read_all()
+            if want.num_rows == 0:
+                continue
+            check_same(engine, "r", QUERIES[:5])
+
+
+def test_new_chains_merge_by_position_and_earlier_ones_on_keys(tmp_path):
+    """One version whose partitions' newest twins have position deletes and whose
+    other partitions' do not (written by an earlier iqkit): one view reads both."""
+    with writing(False):
+        write_history(tmp_path, commits=3)
+    with iqkit.StoreWriter(tmp_path, "r") as w:
+        w.put("k001", record(99, "new"))  # one partition's chain gets position deletes
+    with iqkit.open(tmp_path) as engine:
+        files = engine.twin_files("r")
+        view = twin_view(duckdb.connect(), "r", files)
+        assert view is not None
+        assert "get_bit" in view.sql and "NOT EXISTS" in view.sql
+        view.close()
+        check_same(engine, "r", QUERIES)
+    with iqkit.StoreWriter(tmp_path, "r") as w:  # every partition's chain, now
+        for i in range(0, 60, 7):
+            w.put(f"k{i:03d}", record(i, "new"))
+    with iqkit.open(tmp_path) as engine:
+        files = engine.twin_files("r")
+        view = twin_view(duckdb.connect(), "r", files)
+        assert view is not None
+        assert "get_bit" in view.sql and "NOT EXISTS" not in view.sql
+        view.close()
+        check_same(engine, "r", QUERIES)

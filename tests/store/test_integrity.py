@@ -321,7 +321,9 @@ def test_a_copy_fetched_from_object_storage_is_checked_before_it_is_used(s3_root
     make_store(s3_root)
     fs = fsspec.filesystem("s3")
     bucket_root = s3_root.removeprefix("s3://")
-    (twin,) = [p for p in fs.find(f"{bucket_root}/t/sst/0") if p.endswith(".parquet")][:1]
+    # The newest twin: the delta's commit fetched the older one into the cache, checked,
+    # to find the rows it supersedes (store/columnar/deletes.py).
+    twin = sorted(p for p in fs.find(f"{bucket_root}/t/sst/0") if p.endswith(".parquet"))[-1]
     good = fs.cat_file(twin)
     fs.pipe_file(twin, bytes((b + 1) % 256 for b in good))
     with iqkit.open(s3_root) as engine:

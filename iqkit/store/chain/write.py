@@ -47,7 +47,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ...errors import ObjectMissingError
+from ...errors import IqkitError, ObjectMissingError
 from ...query.position import Position
 from ..cache import FileCache
 from ..integrity import checksum_file
@@ -317,14 +317,19 @@ def commit_partition(
                 from ..columnar import twins  # pyarrow: imported by writers only
 
                 rows = []
-                writer = twins.TwinWriter(twin, manifest, changes.twin_columns)
+                writer = twins.TwinWriter(twin, manifest, changes.twin_columns, keep_keys=bool(old))
                 changes = ArrowRows(writer.tee(changes.sequenced_chunks()))
                 streamed = True
             else:
                 rows = []
             write_arrow_delta(delta, changes, commit)
-            if streamed and not writer.close():
-                twin = None
+            if streamed:
+                assert manifest is not None
+                footer = None
+                if old:  # the delta's position deletes, from the keys it streamed
+                    footer = _position_deletes(cache, objects, old, manifest, writer.keys())
+                if not writer.close(footer):
+                    twin = None
         elif twinned:  # the twin is made from the same rows
             rows = list(_checked(changes, commit))
             rocks.write_changes_sst(delta, rows)
@@ -343,11 +348,40 @@ def commit_partition(
                 assert manifest is not None
                 from ..columnar import twins  # pyarrow: imported by writers only
 
-                if not twins.try_write(twins.write_twin_of_rows, twin, manifest, rows):
+                deletes = _position_deletes(cache, objects, old, manifest, [k for k, _ in rows])
+                if not twins.try_write(twins.write_twin_of_rows, twin, manifest, rows, deletes):
                     twin = None
         del rows
         new = upload_file(objects, sst_key(store, partition, version), upload, twin)
     return PartitionChain(files=(*kept, new), commit=commit, written_by=version)
+
+
+def _position_deletes(
+    cache: FileCache,
+    objects: ObjectStore,
+    old: tuple[ChainFile, ...],
+    manifest: StoreManifest,
+    keys: Any,
+) -> dict[bytes, bytes] | None:
+    """The position deletes the delta's twin carries for the older files ``old``
+    (``store/columnar/deletes.py``), or None: no older file, one without a twin a
+    reader may be handed, or one that cannot be read (readers then merge on keys, as
+    before; a commit never fails for want of them)."""
+    if not old or not all(f.twin_readable for f in old):
+        return None
+    import pyarrow as pa
+
+    from ..columnar import deletes  # pyarrow: imported by writers only
+
+    if not deletes.writing_enabled():
+        return None
+    try:
+        with cache.sources(objects, [f.twin_name for f in old if f.twin_name]) as paths:
+            check_twins(objects, old, [os.fspath(p) for p in paths])  # integrity.py
+            older = [(f.name, p) for f, p in zip(old, paths, strict=True)]
+            return deletes.superseded_metadata(manifest, older, keys)
+    except (IqkitError, OSError, ValueError, pa.ArrowException):
+        return None
 
 
 def upload_file(objects: ObjectStore, key: str, sst: Path, twin: Path | None) -> ChainFile:

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ...errors import StoreCorruptedError
+from .deletes import footer_schema
 from .twins import DELETED, HIDDEN, JSON_TEXT, KEY_BYTES, KEY_FROM, LAYOUT
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ class TwinColumns:
     tombstones only, whose columns hold nothing; a column only nulls in a file is not
     given by it)."""
 
-    __slots__ = ("fields", "merge_key", "of_file", "shown")
+    __slots__ = ("fields", "merge_key", "metadata", "of_file", "rows", "shown")
 
     def __init__(
         self,
@@ -41,10 +42,16 @@ class TwinColumns:
         of_file: dict[str, list[str]],
         shown: dict[str, list[str]],
         merge_key: str = KEY_BYTES,
+        rows: dict[str, int] | None = None,
+        metadata: dict[str, dict[bytes, bytes]] | None = None,
     ) -> None:
         self.fields = fields
         self.of_file = of_file
         self.shown = shown
+        #: Each file's rows and schema metadata, by path (a chain's newest twin's holds
+        #: its position deletes, ``deletes.py``).
+        self.rows = rows or {}
+        self.metadata = metadata or {}
         #: The column a chain's files are merged on (the newest file holding a value of
         #: it has the row): ``__key``, or the key column it is derived from.
         self.merge_key = merge_key
@@ -61,10 +68,14 @@ def twin_columns(partitions: dict[int, list[TwinFile]], layout: bytes) -> TwinCo
     of_file: dict[str, list[str]] = {}
     shown: dict[str, list[str]] = {}
     merge_keys = set()
+    rows: dict[str, int] = {}
+    metadata: dict[str, dict[bytes, bytes]] = {}
     for p, files in sorted(partitions.items()):
         for f in files:
             meta = _footer(p, f)
-            schema = meta.schema.to_arrow_schema()
+            schema = footer_schema(meta)
+            rows[f.path] = meta.num_rows
+            metadata[f.path] = schema.metadata or {}
             if (schema.metadata or {}).get(LAYOUT) != layout:
                 return None
             derived = (schema.metadata or {}).get(KEY_FROM)
@@ -90,7 +101,7 @@ def twin_columns(partitions: dict[int, list[TwinFile]], layout: bytes) -> TwinCo
     if len(merge_keys) > 1:
         return None
     merge_key = merge_keys.pop() if merge_keys else KEY_BYTES
-    return TwinColumns(list(found.values()), of_file, shown, merge_key)
+    return TwinColumns(list(found.values()), of_file, shown, merge_key, rows, metadata)
 
 
 def _footer(p: int, f: TwinFile) -> pq.FileMetaData:

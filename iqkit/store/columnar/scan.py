@@ -8,9 +8,11 @@ statistics), and reads lazily:
 
 * one file: its row groups stream one at a time (reversed for a descending scan), so a
   full scan of a big partition never holds more than a row group of it;
-* several files: the row groups each file needs are read, every file's rows whose key a
-  newer file has are dropped (``is_in`` against the newer files' keys), tombstones are
-  dropped, and what is left is sorted by key: one table, as big as the rows scanned.
+* several files: the row groups each file needs are read, every file's rows a newer file
+  supersedes are dropped (by position, from the newest twin's position deletes,
+  ``deletes.py``; chains of an earlier iqkit by ``is_in`` against the newer files' keys),
+  tombstones are dropped, and what is left is sorted by key: one table, as big as the
+  rows scanned.
 
 Files whose columns differ (a field only some commits wrote, ints in one file and
 floats in another) are put together as a scan's chunks are (``shaping._assemble``): the
@@ -37,6 +39,7 @@ from ...errors import StoreCorruptedError
 from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
 from ..rows import VALUE
+from .deletes import Superseded, footer_schema, read_superseded
 from .shaping import _assemble, _Column, _unified_type
 from .twins import DELETED, JSON_TEXT, KEY_BYTES, KEY_FROM, LAYOUT, key_bounds, key_bytes
 
@@ -54,6 +57,8 @@ class _File:
     key_from: str | None = None
     #: The groups whose keys all lie within the scan's bounds (by their statistics).
     inside: frozenset[int] = frozenset()
+    #: The rows of each of its row groups.
+    group_rows: tuple[int, ...] = ()
 
 
 #: Opens a twin's local path for reading, for a ``with`` block.
@@ -128,7 +133,7 @@ class _Footer:
         # plans every partition's scan before any is read).
         with opener(local) as fh:
             meta = pq.read_metadata(_native(fh))
-        schema = meta.schema.to_arrow_schema()
+        schema = footer_schema(meta)
         leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
         derived = (schema.metadata or {}).get(KEY_FROM)
         key_leaf = KEY_BYTES if derived is None else derived.decode()
@@ -219,7 +224,10 @@ class TwinScan:
             groups = footer.overlapping(lower, upper)
             self.groups_total += len(footer.groups)
             inside = frozenset(g for g in groups if _within(footer.groups[g][1], lower, upper))
-            self.files.append(_File(name, local, footer.schema, groups, footer.key_from, inside))
+            rows = tuple(n for n, _ in footer.groups)
+            self.files.append(
+                _File(name, local, footer.schema, groups, footer.key_from, inside, rows)
+            )
         self.columns = None if columns is None else list(columns)
         #: Set by ``close``: the scan yields nothing more (its engine was closed).
         self.closed = False
@@ -333,6 +341,25 @@ class TwinScan:
             if parts:
                 return pa.concat_tables(parts)
             return _live(self._bounded(self._read(self.files[0], [])))
+        deletes = read_superseded(
+            self.files[-1].schema.metadata,
+            [(f.path, sum(f.group_rows)) for f in self.files[:-1]],
+        )
+        if deletes is not None:  # the newest twin says which older rows are dead
+            kept = [
+                self._bounded(_alive(self._read(f, f.groups), f, deletes, i))
+                for i, f in enumerate(self.files)
+            ]
+        else:  # an earlier iqkit's chain: merged on keys
+            kept = self._merged_on_keys()
+        merged = _live(_unify_tables(kept))
+        order = pc.sort_indices(
+            merged, sort_keys=[(KEY_BYTES, "descending" if self.reverse else "ascending")]
+        )
+        return merged.take(order)
+
+    def _merged_on_keys(self) -> list[pa.Table]:
+        """Each file's rows that no newer file has the key of (``is_in``)."""
         tables = [self._bounded(self._read(f, f.groups)) for f in self.files]
         newer: pa.Array | None = None
         kept: list[pa.Table] = []
@@ -343,11 +370,7 @@ class TwinScan:
             newer = keys if newer is None else pa.concat_arrays([newer, keys])
             kept.append(table)
         kept.reverse()
-        merged = _live(_unify_tables(kept))
-        order = pc.sort_indices(
-            merged, sort_keys=[(KEY_BYTES, "descending" if self.reverse else "ascending")]
-        )
-        return merged.take(order)
+        return kept
 
     @staticmethod
     def stored_rows(table: pa.Table, value_serde: Any) -> list[tuple[bytes, bytes]]:
@@ -374,6 +397,18 @@ def _damage(name: str) -> Iterator[None]:
         yield
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise StoreCorruptedError(f"columnar twin {name} cannot be read: {exc}") from None
+
+
+def _alive(table: pa.Table, f: _File, deletes: Superseded, i: int) -> pa.Table:
+    """``table`` (row groups ``f.groups`` of the ``i``-th file of a chain) without the
+    rows the chain's position deletes say a newer file supersedes (the newest file
+    has none)."""
+    mask = deletes.mask(i) if i < len(deletes.bitmaps) else None
+    if mask is None or not f.groups:
+        return table
+    starts = np.cumsum((0, *f.group_rows))
+    positions = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in f.groups])
+    return table.filter(pa.array(mask[positions]))
 
 
 def _live(table: pa.Table) -> pa.Table:

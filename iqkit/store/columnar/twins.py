@@ -285,8 +285,12 @@ class TwinWriter:
         path: str | os.PathLike[str],
         manifest: StoreManifest,
         columns_of: Callable[[pa.Array], pa.Table | None] | None = None,
+        *,
+        keep_keys: bool = False,
     ) -> None:
         self.path = os.fspath(path)
+        #: The keys streamed by (``keep_keys``), for the delta's position deletes.
+        self._keys: list[Any] | None = [] if keep_keys else None
         self.manifest = manifest
         #: The writer's own columns of rows by sequence number (``ArrowRows.twin_columns``):
         #: a piece of puts they cover is taken from them (``twin_of_columns``), not shaped.
@@ -301,6 +305,8 @@ class TwinWriter:
         """``chunks`` (``ArrowRows.sequenced_chunks``) passed on as ``(keys, values)``
         pairs, each one added to the twin on the way."""
         for keys, values, seqs in chunks:
+            if self._keys is not None:
+                self._keys.append(keys)
             if not self.failed:
                 self._pending.append((keys, values, seqs))
                 self._rows += len(keys)
@@ -353,13 +359,22 @@ class TwinWriter:
         with contextlib.suppress(OSError):
             os.unlink(self.path)
 
-    def close(self) -> bool:
-        """Finish the file; False when the SST has no twin (nothing is left at ``path``)."""
+    def keys(self) -> pa.Array:
+        """The keys streamed by (``keep_keys``), in order, as one ``binary`` array."""
+        chunks = [k.combine_chunks() if isinstance(k, pa.ChunkedArray) else k
+                  for k in self._keys or []]  # fmt: skip
+        return pa.concat_arrays(chunks) if chunks else pa.array([], pa.binary())
+
+    def close(self, metadata: dict[bytes, bytes] | None = None) -> bool:
+        """Finish the file, ``metadata`` added to its footer's (a delta's position
+        deletes); False when the SST has no twin (nothing is left at ``path``)."""
         if not self.failed and (self._pending or self._writer is None):
             self._write_pending()  # the rest, or every row (even none) when few
         if self.failed:
             return False
         assert self._writer is not None
+        if metadata:
+            self._writer.add_key_value_metadata(metadata)
         try:
             self._writer.close()
         except (pa.ArrowException, OSError):
@@ -411,9 +426,14 @@ def write_twin_of_rows(
     path: str | os.PathLike[str],
     manifest: StoreManifest,
     rows: Sequence[tuple[bytes, bytes | None]],
+    metadata: dict[bytes, bytes] | None = None,
 ) -> int:
-    """Write the twin of an SST holding ``rows`` (``twin_table``) at ``path``."""
-    return write_twin(path, twin_table(manifest, rows))
+    """Write the twin of an SST holding ``rows`` (``twin_table``) at ``path``, with
+    ``metadata`` added to its schema's (a delta's position deletes, ``deletes.py``)."""
+    table = twin_table(manifest, rows)
+    if metadata:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    return write_twin(path, table)
 
 
 def twin_table_columns(p: int, table: pa.Table) -> dict[str, _Column]:

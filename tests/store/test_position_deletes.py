@@ -1,0 +1,137 @@
+"""Position deletes (store/columnar/deletes.py): a delta's twin says which rows of its
+chain's older twins a newer file supersedes, and exactly those; chains written without
+them (an earlier iqkit) are still merged on keys, and a chain mixing both is merged by
+position once its newest twin has them."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+
+import iqkit
+from iqkit.store.columnar.deletes import SUPERSEDED, footer_schema, read_superseded, writing
+from iqkit.store.partitions.layers import twin_scans
+from iqkit.tables import store_batches
+
+
+def chains(root, store="s"):
+    """Each partition's twins of the served version: (name, path, rows), oldest first."""
+    with iqkit.open(root) as engine:
+        files = engine.twin_files(store)
+        try:
+            return {
+                p: [(f.name, f.path, pq.read_metadata(f.path).num_rows) for f in chain]
+                for p, chain in files.partitions.items()
+            }
+        finally:
+            files.release()
+
+
+def footer(path):
+    """A twin's schema metadata as iqkit's readers see it (``deletes.footer_schema``)."""
+    return footer_schema(pq.read_metadata(path)).metadata
+
+
+def keys_of(path):
+    return pq.read_table(path, columns=["key"]).column("key").to_pylist()
+
+
+def history(root, commits, *, positions=True):
+    iqkit.create_store(root, "s", partitions=2, value_serde="json")
+    with iqkit.StoreWriter(root, "s") as w:
+        for i in range(40):
+            w.put(f"k{i:02d}", {"n": i})
+    for c in range(1, commits):
+        with writing(positions), iqkit.StoreWriter(root, "s") as w:
+            for i in range(c, 40, 3):
+                w.put(f"k{i:02d}", {"n": 100 * c + i})
+            w.delete(f"k{(7 * c) % 40:02d}")
+
+
+def pairs(table):
+    return sorted(zip(table.column("key").to_pylist(), table.column("n").to_pylist(), strict=True))
+
+
+def rows(root):
+    """The store's rows as RocksDB has them."""
+    with iqkit.open(root) as engine, twin_scans(False):
+        return pairs(store_batches(engine, "s").read_all())
+
+
+def test_a_deltas_twin_marks_exactly_the_older_rows_a_newer_file_has(tmp_path):
+    history(tmp_path, 4)
+    check_marks(tmp_path)
+
+
+def test_a_big_commits_streamed_twin_marks_them_too(tmp_path, monkeypatch):
+    """Commits whose rows went through the writer's Arrow buffer (``TwinWriter``: the
+    marks go in the footer when the file is finished), read the same as RocksDB."""
+    import iqkit.store.sorted_rows as sorted_rows
+    import iqkit.store.writer as writer
+    from iqkit.store.columnar import twins
+
+    monkeypatch.setattr(writer, "FLUSH_ROWS", 4)
+    monkeypatch.setattr(sorted_rows, "_CHUNK_ROWS", 3)
+    monkeypatch.setattr(twins, "TWIN_CHUNK_ROWS", 5)
+    history(tmp_path, 4)
+    check_marks(tmp_path)
+    with iqkit.open(tmp_path) as engine:
+        assert pairs(store_batches(engine, "s").read_all()) == rows(tmp_path)
+
+
+def check_marks(root):
+    for chain in chains(root).values():
+        assert len(chain) == 4
+        newest = footer(chain[-1][1])
+        deletes = read_superseded(newest, [(n, r) for n, _, r in chain[:-1]])
+        assert deletes is not None
+        for i, (_, path, _) in enumerate(chain[:-1]):
+            newer = {k for _, p, _ in chain[i + 1 :] for k in keys_of(p)}
+            mask = deletes.mask(i)
+            live = [True] * len(keys_of(path)) if mask is None else mask.tolist()
+            assert live == [k not in newer for k in keys_of(path)]
+
+
+def test_deletes_for_another_chain_are_not_used(tmp_path):
+    history(tmp_path, 3)
+    chain = next(iter(chains(tmp_path).values()))
+    newest = footer(chain[-1][1])
+    older = [(n, r) for n, _, r in chain[:-1]]
+    assert read_superseded(newest, older) is not None
+    assert read_superseded(newest, older[1:]) is None  # another number of files
+    assert read_superseded(newest, [(older[0][0], older[0][1] + 1), *older[1:]]) is None
+    assert read_superseded(newest, [("other.sst", older[0][1]), *older[1:]]) is None
+    assert read_superseded({SUPERSEDED: b"not json"}, older) is None
+
+
+def test_an_earlier_iqkits_chain_has_none_and_reads_the_same(tmp_path):
+    history(tmp_path / "old", 4, positions=False)
+    history(tmp_path / "new", 4)
+    for chain in chains(tmp_path / "old").values():
+        assert SUPERSEDED not in (footer(chain[-1][1]) or {})
+    with iqkit.open(tmp_path / "old") as old, iqkit.open(tmp_path / "new") as new:
+        a, b = (store_batches(e, "s").read_all() for e in (old, new))
+    assert a.equals(b)
+    assert pairs(a) == rows(tmp_path / "old")
+
+
+def test_a_commit_on_an_earlier_iqkits_chain_covers_all_its_files(tmp_path):
+    history(tmp_path, 3, positions=False)
+    with iqkit.StoreWriter(tmp_path, "s") as w:  # touches both partitions
+        for i in range(1, 40, 5):
+            w.put(f"k{i:02d}", {"n": -1})
+        w.delete("k02")
+    for chain in chains(tmp_path).values():
+        newest = footer(chain[-1][1])
+        assert read_superseded(newest, [(n, r) for n, _, r in chain[:-1]]) is not None
+    with iqkit.open(tmp_path) as engine:
+        table = store_batches(engine, "s").read_all()
+    got = pairs(table)
+    assert got == rows(tmp_path)
+    assert ("k01", -1) in got and not any(k == "k02" for k, _ in got)
+
+
+def test_compaction_drops_them(tmp_path):
+    history(tmp_path, 11)  # over 9 commits: chains are compacted
+    for chain in chains(tmp_path).values():
+        assert len(chain) < 4
+        assert SUPERSEDED not in (footer(chain[0][1]) or {})
