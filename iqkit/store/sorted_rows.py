@@ -102,8 +102,8 @@ class SortedRows:
     def __init__(self, *, spill_bytes: int | None = None, spill_dir: str | None = None) -> None:
         self._batches: list[pa.RecordBatch] = []
         self._nbytes = 0
-        #: Spilled runs: (file, {partition: (first row, end row)}).
-        self._runs: list[tuple[str, dict[int, tuple[int, int]]]] = []
+        #: Spilled runs: (file, {partition: (first row, end row)}, first row of each batch).
+        self._runs: list[tuple[str, dict[int, tuple[int, int]], list[int]]] = []
         self._tmp: str | None = None
         self._spill_bytes = spill_bytes
         self._spill_dir = spill_dir
@@ -160,9 +160,14 @@ class SortedRows:
         if self._tmp is None:
             self._tmp = tempfile.mkdtemp(prefix="iqkit-runs-", dir=self._spill_dir)
         path = os.path.join(self._tmp, f"run-{len(self._runs):05d}.arrow")
+        starts = []
+        row = 0
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
-            out.write_table(table, max_chunksize=_CHUNK_ROWS)
-        self._runs.append((path, index))
+            for batch in table.to_batches(max_chunksize=_CHUNK_ROWS):
+                starts.append(row)
+                row += batch.num_rows
+                out.write_batch(batch)
+        self._runs.append((path, index, starts))
 
     def partitions(self) -> Iterator[tuple[int, ArrowRows]]:
         """``(partition, rows)`` by increasing partition; ``rows`` in strictly increasing
@@ -181,28 +186,30 @@ class SortedRows:
         memory at a time."""
         import pyarrow as pa
 
-        maps: list[pa.MemoryMappedFile] = []
+        # Runs are read a batch at a time from their files, not memory-mapped whole: the
+        # pages of a mapping stay resident (and in the process's RSS) until it closes.
+        files: list[pa.NativeFile] = []
         try:
-            sources: list[tuple[pa.Table, dict[int, tuple[int, int]]]] = []
-            for path, index in self._runs:
-                mapped = pa.memory_map(path)
-                maps.append(mapped)
-                sources.append((pa.ipc.open_file(mapped).read_all(), index))  # no copy
+            sources: list[tuple[Any, dict[int, tuple[int, int]], list[int] | None]] = []
+            for path, index, starts in self._runs:
+                files.append(pa.OSFile(path))
+                sources.append((pa.ipc.open_file(files[-1]), index, starts))
             if self._batches:
-                sources.append(self._take_sorted())
+                table, index = self._take_sorted()
+                sources.append((table, index, None))
             parts: dict[int, ArrowRows] = {}
-            for p in sorted({p for _, index in sources for p in index}):
+            for p in sorted({p for _, index, _ in sources for p in index}):
                 pieces = [
-                    t.slice(lo, hi - lo)
-                    for t, index in sources
+                    _piece(source, lo, hi, starts)
+                    for source, index, starts in sources
                     if p in index
                     for lo, hi in [index[p]]
                 ]
                 parts[p] = _rows_of(pieces)
             yield parts
         finally:
-            for mapped in maps:
-                mapped.close()
+            for f in files:
+                f.close()
             self.close()
 
     def rows(self) -> Iterator[tuple[bytes, bytes | None]]:
@@ -232,19 +239,33 @@ class SortedRows:
         return table, {int(parts[lo]): (lo, hi) for lo, hi in bounds if hi > lo}
 
 
-def _rows_of(pieces: list[pa.Table]) -> ArrowRows:
+def _piece(source: Any, lo: int, hi: int, starts: list[int] | None) -> Iterator[pa.RecordBatch]:
+    """Rows ``lo`` to ``hi`` of a run: a table held in memory (``starts`` None), or a run
+    file's reader (its batches begin at rows ``starts``), read a batch at a time."""
+    if starts is None:
+        yield from source.slice(lo, hi - lo).to_batches(max_chunksize=_CHUNK_ROWS)
+        return
+    import bisect
+
+    for i in range(bisect.bisect_right(starts, lo) - 1, len(starts)):
+        if starts[i] >= hi:
+            return
+        batch = source.get_batch(i)
+        a = max(lo - starts[i], 0)
+        b = min(hi - starts[i], batch.num_rows)
+        if b > a:
+            yield batch.slice(a, b - a)
+
+
+def _rows_of(pieces: list[Iterator[pa.RecordBatch]]) -> ArrowRows:
     """One partition's rows from its sorted, key-unique pieces (one per run): the piece
     itself, or a merge of them (``_merge_runs``) made while the rows are read."""
-    if len(pieces) == 1:
-        only = pieces[0]
-        return ArrowRows([(only.column("key"), only.column("value"), only.column("seq"))])
 
-    def merged() -> Iterator[tuple[pa.Array, pa.Array, pa.Array]]:
-        runs = [iter(piece.to_batches(max_chunksize=_CHUNK_ROWS)) for piece in pieces]
-        for b in _merge_runs(runs):
+    def columns(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[pa.Array, ...]]:
+        for b in batches:
             yield b.column("key"), b.column("value"), b.column("seq")
 
-    return ArrowRows(merged())
+    return ArrowRows(columns(pieces[0] if len(pieces) == 1 else _merge_runs(pieces)))
 
 
 def _np_full(n: int, value: int) -> Any:

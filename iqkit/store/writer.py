@@ -211,6 +211,7 @@ class StoreWriter:
         self._sorted: SortedRows | None = None  # once more than FLUSH_ROWS were pending
         #: put_table's own columns a twin can be made of: (first sequence number, batch).
         self._twin_sources: list[tuple[int, pa.RecordBatch]] = []
+        self._twin_bytes: int | None = 0  # None: over the budget, none kept
         self._twin_table: pa.Table | None = None
         self._seq = 0
         self._source_end: Position | None = None
@@ -301,9 +302,21 @@ class StoreWriter:
         for batch in table.to_batches(max_chunksize=FLUSH_ROWS):
             encoded = plan.encode(batch)
             if plan.twin_names is not None:  # the twin is made of these columns (commit)
-                self._twin_sources.append((self._seq, batch.select(list(plan.twin_names))))
+                self._keep_twin_source(batch.select(list(plan.twin_names)))
             self._add_encoded(*encoded)
         return table.num_rows
+
+    def _keep_twin_source(self, columns: pa.RecordBatch) -> None:
+        """Keep ``columns`` (of the rows about to be added) for the twin, while all that is
+        kept fits the memory budget; past it, none are (a commit's memory stays bounded:
+        its twins are shaped from the stored rows instead, more slowly)."""
+        if self._twin_bytes is None:
+            return
+        self._twin_bytes += columns.nbytes
+        if self._twin_bytes > self._memory_budget:
+            self._twin_sources, self._twin_bytes = [], None
+            return
+        self._twin_sources.append((self._seq, columns))
 
     def _twin_columns(self, seqs: pa.Array) -> pa.Table | None:
         """The columns ``put_table`` kept of the rows with sequence numbers ``seqs`` (a
@@ -527,7 +540,7 @@ class StoreWriter:
 
     def _discard(self) -> None:
         self._buffers.clear()
-        self._twin_sources, self._twin_table = [], None
+        self._twin_sources, self._twin_bytes, self._twin_table = [], 0, None
         self._keys, self._values, self._parts = [], [], []
         if self._sorted is not None:
             self._sorted.close()
