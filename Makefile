@@ -71,6 +71,8 @@ bench: $(STAMP)
 	$(PY) bench/bench_object_store.py
 	$(PY) bench/bench_partitions.py
 	$(PY) bench/bench_explore.py
+	$(PY) bench/bench_keyquery.py
+	$(PY) bench/bench_scale.py
 
 # Every reliability probe's long variant; rewrites the table in RELIABILITY.md.
 reliability: $(STAMP)
