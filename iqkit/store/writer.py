@@ -212,7 +212,7 @@ class StoreWriter:
         #: put_table's own columns a twin can be made of: (first sequence number, batch).
         self._twin_sources: list[tuple[int, pa.RecordBatch]] = []
         self._twin_bytes: int | None = 0  # None: over the budget, none kept
-        self._twin_table: pa.Table | None = None
+        self._twin_table: tuple[pa.Table, Any, Any, Any] | None = None  # _twin_index
         self._seq = 0
         self._source_end: Position | None = None
         self._metadata: dict[str, Any] = {}
@@ -325,10 +325,10 @@ class StoreWriter:
         import numpy as np
         import pyarrow as pa
 
-        if not self._twin_sources or not len(seqs):
+        index = self._twin_index()
+        if index is None or not len(seqs):
             return None
-        starts = np.array([start for start, _ in self._twin_sources], dtype=np.int64)
-        sizes = np.array([t.num_rows for _, t in self._twin_sources], dtype=np.int64)
+        table, starts, sizes, offsets = index
         wanted = np.asarray(seqs, dtype=np.int64)
         source = np.searchsorted(starts, wanted, side="right") - 1
         if (source < 0).any():
@@ -336,13 +336,24 @@ class StoreWriter:
         within = wanted - starts[source]
         if (within >= sizes[source]).any():
             return None
-        if self._twin_table is None:
-            schemas = {t.schema for _, t in self._twin_sources}
-            if len(schemas) != 1:
-                return None
-            self._twin_table = pa.Table.from_batches([t for _, t in self._twin_sources])
-        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        return self._twin_table.take(pa.array(offsets[source] + within))
+        return table.take(pa.array(offsets[source] + within))
+
+    def _twin_index(self) -> tuple[pa.Table, Any, Any, Any] | None:
+        """The kept columns as one table, with each kept batch's first sequence number,
+        size and first row in that table: built once, at the commit's first look-up
+        (None: nothing kept, or batches of different columns)."""
+        import numpy as np
+        import pyarrow as pa
+
+        if self._twin_table is None and self._twin_sources:
+            sources, self._twin_sources = self._twin_sources, []
+            if len({t.schema for _, t in sources}) == 1:
+                starts = np.array([start for start, _ in sources], dtype=np.int64)
+                sizes = np.array([t.num_rows for _, t in sources], dtype=np.int64)
+                offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+                table = pa.Table.from_batches([t for _, t in sources])
+                self._twin_table = (table, starts, sizes, offsets)
+        return self._twin_table
 
     def advance(self, partition: int, source: tuple[str, int, int]) -> None:
         """Advance a store partition's position without writing data.
