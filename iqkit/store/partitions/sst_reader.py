@@ -6,8 +6,9 @@ milliseconds before the first read (creating the database, ingesting each file: 
 here). A key's history over 100 versions needs one value from each of about 100 files,
 and RocksDB's iterators never show a tombstone, which a change feed needs. This module
 reads the block-based table format directly, for the files iqkit itself writes
-(``rocks.write_changes_sst``): format version 6, Snappy or no compression, a binary-search
-index whose keys are user keys and whose handles are delta-encoded, point deletes only.
+(``rocks.write_changes_sst``): format version 6, zstd without a dictionary (Snappy in
+files written before, or none), a binary-search index whose keys are user keys and whose
+handles are delta-encoded, point deletes only.
 Anything else (another writer's options, a future format, a file too mangled to find its
 blocks in) raises ``UnsupportedSst``, and the caller reads the file through RocksDB
 instead, which reports any damage itself: this reader is an optimisation, never the only
@@ -35,8 +36,10 @@ The format, as RocksDB writes it (``table/format.cc``):
   context modifier of the footer's offset (below). The metaindex block lies just before
   the footer, less a block trailer.
 * Every block is followed by a 5-byte trailer: its compression type (0 none, 1 Snappy,
-  whose raw format carries its own length) and a little-endian uint32 checksum of the
-  block's bytes followed by the compression type byte, of the footer's checksum type:
+  whose raw format carries its own length, 7 zstd, its length a varint before the
+  frame; a file compressed with a dictionary has a ``rocksdb.compression_dict`` block,
+  refused here) and a little-endian uint32 checksum of the block's bytes followed by
+  the compression type byte, of the footer's checksum type:
   1 CRC32c (masked: rotated right 15 bits, plus 0xa282ead8; read only when a CRC32c
   library, ``google-crc32c`` or ``crc32c``, is installed, else ``UnsupportedSst``),
   2 xxHash32, 3 the lower 32 bits of xxHash64, 4 (what iqkit's files use, RocksDB's
@@ -80,7 +83,7 @@ _MAGIC = 0x88E241B785F4CFF7
 _EXTENDED_MAGIC = b"\x3e\x00\x7a\x00"
 _FOOTER = 53
 _TRAILER = 5
-_NO_COMPRESSION, _SNAPPY = 0, 1
+_NO_COMPRESSION, _SNAPPY, _ZSTD = 0, 1, 7
 _HASH_INDEX_BIT = 1 << 31
 _UNIFORM_KEYS_BIT = 1 << 29
 _SEPARATED_KV_BIT = 1 << 28
@@ -284,16 +287,9 @@ class SstFile:
         if kind == _NO_COMPRESSION:
             return raw[:size]
         if kind == _SNAPPY:
-            import pyarrow as pa  # a Snappy decoder at hand wherever iqkit runs
-
-            codec = pa.Codec("snappy")
-            try:
-                length, _start = _varint(raw, 0)
-                return codec.decompress(  # type: ignore[no-any-return]
-                    raw[:size], decompressed_size=length, asbytes=True
-                )
-            except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
-                raise UnsupportedSst(f"a block that does not decompress: {exc}") from None
+            return _decompress("snappy", raw[:size], length_first=False)
+        if kind == _ZSTD:
+            return _decompress("zstd", raw[:size], length_first=True)
         raise UnsupportedSst(f"compression type {kind}")
 
     def _damaged(self, what: str, stored: int, computed: int) -> StoreCorruptedError:
@@ -348,6 +344,8 @@ class SstFile:
             handles[name] = (offset, length)
         if b"rocksdb.index" not in handles or b"rocksdb.properties" not in handles:
             raise UnsupportedSst("no index or properties block")
+        if b"rocksdb.compression_dict" in handles:  # its blocks need the dictionary
+            raise UnsupportedSst("compression with a dictionary")
         props = dict(_Block(self._block(*handles[b"rocksdb.properties"])).entries())
 
         def number(name: bytes) -> int:
@@ -466,6 +464,22 @@ class SstFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _decompress(codec: str, block: bytes, *, length_first: bool) -> bytes:
+    """A compressed ``block`` decompressed with pyarrow's ``codec`` (a decoder at hand
+    wherever iqkit runs). Both start with the decompressed length as a varint: Snappy's
+    raw format is so, and RocksDB (format version 2 on) writes it before a zstd frame
+    (``length_first``: the frame follows it)."""
+    import pyarrow as pa
+
+    try:
+        length, start = _varint(block, 0)
+        data = block[start:] if length_first else block
+        out = pa.Codec(codec).decompress(data, decompressed_size=length, asbytes=True)
+        return out  # type: ignore[no-any-return]
+    except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
+        raise UnsupportedSst(f"a block that does not decompress: {exc}") from None
 
 
 def _value(internal: bytes, value: bytes) -> bytes | None:
