@@ -183,3 +183,19 @@ def _all_rows(root) -> dict:
         (qr,) = result.partition_results.values()
         with qr.result as it:
             return {kv.key: kv.value for kv in it}
+
+
+def test_zstd_with_a_dictionary_is_refused(tmp_path, monkeypatch):
+    original = rocks._options
+
+    def with_dictionary(*, create: bool):
+        opts = original(create=create)
+        opts.set_compression_options(-14, 1, 0, 16_384)  # a 16 KiB dictionary
+        return opts
+
+    monkeypatch.setattr(rocks, "_options", with_dictionary)
+    rows = _json_rows(5_000)
+    path = tmp_path / "dict.sst"
+    rocks.write_changes_sst(path, rows)
+    with pytest.raises(UnsupportedSst, match="dictionary"):
+        SstFile(open(path, "rb"))  # noqa: SIM115 (SstFile closes it)
