@@ -94,16 +94,17 @@ _MAX_OPEN_FILES_PER_DB = 256
 _FILE_OPENING_THREADS = 1
 #: How every table file iqkit writes (SSTs of commits, compactions and Spark tasks) is
 #: compressed: zstd at level 1 in 16 KiB blocks (RocksDB's defaults: Snappy, 4 KiB).
-#: Measured on issue 36's rows (JSON records of a random float, an int and a string;
-#: 250k rows, bytes per row / rows written per second / a point read missing the block
-#: cache): Snappy 4 KiB 43.6 B / 2.0M / 11 us; zstd 4 KiB 28.8 B / 1.0M / 16 us;
-#: zstd level 1 16 KiB 25.4 B / 1.5M / 30 us, 32 KiB 24.0 B / 1.8M / 60 us, 64 KiB
-#: 22.5 B / 1.8M / 93 us. Level 1 writes smaller blocks than level 3 here, and faster;
-#: 16 KiB keeps a point read that misses the cache within 3x of Snappy's (a read that
-#: hits it decompresses nothing). No dictionary: RocksDB buffers a whole file's blocks
-#: in memory to train one (a bounded writer could not), for 1-4 B a row more saved.
-#: Files written with other options (Snappy, before) stay readable: RocksDB reads any
-#: compression from the block itself, and so does ``sst_reader`` for these two.
+#: Measured on a partition of issue 36's 10M-key store (1.25M JSON records of a random
+#: float, an int and a string; a 32 MiB block cache, the shared one's share), bytes a
+#: row / a random point read: Snappy 4 KiB 43.9 B / 12 us; zstd 4 KiB 29.1 / 17, 8 KiB
+#: 27.3 / 22, 16 KiB 25.7 / 35, 32 KiB 24.3 / 56. Writing an SST alone is ~25% slower
+#: than Snappy, a whole bulk commit as fast (CPU per row within the noise: Python's
+#: per-row calls and the twin dominate); level 1 wrote smaller blocks than level 3 here,
+#: and faster. 16 KiB: the store's bytes count against a target, lookups against raw
+#: RocksDB reads of the same files (a read that hits the cache decompresses nothing).
+#: No dictionary: RocksDB buffers a whole file's blocks to train one (a bounded writer
+#: could not), for 1-4 B a row. Files written with other options (Snappy, before) stay
+#: readable: RocksDB reads any compression from the block, and ``sst_reader`` these two.
 SST_ZSTD_LEVEL = 1
 SST_BLOCK_BYTES = 16 * 1024
 
