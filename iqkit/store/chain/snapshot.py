@@ -747,7 +747,8 @@ class ChainSnapshot:
                     continue
                 try:
                     check_known_damage(self.objects, chain, self._where(p))
-                    paths, names, pinned = pin_twins(self.cache, self.objects, chain)
+                    # Only the twins: SQL reads nothing else (check_twins).
+                    paths, names, pinned = pin_twins(self.cache, self.objects, chain, ssts=False)
                 except IqkitError as exc:
                     raise type(exc)(f"partition {p}: {exc}") from None
                 pins.extend(pinned)
