@@ -4,19 +4,23 @@ files (columns not named are never read, row groups are skipped by their statist
 instead of every column of every row being streamed from Python.
 
 The view, one per store a statement names (dropped, and its files unpinned, when the
-statement ends):
+statement ends; its plan, ``TwinPlan``, is kept by the session for the next statement
+over the same files, ``TwinPlans``):
 
-* one ``read_parquet`` over every file of every partition; the ``partition`` column
-  (``INTEGER``) is looked up from DuckDB's ``file_index`` in a constant list, so 200
-  partitions cost one scan to plan, not 200;
-* rows a newer file of their chain supersedes are dropped by position: the newest
-  twin's bitmaps (``store/columnar/deletes.py``) are registered as a table of one row
-  per older file, joined on ``file_index`` (a tiny build side), and ``get_bit(bitmap,
-  file_row_number)`` says whether a row is dead; no key is compared. Chains whose newest
-  twin has none (written by an earlier iqkit) are merged on keys instead: their older
-  files' rows are added when no newer file of the same partition has their key
-  (``__key``, or the key column it is derived from: an anti join). Then tombstones
-  (``__deleted``) are dropped;
+* the files of every partition in at most two ``read_parquet`` scans; the ``partition``
+  column (``INTEGER``) is looked up from DuckDB's ``file_index`` in a constant list, so
+  200 partitions cost one scan to plan, not 200;
+* rows a newer file of their chain supersedes, and tombstones, are dropped by position:
+  per file, one bitmap of its dead rows, the newest twin's position deletes
+  (``store/columnar/deletes.py``) or-ed with the file's own tombstones (``__deleted``,
+  found by one scan of that column where the footers allow one). Files with no dead
+  row are read with no filter; the others with ``file_row_number``, their bitmaps
+  registered as a table of one row per file, joined on ``file_index`` (a tiny build
+  side) and tested with ``get_bit(bitmap, file_row_number)``; no key is compared.
+  Chains whose newest twin has no position deletes (written by an earlier iqkit) are
+  merged on keys instead: their older files' rows are added when no newer file of the
+  same partition has their key (``__key``, or the key column it is derived from: an
+  anti join), and their tombstones dropped by ``__deleted``;
 * the twins' own columns (``__key``, ``__deleted``) are not in the view;
   each row column is cast to the DuckDB type of the Arrow type a scan of the store
   (``store_batches``) gives it, which is free where the two agree already.
