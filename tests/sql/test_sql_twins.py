@@ -329,3 +329,24 @@ def test_every_row_deleted(tmp_path):
         assert got.num_rows == 0
         assert got.column_names == ["partition", "key", "price", "qty", "tag"]
         assert session.query("SELECT count(*) AS n FROM r")["n"][0] == 0
+
+
+def test_a_link_planted_after_a_statement_is_not_followed(tmp_path):
+    """The session's later statements check each twin by a ``stat`` of its own path (its
+    paths were found through no link once): a twin swapped for a link to a copy of
+    itself outside the root fails with one line naming it, as on the first statement."""
+    root = tmp_path / "root"
+    write_history(root, commits=2)
+    twin = sorted((root / "r" / "sst" / "1").glob("*.parquet"))[-1]
+    with iqkit.open(root) as engine, SQLSession(engine=engine) as session:
+        n = session.query("SELECT count(*) AS n FROM r")["n"][0]
+        copy = tmp_path / "outside.parquet"
+        copy.write_bytes(twin.read_bytes())
+        twin.unlink()
+        twin.symlink_to(copy)
+        with pytest.raises(SQLError) as info:
+            session.query("SELECT count(*) AS n FROM r")
+        assert twin.name in str(info.value) and "\n" not in str(info.value)
+        twin.unlink()
+        twin.write_bytes(copy.read_bytes())  # restored: read again
+        assert session.query("SELECT count(*) AS n FROM r")["n"][0] == n
