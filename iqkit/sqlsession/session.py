@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ..errors import IqkitError
-from .connection import check_access, connect
+from .connection import cache_footers, check_access, connect
 from .errors import SQLError, check_unicode, short_message
 from .params import bind_parameters
 from .registry import Registry, check_name, scannable
 from .resolve import MAX_RESOLVE_ROUNDS, Resolver, missing_table, referenced_tables
 from .snapshots import SnapshotCache, snapshot_key
 from .stores import StoreStream
-from .twins import TwinView, twin_view
+from .twins import TwinPlans, TwinView, twin_view
 from .versions import bad_arguments
 from .versions import install as install_version_functions
 from .worker import QueryWorker, interrupted
@@ -79,6 +79,10 @@ class SQLSession:
         self.directories = check_access(access, directories)
         self.access = access
         self._snapshots = SnapshotCache(cache_bytes)
+        self._plans = TwinPlans()  # twin views' plans, by the files they read
+        #: ``parquet_metadata_cache`` as it was before this query's statements over
+        #: twins turned it on (``connection.cache_footers``); None: not turned on.
+        self._footers_before: bool | None = None
         self._engine = engine
         self._namespace = namespace
         self.progress = progress
@@ -116,6 +120,7 @@ class SQLSession:
             if con is not None:
                 self._registry.clear(con)
                 self._snapshots.clear()
+                self._plans.clear()
                 con.close()
 
     @property
@@ -219,6 +224,9 @@ class SQLSession:
             raise self._translate(e) from None
         finally:
             self._registry.drop_temporary(self._con)
+            before, self._footers_before = self._footers_before, None
+            if before is False and self._con is not None:
+                cache_footers(self._con, False)
 
     def _statements(self, con: duckdb.DuckDBPyConnection, sql: str) -> list[Any]:
         if not sql.strip():
@@ -303,8 +311,11 @@ class SQLSession:
             ) from None
         if files is None:
             return None
+        con = self._connection()
+        if self._footers_before is None:  # before DuckDB reads a twin (connection.py)
+            self._footers_before = cache_footers(con, True)
         try:
-            return twin_view(self._connection(), store, files)
+            return twin_view(con, store, files, self._plans)
         except IqkitError as exc:  # a twin's footer that cannot be read
             raise SQLError(f"reading store {store!r} failed: {exc}") from None
 

@@ -20,7 +20,9 @@ When files are checked (``check_file``):
 * every open of a partition version stats its files against the sizes the record gives
   (a truncated, extended or replaced file);
 * a twin is hashed whole before any Parquet reader sees it, and so is the SST beside it,
-  so a twin never serves a partition whose SST is damaged;
+  so a twin never serves a partition whose SST is damaged; except for ``iqkit.sql``,
+  whose DuckDB reads the twins alone (a damaged SST cannot change its answer, and
+  hashing the SSTs was three quarters of its first statement's checks);
 * an SST read by RocksDB or by iqkit's own SST reader is checked block by block as it is
   read (their block checksums), never hashed whole on a key lookup's path;
 * a file fetched from object storage is hashed before its cached copy is used.

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import iqkit
 from iqkit import SQLError
 from iqkit.sqlsession import SQLSession
-from iqkit.sqlsession.twins import twin_view
+from iqkit.sqlsession.twins import TwinPlans, twin_view
 from iqkit.store.columnar.deletes import writing
 from iqkit.store.partitions.layers import twin_scans
 from iqkit.tables import store_batches
@@ -246,3 +246,107 @@ def test_new_chains_merge_by_position_and_earlier_ones_on_keys(tmp_path):
         assert "get_bit" in view.sql and "NOT EXISTS" not in view.sql
         view.close()
         check_same(engine, "r", QUERIES)
+
+
+def test_a_damaged_sst_does_not_change_sql_which_reads_the_twins_only(tmp_path):
+    """DuckDB reads the twins alone, so they are checked whole and the SSTs beside them
+    are not (a damaged SST cannot change the answer); once a reader found an SST
+    damaged, SQL fails the partition with the same line (integrity.py's one verdict)."""
+    write_history(tmp_path, commits=2)
+    query = "SELECT count(*) AS n, sum(qty) AS q FROM r"
+    with iqkit.open(tmp_path) as engine:
+        want = iqkit.sql(query, engine=engine).values.tolist()
+    sst = sorted((tmp_path / "r" / "sst" / "1").glob("*.sst"))[0]
+    sst.write_bytes(bytes((b + 101) % 256 for b in sst.read_bytes()))  # same size
+    with iqkit.open(tmp_path) as engine:
+        assert iqkit.sql(query, engine=engine).values.tolist() == want
+        keys = (f"k{i:03d}" for i in range(60))
+        key = next(k for k in keys if engine.partition_for_key("r", k) == 1)
+        lookup = iqkit.KeyQuery.with_key(key)  # reads the SST, finds it damaged
+        r = engine.query(iqkit.StateQueryRequest.in_store("r").with_query(lookup))
+        assert r.partition_results[1].is_failure
+        with pytest.raises(SQLError, match=sst.name):
+            iqkit.sql(query, engine=engine)
+
+
+def test_a_second_statement_on_the_same_files_reuses_the_plan(tmp_path):
+    """A version's plan (footers, bitmaps, SQL) is made once per session: the same files
+    give the same plan; a new version's files a new one; ``KEPT`` plans at most."""
+    write_history(tmp_path, commits=2)
+    con = duckdb.connect()
+    plans = TwinPlans()
+    with iqkit.open(tmp_path) as engine:
+        files = engine.twin_files("r")
+        again = engine.twin_files("r")
+        first = plans.plan(con, files)
+        assert first is not None and plans.plan(con, again) is first
+        files.release()
+        again.release()
+    with iqkit.StoreWriter(tmp_path, "r") as w:
+        w.put("k000", record(5, "new"))
+    plans.KEPT = 1
+    with iqkit.open(tmp_path) as engine:
+        files = engine.twin_files("r")
+        newer = plans.plan(con, files)
+        files.release()
+    assert newer is not None and newer is not first and newer.sql != first.sql
+    with iqkit.open(tmp_path, as_of=2) as engine:
+        files = engine.twin_files("r")
+        assert plans.plan(con, files) is not first  # evicted by the newer one
+        files.release()
+
+
+def test_tombstones_are_dropped_by_position_and_footers_cached_for_the_statement(tmp_path):
+    """Chains merged by position: DuckDB never filters on ``__deleted`` (tombstones are
+    bits of the files' bitmaps too); while a statement reads twins, DuckDB keeps their
+    footers (``parquet_metadata_cache``), and the session's own value is back after."""
+    write_history(tmp_path, commits=3)
+    with iqkit.open(tmp_path) as engine:
+        files = engine.twin_files("r")
+        view = twin_view(duckdb.connect(), "r", files)
+        assert view is not None and "__deleted" not in view.sql
+        view.close()
+        with SQLSession(engine=engine) as session:
+            during = "SELECT current_setting('parquet_metadata_cache') AS c, count(*) FROM r"
+            assert bool(session.query(during)["c"][0]) is True
+            after = "SELECT current_setting('parquet_metadata_cache') AS c"
+            assert bool(session.query(after)["c"][0]) is False
+            session.query("SET parquet_metadata_cache = true")  # the user's own choice
+            session.query("SELECT count(*) FROM r")
+            assert bool(session.query(after)["c"][0]) is True
+
+
+def test_every_row_deleted(tmp_path):
+    iqkit.create_store(tmp_path, "r", partitions=2, value_serde="json")
+    with iqkit.StoreWriter(tmp_path, "r") as w:
+        for i in range(10):
+            w.put(f"k{i:03d}", record(i))
+    with iqkit.StoreWriter(tmp_path, "r") as w:
+        for i in range(10):
+            w.delete(f"k{i:03d}")
+    with iqkit.open(tmp_path) as engine, SQLSession(engine=engine) as session:
+        got = session.query_arrow("SELECT * FROM r")
+        assert got.num_rows == 0
+        assert got.column_names == ["partition", "key", "price", "qty", "tag"]
+        assert session.query("SELECT count(*) AS n FROM r")["n"][0] == 0
+
+
+def test_a_link_planted_after_a_statement_is_not_followed(tmp_path):
+    """The session's later statements check each twin by a ``stat`` of its own path (its
+    paths were found through no link once): a twin swapped for a link to a copy of
+    itself outside the root fails with one line naming it, as on the first statement."""
+    root = tmp_path / "root"
+    write_history(root, commits=2)
+    twin = sorted((root / "r" / "sst" / "1").glob("*.parquet"))[-1]
+    with iqkit.open(root) as engine, SQLSession(engine=engine) as session:
+        n = session.query("SELECT count(*) AS n FROM r")["n"][0]
+        copy = tmp_path / "outside.parquet"
+        copy.write_bytes(twin.read_bytes())
+        twin.unlink()
+        twin.symlink_to(copy)
+        with pytest.raises(SQLError) as info:
+            session.query("SELECT count(*) AS n FROM r")
+        assert twin.name in str(info.value) and "\n" not in str(info.value)
+        twin.unlink()
+        twin.write_bytes(copy.read_bytes())  # restored: read again
+        assert session.query("SELECT count(*) AS n FROM r")["n"][0] == n

@@ -55,6 +55,7 @@ from .read import (
     ChainPartition,
     TwinMemo,
     check_known_damage,
+    check_twins,
     damage_key,
     database_folder,
     open_partition,
@@ -403,6 +404,9 @@ def _copy_bytes(part: MemoryPartition) -> int:
                for k, v in chunk)  # fmt: skip
 
 
+#: Chains whose twins' local paths a snapshot keeps (``ChainSnapshot._twin_paths``).
+_TWIN_PATHS_KEPT = 4096
+
 #: What a partition's first read says when it leaves the key to the database.
 DECLINED = object()
 
@@ -457,6 +461,10 @@ class ChainSnapshot:
         #: The served version's partitions already opened, by number: the key-lookup
         #: path's one dict lookup (``hot_partition``).
         self._hot: dict[int, OpenPartition] = {}
+        #: A local root's twins as ``pin_twins`` found them through no link, by their
+        #: names: later statements over them check each by a ``stat`` (``check_twins``:
+        #: its identity, found whole, or hashed again) instead of walking the root.
+        self._twin_paths: dict[tuple[str | None, ...], tuple[list[str], list[str]]] = {}
         #: Version records read for the version queries (``published``), by number.
         self._records: dict[tuple[int, int | None], ChainVersion] = {}
         #: The layered databases the version queries keep (store/chain/versions.py).
@@ -747,7 +755,8 @@ class ChainSnapshot:
                     continue
                 try:
                     check_known_damage(self.objects, chain, self._where(p))
-                    paths, names, pinned = pin_twins(self.cache, self.objects, chain)
+                    # Only the twins: SQL reads nothing else (check_twins).
+                    paths, names, pinned = self._local_twins(chain)
                 except IqkitError as exc:
                     raise type(exc)(f"partition {p}: {exc}") from None
                 pins.extend(pinned)
@@ -760,6 +769,21 @@ class ChainSnapshot:
         return TwinFiles(
             record.version, partitions, layout_of(self.manifest), partial(_release_all, pins)
         )
+
+    def _local_twins(self, chain: PartitionChain) -> tuple[list[str], list[str], list[Any]]:
+        """``pin_twins`` of ``chain`` for SQL (``ssts=False``), its local paths found once
+        per snapshot (``_twin_paths``) and checked again each time."""
+        key = tuple(f.twin_name for f in chain.files)
+        found = self._twin_paths.get(key)
+        if found is not None:
+            check_twins(self.objects, chain.files, found[0], ssts=False)
+            return found[0], found[1], []
+        paths, names, pinned = pin_twins(self.cache, self.objects, chain, ssts=False)
+        if not pinned:  # the root's own files (a local root)
+            if len(self._twin_paths) >= _TWIN_PATHS_KEPT:
+                self._twin_paths.clear()
+            self._twin_paths[key] = (paths, names)
+        return paths, names, pinned
 
     def close(self) -> None:
         """Close every open partition (their cached files are unpinned) and the layered

@@ -34,7 +34,7 @@ class TwinColumns:
     tombstones only, whose columns hold nothing; a column only nulls in a file is not
     given by it)."""
 
-    __slots__ = ("fields", "merge_key", "metadata", "of_file", "rows", "shown")
+    __slots__ = ("fields", "merge_key", "metadata", "of_file", "rows", "shown", "tombstones")
 
     def __init__(
         self,
@@ -44,6 +44,7 @@ class TwinColumns:
         merge_key: str = KEY_BYTES,
         rows: dict[str, int] | None = None,
         metadata: dict[str, dict[bytes, bytes]] | None = None,
+        tombstones: dict[str, bool] | None = None,
     ) -> None:
         self.fields = fields
         self.of_file = of_file
@@ -52,6 +53,8 @@ class TwinColumns:
         #: its position deletes, ``deletes.py``).
         self.rows = rows or {}
         self.metadata = metadata or {}
+        #: Whether a file may hold a tombstone, by path (``__deleted``'s statistics).
+        self.tombstones = tombstones or {}
         #: The column a chain's files are merged on (the newest file holding a value of
         #: it has the row): ``__key``, or the key column it is derived from.
         self.merge_key = merge_key
@@ -70,6 +73,7 @@ def twin_columns(partitions: dict[int, list[TwinFile]], layout: bytes) -> TwinCo
     merge_keys = set()
     rows: dict[str, int] = {}
     metadata: dict[str, dict[bytes, bytes]] = {}
+    tombstones: dict[str, bool] = {}
     for p, files in sorted(partitions.items()):
         for f in files:
             meta = _footer(p, f)
@@ -82,7 +86,8 @@ def twin_columns(partitions: dict[int, list[TwinFile]], layout: bytes) -> TwinCo
             merge_keys.add(KEY_BYTES if derived is None else derived.decode())
             of_file[f.path] = [n for n in schema.names if n not in HIDDEN]
             shown[f.path] = []
-            if not _has_live_rows(meta, schema.names.index(DELETED)):
+            tombstones[f.path] = _may_hold(meta, schema.names.index(DELETED), True)
+            if not _may_hold(meta, schema.names.index(DELETED), False):
                 continue
             for field in schema:
                 if field.name in HIDDEN:
@@ -101,7 +106,7 @@ def twin_columns(partitions: dict[int, list[TwinFile]], layout: bytes) -> TwinCo
     if len(merge_keys) > 1:
         return None
     merge_key = merge_keys.pop() if merge_keys else KEY_BYTES
-    return TwinColumns(list(found.values()), of_file, shown, merge_key, rows, metadata)
+    return TwinColumns(list(found.values()), of_file, shown, merge_key, rows, metadata, tombstones)
 
 
 def _footer(p: int, f: TwinFile) -> pq.FileMetaData:
@@ -123,14 +128,14 @@ def _footer(p: int, f: TwinFile) -> pq.FileMetaData:
     return meta
 
 
-def _has_live_rows(meta: pq.FileMetaData, deleted: int) -> bool:
-    """Whether a row of the file may be a row, not a tombstone (by ``__deleted``'s
-    statistics; none: it may)."""
+def _may_hold(meta: pq.FileMetaData, deleted: int, value: bool) -> bool:
+    """Whether a row of the file may have ``__deleted`` = ``value`` (``False``: a row,
+    ``True``: a tombstone), by the column's statistics (none: it may)."""
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         if not group.num_rows:
             continue
         stats = group.column(deleted).statistics
-        if stats is None or not stats.has_min_max or stats.min is False:
+        if stats is None or not stats.has_min_max or (stats.max if value else not stats.min):
             return True
     return False
