@@ -316,9 +316,19 @@ def with_private_tmp(command: list[str], listing: Path) -> list[str] | None:
     return ["env", f"LISTING={listing}", *in_private_mount_namespace(script, "sh", *command)]
 
 
+def jvm_speed_flags() -> str:
+    """``make test``'s speed-only JVM flags (the Makefile's ``TEST_JVM_FLAGS``, C1 only),
+    for a JVM a test starts with an environment of its own; empty outside ``make test``."""
+    return os.environ.get("IQKIT_TEST_JVM_FLAGS", "")
+
+
 def user_environment() -> dict[str, str]:
-    """This process's environment without ``make test``'s scratch-folder settings."""
-    return {k: v for k, v in os.environ.items() if k not in TEST_SCRATCH_VARIABLES}
+    """This process's environment without ``make test``'s scratch-folder settings (its JVM
+    speed flags kept: they change no result, only the CPU a run takes)."""
+    env = {k: v for k, v in os.environ.items() if k not in TEST_SCRATCH_VARIABLES}
+    if jvm_speed_flags():
+        env["SPARK_SUBMIT_OPTS"] = jvm_speed_flags()
+    return env
 
 
 def store_manifest(kind="kv", key_serde="string", value_serde="json", **properties):

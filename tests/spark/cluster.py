@@ -44,6 +44,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from helpers import jvm_speed_flags
+
 #: Executors (workers), cores each, MiB each: the ``local-cluster`` master.
 EXECUTORS = 2
 MASTER = f"local-cluster[{EXECUTORS},1,1024]"
@@ -191,8 +193,8 @@ def _driver_env(scratch: Path, spark_home: Path) -> dict[str, str]:
         "SPARK_HOME": str(spark_home),
         "SPARK_LOCAL_IP": "127.0.0.1",
         "TMPDIR": str(tmp),
-        "SPARK_SUBMIT_OPTS": f"-Djava.io.tmpdir={tmp} -XX:-UsePerfData",
-        "SPARK_LAUNCHER_OPTS": "-XX:-UsePerfData",
+        "SPARK_SUBMIT_OPTS": f"-Djava.io.tmpdir={tmp} -XX:-UsePerfData {jvm_speed_flags()}",
+        "SPARK_LAUNCHER_OPTS": f"-XX:-UsePerfData {jvm_speed_flags()}",
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "PYTHONPATH": os.pathsep.join(
@@ -213,7 +215,10 @@ def _start_session(scratch: Path):
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "1g")
         .config("spark.executor.memory", "1g")
-        .config("spark.executor.extraJavaOptions", f"-Djava.io.tmpdir={tmp} -XX:-UsePerfData")
+        .config(
+            "spark.executor.extraJavaOptions",
+            f"-Djava.io.tmpdir={tmp} -XX:-UsePerfData {jvm_speed_flags()}",
+        )
         .config("spark.local.dir", str(scratch / "local"))
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.default.parallelism", "4")
