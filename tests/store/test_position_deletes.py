@@ -147,19 +147,25 @@ def test_compaction_drops_them(tmp_path):
 
 def test_the_lookup_finds_exactly_the_rows_holding_a_key():
     """The binary search behind the marks (``deletes._rows_holding``), against a set:
-    keys of every length up to 20 bytes (over one and two 8-byte words), zero bytes
-    inside and at the end, shared prefixes, keys with and without the user rows' prefix,
-    keys that are not in the file, and duplicates."""
+    keys of every length up to 20 bytes (over one and two 8-byte words) or all of one
+    length, zero bytes inside and at the end, shared prefixes, keys with and without the
+    user rows' prefix, keys that are not in the file, and duplicates."""
     rng = random.Random(36)
     letters = [b"\x00", b"\x01", b"a", b"b", b"\xff"]
 
-    def key(longest):
-        return b"".join(rng.choice(letters) for _ in range(rng.randint(0, longest)))
+    def key(longest, fixed=False):
+        size = longest if fixed else rng.randint(0, longest)
+        return b"".join(rng.choice(letters) for _ in range(size))
 
-    for _ in range(2000):
-        hay = sorted({key(rng.choice([2, 9, 20])) for _ in range(rng.randint(0, 50))})
-        wanted = [rng.choice(hay) if hay and rng.random() < 0.5 else key(18)
-                  for _ in range(rng.randint(0, 25))]  # fmt: skip
+    for _ in range(3000):
+        fixed = rng.random() < 0.4  # keys of one length: numpy's search of ``S<n>`` values
+        longest = rng.choice([1, 2, 9, 20])
+        hay = sorted({key(longest, fixed) for _ in range(rng.randint(0, 50))})
+        wanted = [
+            rng.choice(hay) if hay and rng.random() < 0.5
+            else key(longest, fixed) if rng.random() < 0.8 else key(18)
+            for _ in range(rng.randint(0, 25))
+        ]  # fmt: skip
         prefixed = rng.random() < 0.5
         given = wanted if prefixed else [b"\x01" + k for k in wanted] + [b"\x02a", b""]
         needles = deletes._needles(pa.array(given, pa.binary()), prefixed)

@@ -115,19 +115,40 @@ def _rocks_keys(keys: pa.Array, prefixed: bool) -> pa.Array:
     return keys.cast(pa.binary()) if prefixed else kv_keys_arrow(keys)
 
 
-def _needles(keys: pa.Array, prefixed: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """RocksDB ``keys`` as ``(data, starts, lengths)`` in the form of a twin's keys: as
-    they are (``prefixed``), or without the user rows' prefix (other keys dropped: no
-    twin row has them)."""
+class _Needles:
+    """Keys looked up in twins (``_rows_holding``): ``data``, ``starts``, ``lengths``
+    as numpy arrays, and per key length their ``S<n>`` values (``fixed``), made once for
+    all the files of a chain."""
+
+    __slots__ = ("_fixed", "data", "lengths", "starts")
+
+    def __init__(self, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+        self.data, self.starts, self.lengths = data, starts, lengths
+        self._fixed: dict[int, np.ndarray] = {}
+
+    def fixed(self, size: int) -> np.ndarray:
+        """The keys ``size`` bytes long as numpy ``S<size>`` values."""
+        got = self._fixed.get(size)
+        if got is None:
+            starts = self.starts[self.lengths == size]
+            words = _words(self.data, starts, np.full(len(starts), size), (size + 7) // 8)
+            got = np.ascontiguousarray(words.view(np.uint8)[:, :size]).view(f"S{size}").ravel()
+            self._fixed[size] = got
+        return got
+
+
+def _needles(keys: pa.Array, prefixed: bool) -> _Needles:
+    """RocksDB ``keys`` in the form of a twin's keys: as they are (``prefixed``), or
+    without the user rows' prefix (other keys dropped: no twin row has them)."""
     data, offsets = key_buffers(keys)
     starts, lengths = offsets[:-1], np.diff(offsets)
     if prefixed:
-        return data, starts, lengths
+        return _Needles(data, starts, lengths)
     user = lengths >= RAW_PREFIX_LEN
     for i, byte in enumerate(DATA_PREFIX):
         at = np.minimum(starts + i, max(len(data) - 1, 0))
         user &= (data[at] == byte) if len(data) else False
-    return data, starts[user] + RAW_PREFIX_LEN, lengths[user] - RAW_PREFIX_LEN
+    return _Needles(data, starts[user] + RAW_PREFIX_LEN, lengths[user] - RAW_PREFIX_LEN)
 
 
 def _words(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
@@ -140,9 +161,7 @@ def _words(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int
     return np.ascontiguousarray(got).view(">u8")
 
 
-def _rows_holding(
-    hay: pa.Array, needles: tuple[np.ndarray, np.ndarray, np.ndarray]
-) -> np.ndarray:
+def _rows_holding(hay: pa.Array, needles: _Needles) -> np.ndarray:
     """A boolean array over ``hay`` (binary keys sorted ascending bytewise, unique): True
     where the row's key is one of ``needles`` (``_needles``, any order). A vectorised
     binary search per needle, reading about ``log2(len(hay))`` keys of ``hay`` for each:
@@ -151,7 +170,7 @@ def _rows_holding(
     Keys compare by 8-byte words (``_words``); when all of a needle's words are equal,
     the shorter key is the smaller (zeros past a key's end make a key and its extension
     by zero bytes equal in words, not in length)."""
-    n_data, n_start, n_len = needles
+    n_data, n_start, n_len = needles.data, needles.starts, needles.lengths
     n = len(hay)
     found = np.zeros(n, dtype=bool)
     if not n or not len(n_len):
@@ -191,21 +210,16 @@ def _rows_holding(
     return found
 
 
-def _rows_holding_fixed(
-    data: np.ndarray, size: int, needles: tuple[np.ndarray, np.ndarray, np.ndarray], found: Any
-) -> np.ndarray:
+def _rows_holding_fixed(data: np.ndarray, size: int, needles: _Needles, found: Any) -> np.ndarray:
     """``_rows_holding`` for keys all ``size`` bytes long, ``data`` end to end: as a
     numpy ``S<size>`` array searched by ``numpy.searchsorted``. Quirk: numpy compares
     ``S`` values without their trailing zero bytes; among keys of one length that is
     still the bytes' order (a key whose rest is zeros is the smaller either way) and
     equality. Needles of another length are in no row."""
-    n_data, n_start, n_len = needles
-    n_start = n_start[n_len == size]
-    if not len(n_start):
+    want = needles.fixed(size)
+    if not len(want):
         return found
     hay = data.view(f"S{size}")
-    want = _words(n_data, n_start, np.full(len(n_start), size), (size + 7) // 8)
-    want = np.ascontiguousarray(want.view(np.uint8)[:, :size]).view(f"S{size}").ravel()
     at = np.searchsorted(hay, want)
     inside = at < len(hay)
     at, want = at[inside], want[inside]
@@ -246,10 +260,14 @@ def superseded_metadata(
     )
     marks: list[np.ndarray] = []
     found = [newer]  # the RocksDB keys of the files above the one looked at
+    needles: dict[tuple[int, bool], _Needles] = {}  # by files above and form
     for i in range(len(older) - 1, -1, -1):  # newest first
         keys, prefixed = _twin_keys(older[i][1], manifest)
-        needles = pa.concat_arrays([k.cast(pa.binary()) for k in found])
-        dead = _rows_holding(keys, _needles(needles, prefixed))
+        wanted = needles.get((len(found), prefixed))
+        if wanted is None:
+            joined = pa.concat_arrays([k.cast(pa.binary()) for k in found])
+            wanted = needles[(len(found), prefixed)] = _needles(joined, prefixed)
+        dead = _rows_holding(keys, wanted)
         if below is not None and i < len(older) - 1:
             live = below.mask(i)
             if live is not None:
