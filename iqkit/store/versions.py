@@ -293,7 +293,6 @@ class VersionReader:
         lower, upper = self._bounds(query)
         versions = timeline.versions
         out: list[Change[Any, Any]] = []
-        strip = keyspace.RAW_PREFIX_LEN
         for before, version in pairwise(versions):
             keys = walk.written_keys(version, lower, upper)
             if keys is None:
@@ -301,20 +300,29 @@ class VersionReader:
             else:
                 old, new = walk.get_many(before, keys), walk.get_many(version, keys)
                 steps = zip(keys, old, new, strict=True)
-            for key, old, new in steps:
-                if old == new:
-                    continue
-                kind = "insert" if old is None else "delete" if new is None else "update"
-                out.append(
-                    Change(
-                        key=self.key_serde.deserialize(key[strip:]),
-                        kind=kind,  # type: ignore[arg-type]
-                        value=self._value(new),
-                        old_value=self._value(old),
-                        version=version,
-                    )
-                )
+            changed = [step for step in steps if step[1] != step[2]]
+            out.extend(self._changes(changed, version))
         return out
+
+    def _changes(
+        self, changed: list[tuple[bytes, bytes | None, bytes | None]], version: int
+    ) -> list[Change[Any, Any]]:
+        """``Change``s of one version's changed ``(key, old, new)`` stored rows: keys
+        decoded in one call (a change feed of a 1% commit at 10M keys has 110,000)."""
+        if not changed:
+            return []
+        keys = self.key_serde.deserialize_many([k for k, _, _ in changed], keyspace.RAW_PREFIX_LEN)
+        value = self.value_serde.deserialize
+        return [
+            Change(
+                key=key,
+                kind="insert" if old is None else "delete" if new is None else "update",
+                value=None if new is None else value(new),
+                old_value=None if old is None else value(old),
+                version=version,
+            )
+            for key, (_, old, new) in zip(keys, changed, strict=True)
+        ]
 
     def _bounds(self, query: ChangesQuery[Any, Any]) -> tuple[bytes, bytes]:
         if query.prefix is not None:

@@ -5,9 +5,14 @@ position once its newest twin has them."""
 
 from __future__ import annotations
 
+import random
+
+import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 import iqkit
+from iqkit.store.columnar import deletes, twins
 from iqkit.store.columnar.deletes import SUPERSEDED, footer_schema, read_superseded, writing
 from iqkit.store.partitions.layers import twin_scans
 from iqkit.tables import store_batches
@@ -32,7 +37,10 @@ def footer(path):
 
 
 def keys_of(path):
-    return pq.read_table(path, columns=["key"]).column("key").to_pylist()
+    """A twin's keys: its ``__key`` where it has one (a tombstone's ``key`` is null
+    there), else its key column."""
+    column = "__key" if "__key" in pq.read_schema(path).names else "key"
+    return pq.read_table(path, columns=[column]).column(column).to_pylist()
 
 
 def history(root, commits, *, positions=True):
@@ -78,9 +86,9 @@ def test_a_big_commits_streamed_twin_marks_them_too(tmp_path, monkeypatch):
         assert pairs(store_batches(engine, "s").read_all()) == rows(tmp_path)
 
 
-def check_marks(root):
+def check_marks(root, files=4):
     for chain in chains(root).values():
-        assert len(chain) == 4
+        assert len(chain) == files
         newest = footer(chain[-1][1])
         deletes = read_superseded(newest, [(n, r) for n, _, r in chain[:-1]])
         assert deletes is not None
@@ -135,3 +143,73 @@ def test_compaction_drops_them(tmp_path):
     for chain in chains(tmp_path).values():
         assert len(chain) < 4
         assert SUPERSEDED not in (footer(chain[0][1]) or {})
+
+
+def test_the_lookup_finds_exactly_the_rows_holding_a_key():
+    """The binary search behind the marks (``deletes._rows_holding``), against a set:
+    keys of every length up to 20 bytes (over one and two 8-byte words) or all of one
+    length, zero bytes inside and at the end, shared prefixes, keys with and without the
+    user rows' prefix, keys that are not in the file, and duplicates."""
+    rng = random.Random(36)
+    letters = [b"\x00", b"\x01", b"a", b"b", b"\xff"]
+
+    def key(longest, fixed=False):
+        size = longest if fixed else rng.randint(0, longest)
+        return b"".join(rng.choice(letters) for _ in range(size))
+
+    for _ in range(3000):
+        fixed = rng.random() < 0.4  # keys of one length: numpy's search of ``S<n>`` values
+        longest = rng.choice([1, 2, 9, 20])
+        hay = sorted({key(longest, fixed) for _ in range(rng.randint(0, 50))})
+        wanted = [
+            rng.choice(hay) if hay and rng.random() < 0.5
+            else key(longest, fixed) if rng.random() < 0.8 else key(18)
+            for _ in range(rng.randint(0, 25))
+        ]  # fmt: skip
+        prefixed = rng.random() < 0.5
+        given = wanted if prefixed else [b"\x01" + k for k in wanted] + [b"\x02a", b""]
+        needles = deletes._needles(pa.array(given, pa.binary()), prefixed)
+        got = deletes._rows_holding(pa.array(hay, pa.binary()), needles)
+        assert got.tolist() == [k in set(wanted) for k in hay], (hay, wanted, prefixed)
+
+
+KEYS = {
+    # shared prefixes, zero bytes at the end, one and two words long
+    "bytes": [b"", b"\x00", b"\x00\x00", b"a", b"a\x00", b"a\x00\x01", b"ab" * 4,
+              b"ab" * 4 + b"\x00", b"ab" * 4 + b"\x00\x00", b"ab" * 9, b"\xff" * 17],
+    "int64": [-(2**63), -5, -1, 0, 1, 7, 2**40, 2**63 - 1],  # negatives after positives
+    "json": [0, 1, 10, 2, -3, 100],  # keys in ``__key``
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("key_serde", sorted(KEYS))
+def test_marks_for_keys_of_every_form(tmp_path, monkeypatch, key_serde):
+    """Deltas updating and deleting the first and the last row of the base, and keys on
+    row group boundaries (groups of 3 rows); a third delta whose marks are its
+    predecessor's plus its own (the incremental path) and a commit after one written
+    without marks (every newer file's keys looked up)."""
+    monkeypatch.setattr(twins, "ROW_GROUP_ROWS", 3)
+    keys = KEYS[key_serde]
+    iqkit.create_store(tmp_path, "s", partitions=1, key_serde=key_serde, value_serde="json")
+    with iqkit.StoreWriter(tmp_path, "s") as w:
+        for i, k in enumerate(keys):
+            w.put(k, {"n": i})
+    steps = [
+        (keys[:1] + keys[-1:], []),  # the first and last rows written again
+        (keys[3:4], keys[:1]),  # the first row deleted: the delta's own row
+        (keys[2:6], keys[-1:]),  # a row group's last and next's first
+        (keys[1:2], []),
+    ]
+    for c, (puts, gone) in enumerate(steps, start=1):
+        with writing(c != 3), iqkit.StoreWriter(tmp_path, "s") as w:
+            for k in puts:
+                w.put(k, {"n": 100 * c})
+            for k in gone:
+                w.delete(k)
+        if c != 3:
+            check_marks(tmp_path, files=c + 1)
+    with iqkit.open(tmp_path) as engine:
+        got = store_batches(engine, "s").read_all()
+    with iqkit.open(tmp_path) as engine, twin_scans(False):
+        want = store_batches(engine, "s").read_all()
+    assert got.equals(want)

@@ -328,7 +328,7 @@ class TwinWriter:
         deletes = self._rows - self._live
         self._rows, self._live = 0, 0
         try:
-            table = self._of_columns(pending) if not deletes else None
+            table = self._of_columns(pending) if not deletes else self._with_deletes(pending)
             if table is None:
                 rows = [
                     pair
@@ -357,6 +357,28 @@ class TwinWriter:
                                  for _, _, s in pending])  # fmt: skip
         columns = self.columns_of(seqs)
         return None if columns is None else twin_of_columns(self.manifest, columns)
+
+    def _with_deletes(self, pending: list[tuple[Any, Any, Any]]) -> pa.Table | None:
+        """The twin of a piece of puts and deletes as ``twin_table`` makes it (the live
+        rows, then tombstones added in key order: ``_with_tombstones``), the puts taken
+        from the writer's own columns (``_of_columns``); None when it has none for some
+        put, or the piece has no put (the shaped path fixes its columns)."""
+        import pyarrow.compute as pc  # here, not on top: a commit of no deletes skips it
+
+        live, dead = [], []
+        for keys, values, seqs in pending:
+            if seqs is None:
+                return None
+            valid = values.is_valid()
+            dead.extend(pc.filter(keys, pc.invert(valid)).to_pylist())
+            live.append((pc.filter(keys, valid), pc.filter(values, valid), pc.filter(seqs, valid)))
+        dead = [k for k in dead if KV_LOWER <= k < KV_UPPER]  # twin_table's rows
+        if not any(len(keys) for keys, _, _ in live):
+            return None
+        table = self._of_columns([piece for piece in live if len(piece[0])])
+        if table is None or not dead:
+            return table
+        return _with_tombstones(table, self.manifest, key_column_of(self.manifest), dead)
 
     def _give_up(self) -> None:
         self.failed = True
