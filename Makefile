@@ -27,9 +27,8 @@ S3A_JARS := $(CURDIR)/$(VENV)/s3a-jars
 # 89). Speed only: no flag here changes what a JVM computes. Tests that start a JVM with an
 # environment of their own add it from IQKIT_TEST_JVM_FLAGS (tests/helpers.py).
 TEST_JVM_FLAGS := -XX:TieredStopAtLevel=1
-# $(call test_env,FOLDER): the environment of a run whose scratch is FOLDER. The tests and
-# the notebooks, which run side by side, each get a folder of their own under TEST_TMP (a
-# test that checks what a command left in its TMPDIR sees only its own run's files).
+# $(call test_env,FOLDER): the environment of a run whose scratch is FOLDER: the tests and
+# the notebooks each get a folder of their own under TEST_TMP.
 test_env = TMPDIR=$(1) SPARK_SUBMIT_OPTS="-Djava.io.tmpdir=$(1) -XX:-UsePerfData $(TEST_JVM_FLAGS)" \
            SPARK_LAUNCHER_OPTS="-XX:-UsePerfData $(TEST_JVM_FLAGS)" IQKIT_TEST_JVM_FLAGS="$(TEST_JVM_FLAGS)" \
            IQKIT_CACHE=$(1)/iqkit-cache IQKIT_TEST_S3A_JARS=$(S3A_JARS)
@@ -38,10 +37,10 @@ test_env = TMPDIR=$(1) SPARK_SUBMIT_OPTS="-Djava.io.tmpdir=$(1) -XX:-UsePerfData
 CHROMIUM ?= /usr/bin/chromium
 # pytest-xdist processes for tests/: each takes whole test files (--dist loadfile, so a
 # module's fixtures stay in one process) and starts its own Spark session when it needs
-# one. Most of a Spark test's time is the JVM starting and waiting, so three overlap well
-# even on two cores, and the notebooks run beside them (docs/DECISIONS.md "Install,
-# dependencies and CI" has the timings). TEST_WORKERS=0 runs everything in one process.
-TEST_WORKERS ?= 3
+# one. Two keep both cores busy; a third process, or the notebooks run beside the tests,
+# only made CPU-starved tests (interrupts, timeouts) fail (docs/DECISIONS.md "Install,
+# dependencies and CI"). TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: test demo lab bench reliability lint check-java check-chromium install clean notebooks
 
@@ -49,15 +48,10 @@ test: $(STAMP) check-java check-chromium
 	$(PY) -m ruff check $(LINTED)
 	$(PY) tests/spark/s3a_jars.py $(S3A_JARS)
 	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)/tests $(TEST_TMP)/notebooks
-	@$(call test_env,$(TEST_TMP)/notebooks) IQKIT_STABLE_TIMINGS=1 \
-	    $(PY) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks \
-	    > $(TEST_TMP)/notebooks.log 2>&1 & notebooks=$$!; \
-	trap 'kill $$notebooks 2>/dev/null' INT TERM; \
-	echo "notebooks (nbval) running beside the tests: their output follows the tests'"; \
-	$(call test_env,$(TEST_TMP)/tests) IQKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider -p no:nbval \
-	    -n $(TEST_WORKERS) --dist loadfile --durations=30 tests; tests=$$?; \
-	wait $$notebooks; nbval=$$?; echo "== notebooks (nbval) =="; cat $(TEST_TMP)/notebooks.log; \
-	[ $$tests = 0 ] && [ $$nbval = 0 ]
+	$(call test_env,$(TEST_TMP)/tests) IQKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider \
+	    -p no:nbval -n $(TEST_WORKERS) --dist loadfile --durations=30 tests
+	$(call test_env,$(TEST_TMP)/notebooks) IQKIT_STABLE_TIMINGS=1 \
+	    $(PY) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks
 	rm -rf $(TEST_TMP)
 
 # Re-run every notebook top to bottom and store its outputs in place (what `make test`
