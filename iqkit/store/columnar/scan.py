@@ -62,6 +62,8 @@ class _File:
     inside: frozenset[int] = frozenset()
     #: The rows of each of its row groups.
     group_rows: tuple[int, ...] = ()
+    #: Its footer as planning parsed it.
+    meta: pq.FileMetaData | None = None
 
 
 #: Opens a twin's local path for reading, for a ``with`` block.
@@ -83,11 +85,12 @@ def _native(fh: BinaryIO) -> str | BinaryIO:
     return f"{_FD_FOLDER}/{fh.fileno()}" if os.path.isdir(_FD_FOLDER) else fh
 
 
-def _parquet(fh: BinaryIO) -> pq.ParquetFile:
-    """The open twin ``fh`` for reading row groups. Every page's CRC32 is checked where
-    its header has one (twins.write_twin writes them; older twins have none and are read
-    unchecked): a flipped bit in a page is an error (``_damage``), not wrong rows."""
-    return pq.ParquetFile(_native(fh), page_checksum_verification=True)
+def _parquet(fh: BinaryIO, meta: pq.FileMetaData | None = None) -> pq.ParquetFile:
+    """The open twin ``fh`` for reading row groups (``meta``: its footer, parsed when it
+    was planned, not again). Every page's CRC32 is checked where its header has one
+    (twins.write_twin writes them; older twins have none and are read unchecked): a
+    flipped bit in a page is an error (``_damage``), not wrong rows."""
+    return pq.ParquetFile(_native(fh), metadata=meta, page_checksum_verification=True)
 
 
 @dataclass
@@ -99,6 +102,7 @@ class _Footer:
     layout: bytes | None
     key_from: str | None
     groups: list[tuple[int, tuple[bytes, bytes] | None]]
+    meta: pq.FileMetaData | None = None
     #: The groups holding rows, and their smallest and largest keys, when every such
     #: group has bounds and each starts at or after the previous one's end (a twin is
     #: written sorted by key, so this is the rule): groups are then found by bisection,
@@ -152,7 +156,7 @@ class _Footer:
             bounds = _raw_bounds(stats) if derived is None else key_bounds(stats, key_serde)
             groups.append((group.num_rows, bounds))
         layout = (schema.metadata or {}).get(LAYOUT)
-        return cls(schema, layout, None if derived is None else key_leaf, groups)
+        return cls(schema, layout, None if derived is None else key_leaf, groups, meta)
 
 
 def _raw_bounds(stats: pq.Statistics | None) -> tuple[bytes, bytes] | None:
@@ -229,7 +233,9 @@ class TwinScan:
             inside = frozenset(g for g in groups if _within(footer.groups[g][1], lower, upper))
             rows = tuple(n for n, _ in footer.groups)
             self.files.append(
-                _File(name, local, footer.schema, groups, footer.key_from, inside, rows)
+                _File(
+                    name, local, footer.schema, groups, footer.key_from, inside, rows, footer.meta
+                )
             )
         self.columns = None if columns is None else list(columns)
         #: Whether every table has ``__key`` (derived where the files do not hold it);
@@ -283,7 +289,7 @@ class TwinScan:
             if parquet is not None:
                 table = parquet.read_row_groups(groups, columns=names, use_threads=False)
             else:
-                with self._open(f.local) as fh, _parquet(fh) as opened:
+                with self._open(f.local) as fh, _parquet(fh, f.meta) as opened:
                     table = opened.read_row_groups(groups, columns=names, use_threads=False)
             if f.key_from is None or not keys:
                 return table
@@ -314,7 +320,7 @@ class TwinScan:
             with contextlib.ExitStack() as held:
                 with _damage(f.path):
                     fh = held.enter_context(self._open(f.local))
-                    parquet = held.enter_context(_parquet(fh))
+                    parquet = held.enter_context(_parquet(fh, f.meta))
                 for g in order:
                     if self.closed:
                         return
@@ -464,6 +470,8 @@ def _serialized(table: pa.Table, column: str, key_serde: Any) -> pa.Array:
     """The keys of a twin table without ``__key`` serialized from its key ``column``,
     without the prefix every key of a kv store has: what ordering them needs."""
     values = table.column(column).combine_chunks()
+    if key_serde.name == "string" and pa.types.is_string(values.type):
+        return values.cast(pa.binary())  # its UTF-8 bytes: no validation pass to order them
     encoded = key_serde.serialize_arrow(values)
     if encoded is None:
         encoded = pa.array([key_serde.serialize(v) for v in values.to_pylist()], pa.binary())
