@@ -24,7 +24,6 @@ JSON store's fields are known from rows only.
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -464,34 +463,24 @@ def _twin_batches(
 ) -> pa.RecordBatchReader:
     """``store_batches`` of partitions read from columnar twins: the schema from each
     partition's first table (a whole twin file's columns, not a sample of rows), the
-    batches its tables cut to ``batch_size``.
-
-    The partitions' first tables are read side by side, one partition per core: reading
-    and merging twins is Arrow and numpy work that releases the GIL (a partition whose
-    chain has deltas gives its rows as one table, so this is most of a full scan)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    batches its tables cut to ``batch_size``."""
     from .store.columnar.twins import twin_table_columns  # pyarrow.parquet: twins only
 
     store = shaper.store
     firsts: dict[int, pa.Table] = {}
-
-    def first_of(twin: tuple[int, Iterator[pa.Table] | None]) -> pa.Table | None:
-        assert twin[1] is not None
-        return _next_table(store, twin[0], twin[1])
-
     try:
-        workers = max(1, min(len(twins), os.cpu_count() or 1))
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            for (p, _), first in zip(twins, pool.map(first_of, twins), strict=True):
-                if first is not None:
-                    firsts[p] = first
+        for p, tables in twins:
+            assert tables is not None
+            first = _next_table(store, p, tables)
+            if first is not None:
+                firsts[p] = first
         if schema is None:
             # Columns of one type in every partition: that is the schema, whatever the
             # rows (no copy of them); else the rows decide where types meet (a value
             # no common type holds makes its column JSON text, ``_assemble``).
             tables = list(firsts.values())
-            same = all(t.schema.equals(tables[0].schema, check_metadata=True) for t in tables)
+            kinds = [t.schema.remove_metadata() for t in tables]  # fields' metadata kept
+            same = all(k.equals(kinds[0], check_metadata=True) for k in kinds)
             samples = [
                 twin_table_columns(p, t.slice(0, 0) if same else t) for p, t in firsts.items()
             ]

@@ -611,8 +611,12 @@ def _unify_tables(tables: list[pa.Table]) -> pa.Table:
     """One table of ``tables`` whose columns may differ (module docstring), keeping the
     twins' metadata: the first table's, and ``JSON_TEXT`` on every column that is JSON
     text in some table or became text because no type fits them all."""
-    if all(t.schema.equals(tables[0].schema, check_metadata=True) for t in tables):
-        return pa.concat_tables(tables)
+    # The files' own metadata differs (a delta's carries its position deletes), their
+    # columns' (``JSON_TEXT``) must not: only then is concatenating them enough.
+    metadata = tables[0].schema.metadata
+    first = tables[0].schema.remove_metadata()
+    if all(t.schema.remove_metadata().equals(first, check_metadata=True) for t in tables):
+        return pa.concat_tables([t.replace_schema_metadata(metadata) for t in tables])
     chunks = [
         {
             name: _Column(
