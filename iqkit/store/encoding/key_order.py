@@ -43,12 +43,12 @@ _SCATTER_ROWS = 1 << 16
 def _padded(
     data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int, skip: int = 0
 ) -> np.ndarray:
-    """Each key's bytes after its first ``skip``, at most ``width`` of them, as a row of
+    """Each key's bytes after its first ``skip`` (at most ``width`` of them) as a row of
     a ``uint8`` array ``width`` wide, zero past the key's end; a bounded number of keys
     at a time, each copying only its own bytes."""
     rows = np.zeros((len(lengths), width), dtype=np.uint8)
     for lo in range(0, len(lengths), _SCATTER_ROWS):
-        n = np.minimum(lengths[lo : lo + _SCATTER_ROWS] - skip, width)
+        n = lengths[lo : lo + _SCATTER_ROWS] - skip
         at = starts[lo : lo + len(n)] + skip
         row = np.repeat(np.arange(len(n)), n)
         column = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
