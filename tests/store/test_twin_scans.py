@@ -473,9 +473,10 @@ def test_a_chain_merged_by_position_is_in_key_order_as_rocksdb_has_it(
     data=st.data(),
 )
 def test_files_rows_are_merged_as_sorting_them_would_order_them(keys, head, text, data):
-    """``_merge_order`` (files' live rows, each file's in key order, no key live in
-    two files, with superseded rows among them) gives the live rows in byte order."""
-    from iqkit.store.columnar.scan import _merge_order
+    """``key_order.merge_order`` (files' live rows, each file's in key order, no key
+    live in two files, with superseded rows among them) gives the live rows in byte
+    order."""
+    from iqkit.store.encoding.key_order import merge_order
 
     keys = [head + k for k in keys]
     files = data.draw(st.integers(1, 5))
@@ -486,6 +487,6 @@ def test_files_rows_are_merged_as_sorting_them_would_order_them(keys, head, text
         arrays.append(pa.array([r.decode("latin-1") for r in rows] if text else rows))
         kept.append(np.array([j for j, k in enumerate(rows) if home[k] == i], dtype=np.int64))
     every = [k for a in arrays for k in a.to_pylist()]
-    got = [every[i] for i in _merge_order(arrays, kept)]
+    got = [every[i] for i in merge_order(arrays, kept)]
     live = sorted(k for k in keys if home[k] >= 0)
     assert got == ([k.decode("latin-1") for k in live] if text else live)

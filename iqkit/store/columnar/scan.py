@@ -13,9 +13,9 @@ statistics), and reads lazily:
   ``deletes.py``; chains of an earlier iqkit by ``is_in`` against the newer files' keys),
   tombstones are dropped: one table, as big as the rows scanned. By position, what is
   left of each file is in key order and no key is left twice, so the files' rows are
-  merged (``_merge_order``: the biggest file's rows stay in order, the others' are put
-  among them by binary search) and copied once, in that order; merged on keys, they are
-  sorted.
+  merged (``key_order.merge_order``: the biggest file's rows stay in order, the others'
+  are put among them by binary search) and copied once, in that order; merged on keys,
+  they are sorted.
 
 Files whose columns differ (a field only some commits wrote, ints in one file and
 floats in another) are put together as a scan's chunks are (``shaping._assemble``): the
@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ...errors import StoreCorruptedError
+from ..encoding.key_order import merge_order
 from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
 from ..rows import VALUE
@@ -398,7 +399,7 @@ class TwinScan:
                 if by_column
                 else table.column(KEY_BYTES)
             )
-        order = _merge_order(keys, kept)
+        order = merge_order(keys, kept)
         if self.reverse:
             order = order[::-1]
         return _unify_tables(tables).take(pa.array(order))
@@ -476,124 +477,6 @@ def _serialized(table: pa.Table, column: str, key_serde: Any) -> pa.Array:
     if encoded is None:
         encoded = pa.array([key_serde.serialize(v) for v in values.to_pylist()], pa.binary())
     return encoded
-
-
-def _merge_order(keys: list[pa.Array | pa.ChunkedArray], kept: list[np.ndarray]) -> np.ndarray:
-    """The positions, in the files' rows one after the other, of their rows ``kept``
-    (each file's ``keys`` are in ascending order and no key is kept in two files)
-    in ascending key order.
-
-    The file with most kept rows (the base) keeps its order; the others' rows (the
-    deltas: few) are sorted and each placed among the base's by binary search, at the
-    count of base keys below it plus the count of delta keys below it: no sort of the
-    base's keys (a full scan of a partition sorted a million keys for every read)."""
-    starts = np.cumsum([0, *(len(k) for k in keys)])
-    runs = [kept_rows + start for kept_rows, start in zip(kept, starts, strict=False)]
-    big = max(range(len(runs)), key=lambda i: len(runs[i]))
-    others = [i for i in range(len(runs)) if i != big and len(runs[i])]
-    if not others:
-        return runs[big]
-    comparable = _comparable([keys[i] for i in (big, *others)])
-    if comparable is None:  # keys too wide to compare in numpy: Arrow sorts them all
-        every = pa.concat_arrays(
-            [_binary(keys[i]).take(pa.array(kept[i])) for i in range(len(runs))]
-        )
-        order = pc.sort_indices(every).to_numpy()
-        return np.concatenate(runs)[order]  # type: ignore[no-any-return]
-    base = comparable[0][kept[big]]
-    small = np.concatenate([c[kept[i]] for c, i in zip(comparable[1:], others, strict=True)])
-    rows = np.concatenate([runs[i] for i in others])
-    by_key = np.argsort(small, kind="stable")
-    small, rows = small[by_key], rows[by_key]
-    slots = np.searchsorted(base, small) + np.arange(len(small))
-    order = np.empty(len(base) + len(small), dtype=np.int64)
-    taken = np.zeros(len(order), dtype=bool)
-    taken[slots] = True
-    order[slots] = rows
-    order[~taken] = runs[big]
-    return order
-
-
-#: Keys wider than this (after the prefix they all share) are ordered by Arrow's sort
-#: (below 256: a key's length fits the byte ``_comparable`` puts after it).
-_WIDEST = 128
-#: Rows scattered at a time where keys differ in length (bounds the index arrays).
-_SCATTER_ROWS = 1 << 16
-
-
-def _binary(keys: pa.Array | pa.ChunkedArray) -> pa.Array:
-    array = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
-    if pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type):
-        return array.cast(pa.large_binary())
-    return array.cast(pa.binary())
-
-
-def _comparable(keys: list[pa.Array | pa.ChunkedArray]) -> list[np.ndarray] | None:
-    """Byte-string arrays (binary or string) as numpy arrays whose order is the keys'
-    byte order (``memcmp``, a shorter key before the longer keys it starts), or None
-    when the keys are too wide for that to pay (``_WIDEST``).
-
-    The bytes every key starts with are left out; the rest is padded with NULs to one
-    width, and where lengths differ each key's length follows (a key and the same key
-    with NULs after it then still differ, the shorter first). Up to 8 bytes that is one
-    big-endian ``uint64``, compared as a number; wider, a fixed-width byte string
-    (numpy compares those as ``memcmp`` does)."""
-    from ..encoding.partitioners import key_buffers
-
-    buffers = [key_buffers(_binary(k)) for k in keys]
-    lengths = [np.diff(offsets) for _, offsets in buffers]
-    if not any(len(n) for n in lengths):
-        return [np.zeros(0, dtype=np.uint64) for _ in keys]
-    shared = _shared_prefix(buffers)
-    widest = max(int(n.max()) for n in lengths if len(n)) - shared
-    same = all((n == widest + shared).all() for n in lengths)
-    width = widest + (0 if same else 1)  # a length after the key: one byte (_WIDEST)
-    if width > _WIDEST:
-        return None
-    out = []
-    for (data, offsets), n in zip(buffers, lengths, strict=True):
-        rows = np.zeros((len(n), 8 if width <= 8 else width), dtype=np.uint8)
-        if same:
-            block = data[int(offsets[0]) : int(offsets[-1])].reshape(len(n), widest + shared)
-            rows[:, :widest] = block[:, shared:]
-        else:
-            _scatter(rows, data, offsets, n, shared)
-            rows[:, widest] = n - shared
-        if width <= 8:
-            out.append(rows.view(">u8").ravel().astype(np.uint64))
-        else:
-            out.append(rows.view(f"S{width}").ravel())
-    return out
-
-
-def _shared_prefix(buffers: list[tuple[np.ndarray, np.ndarray]]) -> int:
-    """How many first bytes every key of ``buffers`` (each file's keys, ascending) has
-    in common: those of its smallest and largest keys, as every key lies between."""
-    ends = []
-    for data, offsets in buffers:
-        if len(offsets) > 1:
-            ends += [
-                data[int(offsets[0]) : int(offsets[1])].tobytes(),
-                data[int(offsets[-2]) : int(offsets[-1])].tobytes(),
-            ]
-    if not ends:
-        return 0
-    lo, hi = min(ends), max(ends)  # what the smallest and largest share, all share
-    pairs = enumerate(zip(lo, hi, strict=False))
-    return next((i for i, (a, b) in pairs if a != b), min(len(lo), len(hi)))
-
-
-def _scatter(
-    rows: np.ndarray, data: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, skip: int
-) -> None:
-    """Each key's bytes after its first ``skip`` into its row of ``rows`` (keys of
-    varied lengths), a bounded number of rows at a time."""
-    for lo in range(0, len(lengths), _SCATTER_ROWS):
-        n = lengths[lo : lo + _SCATTER_ROWS] - skip
-        starts = offsets[lo : lo + len(n)] + skip
-        row = np.repeat(np.arange(len(n)), n)
-        column = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-        rows[lo + row, column] = data[np.repeat(starts, n) + column]
 
 
 def _live(table: pa.Table) -> pa.Table:
