@@ -475,8 +475,16 @@ def _twin_batches(
             if first is not None:
                 firsts[p] = first
         if schema is None:
-            samples = [twin_table_columns(p, t) for p, t in firsts.items()]
-            rows = sum(t.num_rows for t in firsts.values())
+            # Columns of one type in every partition: that is the schema, whatever the
+            # rows (no copy of them); else the rows decide where types meet (a value
+            # no common type holds makes its column JSON text, ``_assemble``).
+            tables = list(firsts.values())
+            kinds = [t.schema.remove_metadata() for t in tables]  # fields' metadata kept
+            same = all(k.equals(kinds[0], check_metadata=True) for k in kinds)
+            samples = [
+                twin_table_columns(p, t.slice(0, 0) if same else t) for p, t in firsts.items()
+            ]
+            rows = sum(t.num_rows for t in tables)
             conformer = _infer_columns(store, samples or [shaper.empty_columns()], rows)
         else:
             conformer = _Conformer(store, schema, set(), set(), "the given schema")

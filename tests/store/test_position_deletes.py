@@ -12,8 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import iqkit
-from iqkit.store.columnar import deletes, twins
+from iqkit.store.columnar import twins
 from iqkit.store.columnar.deletes import SUPERSEDED, footer_schema, read_superseded, writing
+from iqkit.store.encoding import key_order
 from iqkit.store.partitions.layers import twin_scans
 from iqkit.tables import store_batches
 
@@ -146,7 +147,7 @@ def test_compaction_drops_them(tmp_path):
 
 
 def test_the_lookup_finds_exactly_the_rows_holding_a_key():
-    """The binary search behind the marks (``deletes._rows_holding``), against a set:
+    """The binary search behind the marks (``key_order.rows_holding``), against a set:
     keys of every length up to 20 bytes (over one and two 8-byte words) or all of one
     length, zero bytes inside and at the end, shared prefixes, keys with and without the
     user rows' prefix, keys that are not in the file, and duplicates."""
@@ -168,8 +169,8 @@ def test_the_lookup_finds_exactly_the_rows_holding_a_key():
         ]  # fmt: skip
         prefixed = rng.random() < 0.5
         given = wanted if prefixed else [b"\x01" + k for k in wanted] + [b"\x02a", b""]
-        needles = deletes._needles(pa.array(given, pa.binary()), prefixed)
-        got = deletes._rows_holding(pa.array(hay, pa.binary()), needles)
+        needles = key_order.needles(pa.array(given, pa.binary()), b"" if prefixed else b"\x01")
+        got = key_order.rows_holding(pa.array(hay, pa.binary()), needles)
         assert got.tolist() == [k in set(wanted) for k in hay], (hay, wanted, prefixed)
 
 

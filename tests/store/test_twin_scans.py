@@ -19,6 +19,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -410,3 +411,82 @@ def test_a_scan_beside_an_open_database_reads_it_and_leaves_the_twins_to_tables(
             StateQueryRequest.in_store("damaged").with_query(KeyQuery.with_key("k1"))
         )
         assert ".parquet is damaged" in key.partition_results[0].failure_message
+
+
+#: Keys sharing prefixes, of varied lengths (NULs inside and at the end): a key and the
+#: same key with bytes after it, around each other in the files' merge; some long.
+SHAPED_KEYS = st.lists(st.sampled_from([b"\x00", b"a", b"\xff", b"~" * 130]), max_size=4).map(
+    b"".join
+)
+#: What goes before every key of a store: nothing (short keys: compared as numbers),
+#: some bytes (compared as byte strings) or many (compared by Arrow's sort).
+KEY_HEADS = st.sampled_from([b"", b"head-", b"h" * 200])
+MERGED = settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@MERGED
+@given(key_serde=st.sampled_from(["bytes", "string", "int64"]), data=st.data())
+def test_a_chain_merged_by_position_is_in_key_order_as_rocksdb_has_it(
+    tmp_path_factory, key_serde, data
+):
+    """A base and deltas with position deletes (puts, deletes, new keys between old
+    ones) read from the twins: the same rows in the same order as RocksDB gives them,
+    whole (``store_batches``), by range, and descending."""
+    head = data.draw(KEY_HEADS)
+    if key_serde == "int64":
+        keys = data.draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=30))
+    else:
+        raw = [head + k for k in data.draw(st.lists(SHAPED_KEYS, min_size=1, max_size=30))]
+        keys = raw if key_serde == "bytes" else [k.decode("latin-1") for k in raw]
+    keys = list(dict.fromkeys(keys))
+    root = tmp_path_factory.mktemp("merged")
+    iqkit.create_store(root, "s", partitions=data.draw(st.integers(1, 2)), key_serde=key_serde)
+    for c in range(data.draw(st.integers(2, 7))):
+        with writing(True), iqkit.StoreWriter(root, "s") as w:
+            for key in data.draw(st.lists(st.sampled_from(keys), min_size=c == 0)):
+                if c and data.draw(st.integers(0, 3)) == 0:
+                    w.delete(key)
+                else:
+                    w.put(key, {"n": data.draw(st.integers(-9, 9)), "c": c})
+    lo, hi = sorted(data.draw(st.lists(st.sampled_from(keys), min_size=2, max_size=2)), key=repr)
+    queries = [
+        RangeQuery.with_no_bounds(),
+        RangeQuery.with_no_bounds().with_descending_keys(),
+        RangeQuery.with_range(lo, hi),
+        RangeQuery.with_lower_bound(lo).with_descending_keys(),
+    ]
+    with iqkit.open(root) as engine:
+        streams = both(lambda: store_batches(engine, "s").read_all())
+        assert streams[0].to_pylist() == streams[1].to_pylist()
+        for query in queries:
+            twins, rocks = both(lambda q=query: rows_of(engine, "s", q))
+            assert twins == rocks, query
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    keys=st.lists(SHAPED_KEYS, unique=True, max_size=40),
+    head=KEY_HEADS,
+    text=st.booleans(),
+    data=st.data(),
+)
+def test_files_rows_are_merged_as_sorting_them_would_order_them(keys, head, text, data):
+    """``key_order.merge_order`` (files' live rows, each file's in key order, no key
+    live in two files, with superseded rows among them) gives the live rows in byte
+    order."""
+    from iqkit.store.encoding.key_order import merge_order
+
+    keys = [head + k for k in keys]
+    files = data.draw(st.integers(1, 5))
+    home = {k: data.draw(st.integers(-1, files - 1)) for k in keys}  # -1: deleted
+    arrays, kept = [], []
+    for i in range(files):
+        rows = sorted(k for k in keys if home[k] == i or data.draw(st.integers(0, 2)) == 0)
+        arrays.append(pa.array([r.decode("latin-1") for r in rows] if text else rows))
+        kept.append(np.array([j for j, k in enumerate(rows) if home[k] == i], dtype=np.int64))
+    every = [k for a in arrays for k in a.to_pylist()]
+    got = [every[i] for i in merge_order(arrays, kept)]
+    live = sorted(k for k in keys if home[k] >= 0)
+    assert got == ([k.decode("latin-1") for k in live] if text else live)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import IqkitError
+from ...errors import IqkitError, StoreCorruptedError
 from ..objects import ObjectStore
 from . import hdfs_files, rocksdb_files, transform
 from .layout import OperatorStore, batch_metadata, state_folder, state_partitions
@@ -56,7 +56,16 @@ def recorded_conf(objects: ObjectStore) -> dict[str, str]:
     if batch is None:
         return {}
     conf = batch_metadata(objects, batch).get("conf") or {}
-    return {str(k): str(v) for k, v in conf.items()} if isinstance(conf, dict) else {}
+    conf = {str(k): str(v) for k, v in conf.items()} if isinstance(conf, dict) else {}
+    if conf and _PROVIDER_SETTING not in conf:
+        # Every Spark iqkit reads (3.5 on) records the provider with the other settings:
+        # a conf without it is a damaged entry (a flipped bit in the key's name), and a
+        # guess of the default provider would fail later naming a state file instead.
+        raise StoreCorruptedError(
+            f"checkpoint file offsets/{batch} records no state store provider "
+            f"({_PROVIDER_SETTING}) among its settings: the file is damaged"
+        )
+    return conf
 
 
 def provider_of(conf: dict[str, str]) -> str:

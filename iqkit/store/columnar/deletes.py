@@ -23,11 +23,11 @@ What a reader does with them (``newest wins`` with no key comparison):
 * ``TwinScan`` (scan.py) filters each older file's rows by the bitmap as a numpy mask.
 
 Cost to the writer: once per commit, the key column of each older twin is read and the
-delta's keys are looked up in it by binary search (``_rows_holding``: a twin is sorted by
-key), so the search costs ``log2(rows)`` key reads per delta key, not a hash of every
-row; the marks of files below the previous delta are that delta's, with the new rows
-added (``superseded_metadata``). What stays in proportion to the store is decoding the
-older twins' key columns (about 0.05 s per million rows).
+delta's keys are looked up in it by binary search (``encoding/key_order.py``: a twin is
+sorted by key), so the search costs ``log2(rows)`` key reads per delta key, not a hash
+of every row; the marks of files below the previous delta are that delta's, with the
+new rows added (``superseded_metadata``). What stays in proportion to the store is
+decoding the older twins' key columns (about 0.05 s per million rows).
 """
 
 from __future__ import annotations
@@ -37,14 +37,13 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..encoding.keyspace import RAW_PREFIX_LEN, kv_keys_arrow
-from ..encoding.partitioners import key_buffers
+from ..encoding.key_order import Needles, needles, rows_holding
+from ..encoding.keyspace import kv_keys_arrow
 from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
 from ..names import DATA_PREFIX, TWIN_SUFFIX
@@ -115,118 +114,6 @@ def _rocks_keys(keys: pa.Array, prefixed: bool) -> pa.Array:
     return keys.cast(pa.binary()) if prefixed else kv_keys_arrow(keys)
 
 
-class _Needles:
-    """Keys looked up in twins (``_rows_holding``): ``data``, ``starts``, ``lengths``
-    as numpy arrays, and per key length their ``S<n>`` values (``fixed``), made once for
-    all the files of a chain."""
-
-    __slots__ = ("_fixed", "data", "lengths", "starts")
-
-    def __init__(self, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
-        self.data, self.starts, self.lengths = data, starts, lengths
-        self._fixed: dict[int, np.ndarray] = {}
-
-    def fixed(self, size: int) -> np.ndarray:
-        """The keys ``size`` bytes long as numpy ``S<size>`` values."""
-        got = self._fixed.get(size)
-        if got is None:
-            starts = self.starts[self.lengths == size]
-            words = _words(self.data, starts, np.full(len(starts), size), (size + 7) // 8)
-            got = np.ascontiguousarray(words.view(np.uint8)[:, :size]).view(f"S{size}").ravel()
-            self._fixed[size] = got
-        return got
-
-
-def _needles(keys: pa.Array, prefixed: bool) -> _Needles:
-    """RocksDB ``keys`` in the form of a twin's keys: as they are (``prefixed``), or
-    without the user rows' prefix (other keys dropped: no twin row has them)."""
-    data, offsets = key_buffers(keys)
-    starts, lengths = offsets[:-1], np.diff(offsets)
-    if prefixed:
-        return _Needles(data, starts, lengths)
-    user = lengths >= RAW_PREFIX_LEN
-    for i, byte in enumerate(DATA_PREFIX):
-        at = np.minimum(starts + i, max(len(data) - 1, 0))
-        user &= (data[at] == byte) if len(data) else False
-    return _Needles(data, starts[user] + RAW_PREFIX_LEN, lengths[user] - RAW_PREFIX_LEN)
-
-
-def _words(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
-    """The first ``8 * width`` bytes of each key as ``width`` big-endian 64-bit words,
-    zero past the key's end: words compare as the bytes do."""
-    span = np.arange(8 * width)
-    idx = starts[:, None] + span[None, :]
-    got = data[np.minimum(idx, len(data) - 1)] if len(data) else np.zeros(idx.shape, np.uint8)
-    got = np.where(span[None, :] < lengths[:, None], got, 0).astype(np.uint8)
-    return np.ascontiguousarray(got).view(">u8")
-
-
-def _rows_holding(hay: pa.Array, needles: _Needles) -> np.ndarray:
-    """A boolean array over ``hay`` (binary keys sorted ascending bytewise, unique): True
-    where the row's key is one of ``needles`` (``_needles``, any order). A vectorised
-    binary search per needle, reading about ``log2(len(hay))`` keys of ``hay`` for each:
-    its cost follows the needles, not ``hay`` (a hash probe hashes every row of ``hay``).
-
-    Keys compare by 8-byte words (``_words``); when all of a needle's words are equal,
-    the shorter key is the smaller (zeros past a key's end make a key and its extension
-    by zero bytes equal in words, not in length)."""
-    n_data, n_start, n_len = needles.data, needles.starts, needles.lengths
-    n = len(hay)
-    found = np.zeros(n, dtype=bool)
-    if not n or not len(n_len):
-        return found
-    h_data, h_off = key_buffers(hay)
-    h_start, h_len = h_off[:-1], np.diff(h_off)
-    size = int(h_len[0])
-    if size and (h_len == size).all():  # one length: numpy's own search (no Python loop)
-        return _rows_holding_fixed(h_data[h_off[0] : h_off[-1]], size, needles, found)
-    width = max(1, (int(n_len.max()) + 7) // 8)
-    n_words = _words(n_data, n_start, n_len, width)
-    m = len(n_len)
-    lo = np.zeros(m, dtype=np.int64)
-    hi = np.full(m, n, dtype=np.int64)
-    active = np.arange(m)
-    while active.size:  # lower bound: the first row whose key is not below the needle
-        low, high = lo[active], hi[active]
-        mid = (low + high) // 2
-        words = _words(h_data, h_start[mid], h_len[mid], width)
-        want = n_words[active]
-        differs = words != want
-        first = differs.argmax(axis=1)
-        rows = np.arange(len(active))
-        below = np.where(
-            differs.any(axis=1),
-            words[rows, first] < want[rows, first],
-            h_len[mid] < n_len[active],
-        )
-        lo[active] = np.where(below, mid + 1, low)
-        hi[active] = np.where(below, high, mid)
-        active = active[lo[active] < hi[active]]
-    inside = lo < n
-    at = lo[inside]
-    same = (_words(h_data, h_start[at], h_len[at], width) == n_words[inside]).all(axis=1)
-    same &= h_len[at] == n_len[inside]
-    found[at[same]] = True
-    return found
-
-
-def _rows_holding_fixed(data: np.ndarray, size: int, needles: _Needles, found: Any) -> np.ndarray:
-    """``_rows_holding`` for keys all ``size`` bytes long, ``data`` end to end: as a
-    numpy ``S<size>`` array searched by ``numpy.searchsorted``. Quirk: numpy compares
-    ``S`` values without their trailing zero bytes; among keys of one length that is
-    still the bytes' order (a key whose rest is zeros is the smaller either way) and
-    equality. Needles of another length are in no row."""
-    want = needles.fixed(size)
-    if not len(want):
-        return found
-    hay = data.view(f"S{size}")
-    at = np.searchsorted(hay, want)
-    inside = at < len(hay)
-    at, want = at[inside], want[inside]
-    found[at[hay[at] == want]] = True
-    return found
-
-
 def footer_schema(meta: pq.FileMetaData) -> pa.Schema:
     """A twin's Arrow schema from its footer, with its position deletes in the schema's
     metadata wherever the writer put them: a twin written a piece at a time
@@ -260,14 +147,15 @@ def superseded_metadata(
     )
     marks: list[np.ndarray] = []
     found = [newer]  # the RocksDB keys of the files above the one looked at
-    needles: dict[tuple[int, bool], _Needles] = {}  # by files above and form
+    looked_up: dict[tuple[int, bool], Needles] = {}  # by files above and form
     for i in range(len(older) - 1, -1, -1):  # newest first
         keys, prefixed = _twin_keys(older[i][1], manifest)
-        wanted = needles.get((len(found), prefixed))
-        if wanted is None:
+        wanted = looked_up.get((len(found), prefixed))
+        if wanted is None:  # the twin's form: RocksDB keys, or the user rows' without prefix
             joined = pa.concat_arrays([k.cast(pa.binary()) for k in found])
-            wanted = needles[(len(found), prefixed)] = _needles(joined, prefixed)
-        dead = _rows_holding(keys, wanted)
+            wanted = needles(joined, b"" if prefixed else DATA_PREFIX)
+            looked_up[(len(found), prefixed)] = wanted
+        dead = rows_holding(keys, wanted)
         if below is not None and i < len(older) - 1:
             live = below.mask(i)
             if live is not None:

@@ -11,8 +11,11 @@ statistics), and reads lazily:
 * several files: the row groups each file needs are read, every file's rows a newer file
   supersedes are dropped (by position, from the newest twin's position deletes,
   ``deletes.py``; chains of an earlier iqkit by ``is_in`` against the newer files' keys),
-  tombstones are dropped, and what is left is sorted by key: one table, as big as the
-  rows scanned.
+  tombstones are dropped: one table, as big as the rows scanned. By position, what is
+  left of each file is in key order and no key is left twice, so the files' rows are
+  merged (``key_order.merge_order``: the biggest file's rows stay in order, the others'
+  are put among them by binary search) and copied once, in that order; merged on keys,
+  they are sorted.
 
 Files whose columns differ (a field only some commits wrote, ints in one file and
 floats in another) are put together as a scan's chunks are (``shaping._assemble``): the
@@ -36,6 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ...errors import StoreCorruptedError
+from ..encoding.key_order import merge_order
 from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
 from ..rows import VALUE
@@ -59,6 +63,8 @@ class _File:
     inside: frozenset[int] = frozenset()
     #: The rows of each of its row groups.
     group_rows: tuple[int, ...] = ()
+    #: Its footer as planning parsed it.
+    meta: pq.FileMetaData | None = None
 
 
 #: Opens a twin's local path for reading, for a ``with`` block.
@@ -80,11 +86,12 @@ def _native(fh: BinaryIO) -> str | BinaryIO:
     return f"{_FD_FOLDER}/{fh.fileno()}" if os.path.isdir(_FD_FOLDER) else fh
 
 
-def _parquet(fh: BinaryIO) -> pq.ParquetFile:
-    """The open twin ``fh`` for reading row groups. Every page's CRC32 is checked where
-    its header has one (twins.write_twin writes them; older twins have none and are read
-    unchecked): a flipped bit in a page is an error (``_damage``), not wrong rows."""
-    return pq.ParquetFile(_native(fh), page_checksum_verification=True)
+def _parquet(fh: BinaryIO, meta: pq.FileMetaData | None = None) -> pq.ParquetFile:
+    """The open twin ``fh`` for reading row groups (``meta``: its footer, parsed when it
+    was planned, not again). Every page's CRC32 is checked where its header has one
+    (twins.write_twin writes them; older twins have none and are read unchecked): a
+    flipped bit in a page is an error (``_damage``), not wrong rows."""
+    return pq.ParquetFile(_native(fh), metadata=meta, page_checksum_verification=True)
 
 
 @dataclass
@@ -96,6 +103,7 @@ class _Footer:
     layout: bytes | None
     key_from: str | None
     groups: list[tuple[int, tuple[bytes, bytes] | None]]
+    meta: pq.FileMetaData | None = None
     #: The groups holding rows, and their smallest and largest keys, when every such
     #: group has bounds and each starts at or after the previous one's end (a twin is
     #: written sorted by key, so this is the rule): groups are then found by bisection,
@@ -149,7 +157,7 @@ class _Footer:
             bounds = _raw_bounds(stats) if derived is None else key_bounds(stats, key_serde)
             groups.append((group.num_rows, bounds))
         layout = (schema.metadata or {}).get(LAYOUT)
-        return cls(schema, layout, None if derived is None else key_leaf, groups)
+        return cls(schema, layout, None if derived is None else key_leaf, groups, meta)
 
 
 def _raw_bounds(stats: pq.Statistics | None) -> tuple[bytes, bytes] | None:
@@ -226,9 +234,15 @@ class TwinScan:
             inside = frozenset(g for g in groups if _within(footer.groups[g][1], lower, upper))
             rows = tuple(n for n, _ in footer.groups)
             self.files.append(
-                _File(name, local, footer.schema, groups, footer.key_from, inside, rows)
+                _File(
+                    name, local, footer.schema, groups, footer.key_from, inside, rows, footer.meta
+                )
             )
         self.columns = None if columns is None else list(columns)
+        #: Whether every table has ``__key`` (derived where the files do not hold it);
+        #: a reader that drops it says so (``False``), and then only a scan that needs
+        #: the keys (bounds, a merge on keys) derives them.
+        self.keys = True
         #: Set by ``close``: the scan yields nothing more (its engine was closed).
         self.closed = False
         #: What planning fetched into the cache, for a query's trace (set by whoever
@@ -276,7 +290,7 @@ class TwinScan:
             if parquet is not None:
                 table = parquet.read_row_groups(groups, columns=names, use_threads=False)
             else:
-                with self._open(f.local) as fh, _parquet(fh) as opened:
+                with self._open(f.local) as fh, _parquet(fh, f.meta) as opened:
                     table = opened.read_row_groups(groups, columns=names, use_threads=False)
             if f.key_from is None or not keys:
                 return table
@@ -300,13 +314,14 @@ class TwinScan:
         if len(self.files) == 1:
             f = self.files[0]
             order = reversed(f.groups) if self.reverse else f.groups
-            # A reader that named its columns without ``__key`` (the Spark data source)
-            # gets none derived for row groups its bounds hold whole: no filter needs them.
-            keyless = self.columns is not None and KEY_BYTES not in self.columns
+            # A reader that named its columns without ``__key`` (the Spark data source),
+            # or drops it, gets none derived for row groups its bounds hold whole: no
+            # filter needs them.
+            keyless = self._keyless()
             with contextlib.ExitStack() as held:
                 with _damage(f.path):
                     fh = held.enter_context(self._open(f.local))
-                    parquet = held.enter_context(_parquet(fh))
+                    parquet = held.enter_context(_parquet(fh, f.meta))
                 for g in order:
                     if self.closed:
                         return
@@ -322,6 +337,10 @@ class TwinScan:
         table = self.table()
         if table.num_rows:
             yield table
+
+    def _keyless(self) -> bool:
+        """Whether the reader does without derived ``__key`` columns."""
+        return not self.keys or (self.columns is not None and KEY_BYTES not in self.columns)
 
     def written_keys(self) -> list[bytes]:
         """Every RocksDB key the files hold within the bounds, puts and tombstones alike,
@@ -346,17 +365,44 @@ class TwinScan:
             [(f.path, sum(f.group_rows)) for f in self.files[:-1]],
         )
         if deletes is not None:  # the newest twin says which older rows are dead
-            kept = [
-                self._bounded(_alive(self._read(f, f.groups), f, deletes, i))
-                for i, f in enumerate(self.files)
-            ]
-        else:  # an earlier iqkit's chain: merged on keys
-            kept = self._merged_on_keys()
-        merged = _live(_unify_tables(kept))
+            return self._merged_by_position(deletes)
+        merged = _live(_unify_tables(self._merged_on_keys()))  # an earlier iqkit's chain
         order = pc.sort_indices(
             merged, sort_keys=[(KEY_BYTES, "descending" if self.reverse else "ascending")]
         )
         return merged.take(order)
+
+    def _merged_by_position(self, deletes: Superseded) -> pa.Table:
+        """The chain's rows by its position deletes: each file's live rows (neither
+        superseded nor tombstones, within the bounds) merged in key order, copied once.
+
+        Keys are derived only where needed: a reader that does without them
+        (``_keyless``) scanning row groups its bounds hold whole orders the rows by the
+        key column serialized (a kv store's keys share their prefix)."""
+        whole = all(f.inside.issuperset(f.groups) for f in self.files)
+        by_column = (
+            whole
+            and self._keyless()
+            and len({f.key_from for f in self.files}) == 1
+            and self.files[0].key_from is not None
+        )
+        tables, kept, keys = [], [], []
+        for i, f in enumerate(self.files):
+            table = self._read(f, f.groups, keys=not by_column)
+            live = _alive_rows(table, f, deletes, i)
+            if not whole:
+                live &= _in_bounds(table, self.lower, self.upper)
+            tables.append(table)
+            kept.append(np.flatnonzero(live))
+            keys.append(
+                _serialized(table, f.key_from, self._key_serde)  # type: ignore[arg-type]
+                if by_column
+                else table.column(KEY_BYTES)
+            )
+        order = merge_order(keys, kept)
+        if self.reverse:
+            order = order[::-1]
+        return _unify_tables(tables).take(pa.array(order))
 
     def _merged_on_keys(self) -> list[pa.Table]:
         """Each file's rows that no newer file has the key of (``is_in``)."""
@@ -399,16 +445,38 @@ def _damage(name: str) -> Iterator[None]:
         raise StoreCorruptedError(f"columnar twin {name} cannot be read: {exc}") from None
 
 
-def _alive(table: pa.Table, f: _File, deletes: Superseded, i: int) -> pa.Table:
-    """``table`` (row groups ``f.groups`` of the ``i``-th file of a chain) without the
-    rows the chain's position deletes say a newer file supersedes (the newest file
-    has none)."""
+def _alive_rows(table: pa.Table, f: _File, deletes: Superseded, i: int) -> np.ndarray:
+    """Which rows of ``table`` (row groups ``f.groups`` of the ``i``-th file of a
+    chain) are live: not tombstones, and not superseded by a newer file by the chain's
+    position deletes (the newest file has none). A boolean array."""
+    live = pc.invert(table.column(DELETED)).fill_null(False).to_numpy(zero_copy_only=False)
     mask = deletes.mask(i) if i < len(deletes.bitmaps) else None
     if mask is None or not f.groups:
-        return table
+        return live
     starts = np.cumsum((0, *f.group_rows))
     positions = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in f.groups])
-    return table.filter(pa.array(mask[positions]))
+    return live & mask[positions]
+
+
+def _in_bounds(table: pa.Table, lower: bytes, upper: bytes | None) -> np.ndarray:
+    """Which rows of ``table`` have a ``__key`` in ``[lower, upper)``."""
+    keys = table.column(KEY_BYTES)
+    mask = pc.greater_equal(keys, pa.scalar(lower, pa.binary()))
+    if upper is not None:
+        mask = pc.and_(mask, pc.less(keys, pa.scalar(upper, pa.binary())))
+    return mask.fill_null(False).to_numpy(zero_copy_only=False)
+
+
+def _serialized(table: pa.Table, column: str, key_serde: Any) -> pa.Array:
+    """The keys of a twin table without ``__key`` serialized from its key ``column``,
+    without the prefix every key of a kv store has: what ordering them needs."""
+    values = table.column(column).combine_chunks()
+    if key_serde.name == "string" and pa.types.is_string(values.type):
+        return values.cast(pa.binary())  # its UTF-8 bytes: no validation pass to order them
+    encoded = key_serde.serialize_arrow(values)
+    if encoded is None:
+        encoded = pa.array([key_serde.serialize(v) for v in values.to_pylist()], pa.binary())
+    return encoded
 
 
 def _live(table: pa.Table) -> pa.Table:
@@ -426,8 +494,12 @@ def _unify_tables(tables: list[pa.Table]) -> pa.Table:
     """One table of ``tables`` whose columns may differ (module docstring), keeping the
     twins' metadata: the first table's, and ``JSON_TEXT`` on every column that is JSON
     text in some table or became text because no type fits them all."""
-    if all(t.schema.equals(tables[0].schema, check_metadata=True) for t in tables):
-        return pa.concat_tables(tables)
+    # The files' own metadata differs (a delta's carries its position deletes), their
+    # columns' (``JSON_TEXT``) must not: only then is concatenating them enough.
+    metadata = tables[0].schema.metadata
+    first = tables[0].schema.remove_metadata()
+    if all(t.schema.remove_metadata().equals(first, check_metadata=True) for t in tables):
+        return pa.concat_tables([t.replace_schema_metadata(metadata) for t in tables])
     chunks = [
         {
             name: _Column(

@@ -503,10 +503,11 @@ class _Shaper:
     def twin_take(self, value: KeyValueIterator[Any, Any]) -> Iterator[pa.Table] | None:
         """The tables of a scan read from columnar twins (``ScanIterator.take_twin``),
         or None when ``value`` is not one (or bulk decoding is off: then every path
-        decodes the stored bytes, which tests compare against)."""
+        decodes the stored bytes, which tests compare against). Without ``__key`` where
+        the scan derives it for nothing: tables leave the twin's own columns out."""
         if not (_BULK_DECODE and isinstance(value, ScanIterator)):
             return None
-        return value.take_twin()  # type: ignore[no-any-return]
+        return value.take_twin(keys=False)  # type: ignore[no-any-return]
 
     def empty_columns(self) -> dict[str, _Column]:
         """The columns of a result without rows (types from the serdes where known)."""

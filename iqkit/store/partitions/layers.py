@@ -478,17 +478,21 @@ class ScanIterator(KeyValueIterator[Any, Any]):
         it.twin, it._twin_scan = tables, scan
         return it
 
-    def take_twin(self, columns: Sequence[str] | None = None) -> Iterator[Any] | None:
+    def take_twin(
+        self, columns: Sequence[str] | None = None, *, keys: bool = True
+    ) -> Iterator[Any] | None:
         """The rows as the twins' tables (``TwinScan.batches``: row columns plus the
         twin's own), when the scan reads twins and was not read from or closed; the
         iterator then yields nothing (as after ``take_chunks``). ``columns``: only these
-        of the twins' columns are read (and ``__deleted``; ``__key`` too, except in row
-        groups of a one-file scan that its bounds hold whole, unless ``columns`` names
-        it), for a reader that needs few of them (the Spark data source)."""
+        of the twins' columns are read (and ``__deleted``; ``__key`` too, except where
+        the scan needs no keys, unless ``columns`` names it), for a reader that needs few
+        of them (the Spark data source); ``keys`` False: a reader that drops ``__key``
+        (it is then derived only where the scan needs it, ``TwinScan.keys``)."""
         if not self.has_twin() or self.take_chunks() is None:
             return None
         if columns is not None:
             self._twin_scan.columns = list(columns)  # read lazily: no table is read yet
+        self._twin_scan.keys = keys
         return self.twin  # type: ignore[no-any-return]
 
     def take_chunks(self) -> Iterator[list[tuple[bytes, bytes]]] | None:

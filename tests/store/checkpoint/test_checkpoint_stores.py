@@ -296,6 +296,29 @@ def test_a_type_or_provider_iqkit_does_not_know_is_refused_naming_the_file(
     assert "\n" not in message
 
 
+def test_an_offsets_log_whose_provider_setting_is_damaged_is_refused_naming_it(
+    agg_checkpoint, tmp_path
+):
+    """A flipped bit in the setting's name (found by the damaged-files probe): the conf
+    then names no provider, and a guess of Spark's default would fail later, naming a
+    state file the default provider would have written instead of the damaged log."""
+    import shutil
+
+    copy = tmp_path / "ckpt"
+    shutil.copytree(agg_checkpoint, copy)
+    path = copy / "offsets" / "2"
+    path.with_name(".2.crc").unlink(missing_ok=True)
+    text = path.read_bytes()
+    assert b'"spark.sql.streaming.stateStore.providerClass"' in text
+    path.write_bytes(text.replace(b"stateStore.providerClass", b"stateStore.providerClaqs"))
+    with iqkit.open(os.fspath(copy)) as engine:
+        request = StateQueryRequest.in_store("aggregate").with_query(KeyQuery.with_key("alice"))
+        with pytest.raises(iqkit.errors.IqkitError) as error:
+            engine.query(request)
+    message = str(error.value)
+    assert "offsets/2" in message and "damaged" in message and "\n" not in message, message
+
+
 def test_writes_to_a_checkpoint_are_refused_and_change_nothing(agg_checkpoint):
     before = sorted(os.walk(agg_checkpoint))
     with (

@@ -1,0 +1,265 @@
+"""Binary keys ordered and looked up in numpy: RocksDB's key order without a Python
+comparison per key or an Arrow sort of every key.
+
+RocksDB orders keys bytewise (``memcmp``, a shorter key before the longer keys it
+starts), and a twin's rows are in that order, so two questions about many keys are
+answered on their bytes (``partitioners.key_buffers``, read without copying):
+
+* ``rows_holding``: which rows of a big sorted column hold one of a few keys (the
+  writer's position deletes, ``columnar/deletes.py``: a 1% commit to a store of 10 to
+  50 million keys). A vectorised binary search: its cost follows the needles, not the
+  hay, which is never copied (a zero-copy ``S<n>`` view when its keys have one length);
+* ``merge_order``: the order of several sorted files' rows merged (``columnar/scan.py``):
+  every key made one comparable numpy value, the few rows of the deltas sorted and
+  placed among the base's by ``searchsorted``.
+
+Two algorithms, one per question, on shared helpers: keys' bytes padded with zero
+bytes to one width (``_padded``), as big-endian 64-bit words (``_words``) or numpy
+``S<n>`` values. Quirk: numpy compares ``S<n>`` values without their trailing zero
+bytes, so a key and the same key with zero bytes after it compare equal. Keys of one
+length never meet it (their order and equality are the bytes'); where lengths differ,
+the search breaks ties on length and the merge appends each key's length after its
+padded bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .partitioners import key_buffers
+
+__all__ = ["Needles", "merge_order", "needles", "rows_holding"]
+
+#: Keys wider than this (after the prefix they all share) are merged by Arrow's sort
+#: (below 256: a key's length fits the byte ``_comparable`` puts after it).
+_WIDEST = 128
+#: Keys padded at a time (bounds the index arrays ``_padded`` makes).
+_SCATTER_ROWS = 1 << 16
+
+
+def _padded(
+    data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int, skip: int = 0
+) -> np.ndarray:
+    """Each key's bytes after its first ``skip`` (at most ``width`` of them) as a row of
+    a ``uint8`` array ``width`` wide, zero past the key's end; a bounded number of keys
+    at a time, each copying only its own bytes."""
+    rows = np.zeros((len(lengths), width), dtype=np.uint8)
+    for lo in range(0, len(lengths), _SCATTER_ROWS):
+        n = lengths[lo : lo + _SCATTER_ROWS] - skip
+        at = starts[lo : lo + len(n)] + skip
+        row = np.repeat(np.arange(len(n)), n)
+        column = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        rows[lo + row, column] = data[np.repeat(at, n) + column]
+    return rows
+
+
+def _words(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
+    """The first ``8 * width`` bytes of each key as ``width`` big-endian 64-bit words,
+    zero past the key's end: words compare as the bytes do."""
+    span = np.arange(8 * width)
+    idx = starts[:, None] + span[None, :]
+    got = data[np.minimum(idx, len(data) - 1)] if len(data) else np.zeros(idx.shape, np.uint8)
+    got = np.where(span[None, :] < lengths[:, None], got, 0).astype(np.uint8)
+    return np.ascontiguousarray(got).view(">u8")
+
+
+class Needles:
+    """Keys looked up in sorted columns (``rows_holding``): ``data``, ``starts``,
+    ``lengths`` as numpy arrays, and per key length their ``S<n>`` values (``fixed``),
+    made once for all the columns they are looked up in."""
+
+    __slots__ = ("_fixed", "data", "lengths", "starts")
+
+    def __init__(self, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
+        self.data, self.starts, self.lengths = data, starts, lengths
+        self._fixed: dict[int, np.ndarray] = {}
+
+    def fixed(self, size: int) -> np.ndarray:
+        """The keys ``size`` bytes long as numpy ``S<size>`` values."""
+        got = self._fixed.get(size)
+        if got is None:
+            starts = self.starts[self.lengths == size]
+            got = _padded(self.data, starts, np.full(len(starts), size), size)
+            got = got.view(f"S{size}").ravel()
+            self._fixed[size] = got
+        return got
+
+
+def needles(keys: pa.Array, prefix: bytes = b"") -> Needles:
+    """Binary ``keys`` as ``Needles``: those starting with ``prefix``, without it (the
+    others dropped: a column of keys without that prefix holds none of them)."""
+    data, offsets = key_buffers(keys)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    if not prefix:
+        return Needles(data, starts, lengths)
+    user = lengths >= len(prefix)
+    for i, byte in enumerate(prefix):
+        at = np.minimum(starts + i, max(len(data) - 1, 0))
+        user &= (data[at] == byte) if len(data) else False
+    return Needles(data, starts[user] + len(prefix), lengths[user] - len(prefix))
+
+
+def rows_holding(hay: pa.Array, needles: Needles) -> np.ndarray:
+    """A boolean array over ``hay`` (binary keys sorted ascending bytewise, unique): True
+    where the row's key is one of ``needles`` (any order). A vectorised binary search per
+    needle, reading about ``log2(len(hay))`` keys of ``hay`` for each: its cost follows
+    the needles, not ``hay`` (a hash probe hashes every row of ``hay``).
+
+    Keys compare by 8-byte words (``_words``); when all of a needle's words are equal,
+    the shorter key is the smaller (zeros past a key's end make a key and its extension
+    by zero bytes equal in words, not in length)."""
+    n_data, n_start, n_len = needles.data, needles.starts, needles.lengths
+    n = len(hay)
+    found = np.zeros(n, dtype=bool)
+    if not n or not len(n_len):
+        return found
+    h_data, h_off = key_buffers(hay)
+    h_start, h_len = h_off[:-1], np.diff(h_off)
+    size = int(h_len[0])
+    if size and (h_len == size).all():  # one length: numpy's own search (no Python loop)
+        return _rows_holding_fixed(h_data[h_off[0] : h_off[-1]], size, needles, found)
+    width = max(1, (int(n_len.max()) + 7) // 8)
+    n_words = _words(n_data, n_start, n_len, width)
+    m = len(n_len)
+    lo = np.zeros(m, dtype=np.int64)
+    hi = np.full(m, n, dtype=np.int64)
+    active = np.arange(m)
+    while active.size:  # lower bound: the first row whose key is not below the needle
+        low, high = lo[active], hi[active]
+        mid = (low + high) // 2
+        words = _words(h_data, h_start[mid], h_len[mid], width)
+        want = n_words[active]
+        differs = words != want
+        first = differs.argmax(axis=1)
+        rows = np.arange(len(active))
+        below = np.where(
+            differs.any(axis=1),
+            words[rows, first] < want[rows, first],
+            h_len[mid] < n_len[active],
+        )
+        lo[active] = np.where(below, mid + 1, low)
+        hi[active] = np.where(below, high, mid)
+        active = active[lo[active] < hi[active]]
+    inside = lo < n
+    at = lo[inside]
+    same = (_words(h_data, h_start[at], h_len[at], width) == n_words[inside]).all(axis=1)
+    same &= h_len[at] == n_len[inside]
+    found[at[same]] = True
+    return found
+
+
+def _rows_holding_fixed(data: np.ndarray, size: int, needles: Needles, found: Any) -> np.ndarray:
+    """``rows_holding`` for keys all ``size`` bytes long, ``data`` end to end: as a
+    numpy ``S<size>`` view searched by ``numpy.searchsorted`` (the module docstring's
+    quirk keeps the bytes' order and equality among keys of one length). Needles of
+    another length are in no row."""
+    want = needles.fixed(size)
+    if not len(want):
+        return found
+    hay = data.view(f"S{size}")
+    at = np.searchsorted(hay, want)
+    inside = at < len(hay)
+    at, want = at[inside], want[inside]
+    found[at[hay[at] == want]] = True
+    return found
+
+
+def merge_order(keys: list[pa.Array | pa.ChunkedArray], kept: list[np.ndarray]) -> np.ndarray:
+    """The positions, in the files' rows one after the other, of their rows ``kept``
+    (each file's ``keys``, binary or string, are in ascending order and no key is kept
+    in two files) in ascending key order.
+
+    The file with most kept rows (the base) keeps its order; the others' rows (the
+    deltas: few) are sorted and each placed among the base's by binary search, at the
+    count of base keys below it plus the count of delta keys below it: no sort of the
+    base's keys (a full scan of a partition sorted a million keys for every read)."""
+    starts = np.cumsum([0, *(len(k) for k in keys)])
+    runs = [kept_rows + start for kept_rows, start in zip(kept, starts, strict=False)]
+    big = max(range(len(runs)), key=lambda i: len(runs[i]))
+    others = [i for i in range(len(runs)) if i != big and len(runs[i])]
+    if not others:
+        return runs[big]
+    comparable = _comparable([keys[i] for i in (big, *others)])
+    if comparable is None:  # keys too wide to compare in numpy: Arrow sorts them all
+        import pyarrow.compute as pc
+
+        every = pa.concat_arrays(
+            [_binary(keys[i]).take(pa.array(kept[i])) for i in range(len(runs))]
+        )
+        order = pc.sort_indices(every).to_numpy()
+        return np.concatenate(runs)[order]  # type: ignore[no-any-return]
+    base = comparable[0][kept[big]]
+    small = np.concatenate([c[kept[i]] for c, i in zip(comparable[1:], others, strict=True)])
+    rows = np.concatenate([runs[i] for i in others])
+    by_key = np.argsort(small, kind="stable")
+    small, rows = small[by_key], rows[by_key]
+    slots = np.searchsorted(base, small) + np.arange(len(small))
+    order = np.empty(len(base) + len(small), dtype=np.int64)
+    taken = np.zeros(len(order), dtype=bool)
+    taken[slots] = True
+    order[slots] = rows
+    order[~taken] = runs[big]
+    return order
+
+
+def _binary(keys: pa.Array | pa.ChunkedArray) -> pa.Array:
+    array = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    if pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type):
+        return array.cast(pa.large_binary())
+    return array.cast(pa.binary())
+
+
+def _comparable(keys: list[pa.Array | pa.ChunkedArray]) -> list[np.ndarray] | None:
+    """Byte-string arrays (binary or string) as numpy arrays whose order is the keys'
+    byte order, or None when the keys are too wide for that to pay (``_WIDEST``).
+
+    The bytes every key starts with are left out; the rest is padded with zero bytes to
+    one width, and where lengths differ each key's length follows (the module
+    docstring's quirk: a key and the same key with zero bytes after it then still
+    differ, the shorter first). Up to 8 bytes that is one big-endian ``uint64``,
+    compared as a number; wider, a fixed-width byte string (numpy compares those as
+    ``memcmp`` does)."""
+    buffers = [key_buffers(_binary(k)) for k in keys]
+    lengths = [np.diff(offsets) for _, offsets in buffers]
+    if not any(len(n) for n in lengths):
+        return [np.zeros(0, dtype=np.uint64) for _ in keys]
+    shared = _shared_prefix(buffers)
+    widest = max(int(n.max()) for n in lengths if len(n)) - shared
+    same = all((n == widest + shared).all() for n in lengths)
+    width = widest + (0 if same else 1)  # a length after the key: one byte (_WIDEST)
+    if width > _WIDEST:
+        return None
+    out = []
+    for (data, offsets), n in zip(buffers, lengths, strict=True):
+        if same:
+            rows = np.zeros((len(n), 8 if width <= 8 else width), dtype=np.uint8)
+            block = data[int(offsets[0]) : int(offsets[-1])].reshape(len(n), widest + shared)
+            rows[:, :widest] = block[:, shared:]
+        else:
+            rows = _padded(data, offsets[:-1], n, 8 if width <= 8 else width, shared)
+            rows[:, widest] = n - shared
+        if width <= 8:
+            out.append(rows.view(">u8").ravel().astype(np.uint64))
+        else:
+            out.append(rows.view(f"S{width}").ravel())
+    return out
+
+
+def _shared_prefix(buffers: list[tuple[np.ndarray, np.ndarray]]) -> int:
+    """How many first bytes every key of ``buffers`` (each file's keys, ascending) has
+    in common: those of its smallest and largest keys, as every key lies between."""
+    ends = []
+    for data, offsets in buffers:
+        if len(offsets) > 1:
+            ends += [
+                data[int(offsets[0]) : int(offsets[1])].tobytes(),
+                data[int(offsets[-2]) : int(offsets[-1])].tobytes(),
+            ]
+    if not ends:
+        return 0
+    lo, hi = min(ends), max(ends)  # what the smallest and largest share, all share
+    pairs = enumerate(zip(lo, hi, strict=False))
+    return next((i for i, (a, b) in pairs if a != b), min(len(lo), len(hi)))
