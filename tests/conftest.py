@@ -119,3 +119,16 @@ def _no_damage_known_from_other_tests() -> Iterator[None]:
     KNOWN_DAMAGE.clear()
     yield
     KNOWN_DAMAGE.clear()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files holding a ``slow`` or ``cluster`` test run first (a stable sort: the order
+    within each group stays). ``make test``'s ``--dist loadfile`` hands out whole files in
+    collection order, and the longest files (the README's blocks, the demo, the cluster),
+    collected last by name, were the run's tail, with the other worker idle."""
+    heavy = {
+        item.path
+        for item in items
+        if item.get_closest_marker("slow") or item.get_closest_marker("cluster")
+    }
+    items.sort(key=lambda item: item.path not in heavy)

@@ -21,6 +21,10 @@ from helpers import run_python_script
 
 import iqkit
 
+#: Every README block in one fresh process, Spark jobs included: minutes (conftest.py runs
+#: slow files first).
+pytestmark = pytest.mark.slow
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 _BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 
