@@ -239,6 +239,30 @@ class StoreWriter:
         source: tuple[str, int, int] | None = None,
         window_start: int | datetime | None = None,
     ) -> None:
+        if (
+            self._route_later
+            and partition is None
+            and source is None
+            and window_start is None
+            and value is not None
+            and key is not None
+            and self._state == "open"
+        ):
+            # The common put (a key-value store's row, routed at the flush): one call per
+            # serde and three appends, as a notebook's loop of millions of puts makes.
+            # Anything refused falls through to the path below, which says why.
+            try:
+                key_bytes = self._key_serde.serialize(key)
+                value_bytes = self._value_serde.serialize(value)
+            except (TypeError, ValueError):
+                pass
+            else:
+                self._keys.append(keyspace.kv_key(key_bytes))
+                self._values.append(value_bytes)
+                self._parts.append(_ROUTE_LATER)
+                if len(self._keys) >= FLUSH_ROWS:
+                    self._flush()
+                return
         if value is None:
             self.delete(key, partition=partition, source=source, window_start=window_start)
             return
