@@ -36,7 +36,10 @@ test_env = TMPDIR=$(1) SPARK_SUBMIT_OPTS="-Djava.io.tmpdir=$(1) -XX:-UsePerfData
 # work on a machine without network).
 CHROMIUM ?= /usr/bin/chromium
 # pytest-xdist processes for tests/: each takes whole test files (--dist loadfile, so a
-# module's fixtures stay in one process) and starts its own Spark session when it needs
+# module's fixtures stay in one process), in collection order (--no-loadscope-reorder:
+# xdist 3.8 otherwise hands out the files with most tests first, which put the README,
+# demo and cluster files, few tests but minutes each, at the run's tail; tests/conftest.py
+# collects them first) and starts its own Spark session when it needs
 # one. Two keep both cores busy; a third process, or the notebooks run beside the tests,
 # only made CPU-starved tests (interrupts, timeouts) fail (docs/DECISIONS.md "Install,
 # dependencies and CI"). TEST_WORKERS=0 runs everything in one process.
@@ -49,7 +52,7 @@ test: $(STAMP) check-java check-chromium
 	$(PY) tests/spark/s3a_jars.py $(S3A_JARS)
 	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)/tests $(TEST_TMP)/notebooks
 	$(call test_env,$(TEST_TMP)/tests) IQKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider \
-	    -p no:nbval -n $(TEST_WORKERS) --dist loadfile --durations=30 tests
+	    -p no:nbval -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 tests
 	$(call test_env,$(TEST_TMP)/notebooks) IQKIT_STABLE_TIMINGS=1 \
 	    $(PY) -m pytest -q -p no:cacheprovider $(NBVAL) notebooks
 	rm -rf $(TEST_TMP)

@@ -123,8 +123,9 @@ def _no_damage_known_from_other_tests() -> Iterator[None]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files holding a ``slow`` or ``cluster`` test run first (a stable sort: the order
-    within each group stays). ``make test``'s ``--dist loadfile`` hands out whole files in
-    collection order, and the longest files (the README's blocks, the demo, the cluster),
+    within each group stays). ``make test``'s ``--dist loadfile --no-loadscope-reorder``
+    hands out whole files in collection order (xdist's default hands out the files with
+    most tests first), and the longest files (the README's blocks, the demo, the cluster),
     collected last by name, were the run's tail, with the other worker idle."""
     heavy = {
         item.path

@@ -249,8 +249,7 @@ class StoreWriter:
             and self._state == "open"
         ):
             # The common put (a key-value store's row, routed at the flush): one call per
-            # serde and three appends, as a notebook's loop of millions of puts makes.
-            # Anything refused falls through to the path below, which says why.
+            # serde, three appends; anything refused falls through to say why, below.
             try:
                 key_bytes = self._key_serde.serialize(key)
                 value_bytes = self._value_serde.serialize(value)
