@@ -5,11 +5,14 @@ position once its newest twin has them."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import iqkit
 from iqkit.store.columnar import twins
@@ -172,6 +175,40 @@ def test_the_lookup_finds_exactly_the_rows_holding_a_key():
         needles = key_order.needles(pa.array(given, pa.binary()), b"" if prefixed else b"\x01")
         got = key_order.rows_holding(pa.array(hay, pa.binary()), needles)
         assert got.tolist() == [k in set(wanted) for k in hay], (hay, wanted, prefixed)
+
+
+LETTERS = [b"\x00", b"\x01", b"a", b"b", b"\xff"]
+#: Keys of mixed lengths (zero bytes inside and at the end, shared prefixes).
+MIXED_KEYS = st.lists(st.sampled_from(LETTERS), max_size=10).map(b"".join)
+
+
+@settings(max_examples=300)
+@given(data=st.data())
+def test_a_column_in_chunks_is_searched_as_the_whole_column(data):
+    """``rows_holding`` over a column in chunks (as Parquet reads one: its row groups,
+    cut into pieces of ``_PIECE_ROWS``; empty chunks among them; chunked or streamed)
+    marks what a search of the same keys in one array marks, and that is the rows
+    holding a key: keys of mixed lengths or all of one length (then needles of other
+    lengths too), needles inside, between and outside the column's keys, duplicated, in
+    any order, or none."""
+    size = data.draw(st.integers(0, 10))  # 0: keys of mixed lengths
+    one_length = st.lists(st.sampled_from(LETTERS), min_size=size, max_size=size).map(b"".join)
+    keys = one_length if size else MIXED_KEYS
+    hay = sorted(data.draw(st.sets(keys, max_size=60)))
+    anything = keys | MIXED_KEYS
+    wanted = data.draw(st.lists(st.sampled_from(hay) | anything if hay else anything, max_size=30))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(hay)), max_size=6)))
+    kind = data.draw(st.sampled_from([pa.binary(), pa.large_binary()]))
+    bounds = [0, *cuts, len(hay)]
+    chunks = [pa.array(hay[a:b], kind) for a, b in itertools.pairwise(bounds)]
+    given_keys = [b"\x01" + k for k in wanted] + [b"\x02a", b""]  # with the user rows' prefix
+    needles = key_order.needles(pa.array(given_keys, pa.binary()), b"\x01")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(key_order, "_PIECE_ROWS", data.draw(st.sampled_from([1, 2, 3, 1 << 16])))
+        got = key_order.rows_holding(pa.chunked_array(chunks, kind), needles)
+        streamed = key_order.rows_holding(iter(chunks), needles)  # as a twin is decoded
+    whole = key_order.rows_holding(pa.array(hay, kind), needles)
+    assert got.tolist() == streamed.tolist() == whole.tolist() == [k in set(wanted) for k in hay]
 
 
 KEYS = {

@@ -22,12 +22,15 @@ What a reader does with them (``newest wins`` with no key comparison):
   row per file), its bitmap as a DuckDB ``BIT``: ``get_bit(bitmap, file_row_number)``;
 * ``TwinScan`` (scan.py) filters each older file's rows by the bitmap as a numpy mask.
 
-Cost to the writer: once per commit, the key column of each older twin is read and the
-delta's keys are looked up in it by binary search (``encoding/key_order.py``: a twin is
-sorted by key), so the search costs ``log2(rows)`` key reads per delta key, not a hash
+Cost to the writer: once per commit, the key column of each older twin is decoded and
+the delta's keys are looked up in it by binary search (``encoding/key_order.py``: a twin
+is sorted by key), so the search costs ``log2(rows)`` key reads per delta key, not a hash
 of every row; the marks of files below the previous delta are that delta's, with the
 new rows added (``superseded_metadata``). What stays in proportion to the store is
-decoding the older twins' key columns (about 0.05 s per million rows).
+decoding the older twins' key columns (about 0.05 s per million rows), 64k keys at a
+time, each batch searched as it comes: a column read whole, combined and then searched
+cost about 2.5 times as much CPU at 50 million keys (fresh memory for all of it, and
+passes over all of it out of the CPU's cache).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -47,7 +51,7 @@ from ..encoding.keyspace import kv_keys_arrow
 from ..encoding.serdes import get_serde
 from ..manifest import StoreManifest
 from ..names import DATA_PREFIX, TWIN_SUFFIX
-from .twins import KEY_BYTES, KEY_FROM, key_bytes
+from .twins import KEY_BYTES, KEY_FROM, serialized_keys
 
 __all__ = [
     "SUPERSEDED",
@@ -63,6 +67,8 @@ SUPERSEDED = b"iqkit.superseded"
 _FORMAT = 1
 _WRITING = True
 _SST_SUFFIX = ".sst"
+#: Keys of a twin decoded at a time (``_twin_keys``).
+_READ_ROWS = 1 << 16
 
 
 @contextlib.contextmanager
@@ -92,26 +98,42 @@ def _base_name(name: str) -> str:
     return base
 
 
-def _twin_keys(path: str | os.PathLike[str], manifest: StoreManifest) -> tuple[pa.Array, bool]:
-    """The keys of the twin at ``path``, in its row order (sorted), as bytes: its
-    ``__key`` column (RocksDB keys: True), or its key column serialized (the RocksDB keys
-    without their prefix: False), which saves joining a prefix to every row."""
-    schema = pq.read_schema(path)
-    derived = (schema.metadata or {}).get(KEY_FROM)
+def _twin_keys(
+    path: str | os.PathLike[str], meta: pq.FileMetaData, manifest: StoreManifest
+) -> tuple[Iterator[pa.Array], bool]:
+    """The keys of the twin at ``path`` (its footer ``meta``), in its row order (sorted),
+    as bytes, decoded a batch at a time as they are iterated (``rows_holding`` searches
+    each batch while it is in the CPU's cache; a whole column read at once was most of
+    a commit's time at 50 million keys): its ``__key`` column (RocksDB keys: True), or
+    its key column serialized (the RocksDB keys without their prefix: False), which
+    saves joining a prefix to every row."""
+    twin = pq.ParquetFile(path, metadata=meta)
+    derived = (twin.schema_arrow.metadata or {}).get(KEY_FROM)
     if derived is None:
-        return pq.read_table(path, columns=[KEY_BYTES]).column(KEY_BYTES).combine_chunks(), True
-    column = derived.decode()
-    values = pq.read_table(path, columns=[column]).column(column).combine_chunks()
-    serde = get_serde(manifest.key_serde)
-    encoded = serde.serialize_arrow(values)
-    if encoded is None:
-        return key_bytes(pa.table({column: values}), column, serde), True
-    return encoded, False
+        return _decoded(twin, KEY_BYTES, None), True
+    return _decoded(twin, derived.decode(), get_serde(manifest.key_serde)), False
 
 
-def _rocks_keys(keys: pa.Array, prefixed: bool) -> pa.Array:
+def _decoded(twin: pq.ParquetFile, column: str, serde: Any) -> Iterator[pa.Array]:
+    """``column`` of ``twin`` decoded a batch at a time (serialized by ``serde``, when
+    given); the file is closed once it is read."""
+    with twin:
+        for batch in twin.iter_batches(_READ_ROWS, columns=[column], use_threads=False):
+            values = batch.column(0)
+            yield values if serde is None else serialized_keys(values, serde)
+
+
+def _rocks_keys(keys: list[pa.Array], prefixed: bool) -> pa.Array:
     """``_twin_keys``'s keys as RocksDB keys."""
-    return keys.cast(pa.binary()) if prefixed else kv_keys_arrow(keys)
+    joined = pa.concat_arrays([k.cast(pa.binary()) for k in keys])
+    return joined if prefixed else kv_keys_arrow(joined)
+
+
+def _kept(chunks: Iterator[pa.Array], into: list[pa.Array]) -> Iterator[pa.Array]:
+    """``chunks``, each also added to ``into``."""
+    for chunk in chunks:
+        into.append(chunk)
+        yield chunk
 
 
 def footer_schema(meta: pq.FileMetaData) -> pa.Schema:
@@ -149,19 +171,22 @@ def superseded_metadata(
     found = [newer]  # the RocksDB keys of the files above the one looked at
     looked_up: dict[tuple[int, bool], Needles] = {}  # by files above and form
     for i in range(len(older) - 1, -1, -1):  # newest first
-        keys, prefixed = _twin_keys(older[i][1], manifest)
+        keys, prefixed = _twin_keys(older[i][1], footers[i], manifest)
         wanted = looked_up.get((len(found), prefixed))
         if wanted is None:  # the twin's form: RocksDB keys, or the user rows' without prefix
             joined = pa.concat_arrays([k.cast(pa.binary()) for k in found])
             wanted = needles(joined, b"" if prefixed else DATA_PREFIX)
             looked_up[(len(found), prefixed)] = wanted
-        dead = rows_holding(keys, wanted)
+        kept: list[pa.Array] = []
+        dead = rows_holding(_kept(keys, kept) if below is None and i else keys, wanted)
+        if len(dead) != footers[i].num_rows:
+            raise ValueError(f"twin {older[i][0]}: {len(dead)} keys read, not its rows")
         if below is not None and i < len(older) - 1:
             live = below.mask(i)
             if live is not None:
                 dead |= ~live
         elif below is None and i:
-            found.append(_rocks_keys(keys, prefixed))
+            found.append(_rocks_keys(kept, prefixed))
         marks.append(dead)
     entries = [
         {

@@ -45,7 +45,16 @@ from ..manifest import StoreManifest
 from ..rows import VALUE
 from .deletes import Superseded, footer_schema, read_superseded
 from .shaping import _assemble, _Column, _unified_type
-from .twins import DELETED, JSON_TEXT, KEY_BYTES, KEY_FROM, LAYOUT, key_bounds, key_bytes
+from .twins import (
+    DELETED,
+    JSON_TEXT,
+    KEY_BYTES,
+    KEY_FROM,
+    LAYOUT,
+    key_bounds,
+    key_bytes,
+    serialized_keys,
+)
 
 __all__ = ["TwinScan"]
 
@@ -395,7 +404,7 @@ class TwinScan:
             tables.append(table)
             kept.append(np.flatnonzero(live))
             keys.append(
-                _serialized(table, f.key_from, self._key_serde)  # type: ignore[arg-type]
+                serialized_keys(table.column(f.key_from).combine_chunks(), self._key_serde)
                 if by_column
                 else table.column(KEY_BYTES)
             )
@@ -465,18 +474,6 @@ def _in_bounds(table: pa.Table, lower: bytes, upper: bytes | None) -> np.ndarray
     if upper is not None:
         mask = pc.and_(mask, pc.less(keys, pa.scalar(upper, pa.binary())))
     return mask.fill_null(False).to_numpy(zero_copy_only=False)
-
-
-def _serialized(table: pa.Table, column: str, key_serde: Any) -> pa.Array:
-    """The keys of a twin table without ``__key`` serialized from its key ``column``,
-    without the prefix every key of a kv store has: what ordering them needs."""
-    values = table.column(column).combine_chunks()
-    if key_serde.name == "string" and pa.types.is_string(values.type):
-        return values.cast(pa.binary())  # its UTF-8 bytes: no validation pass to order them
-    encoded = key_serde.serialize_arrow(values)
-    if encoded is None:
-        encoded = pa.array([key_serde.serialize(v) for v in values.to_pylist()], pa.binary())
-    return encoded
 
 
 def _live(table: pa.Table) -> pa.Table:

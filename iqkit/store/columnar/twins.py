@@ -64,6 +64,7 @@ __all__ = [
     "KEY_FROM",
     "key_bounds",
     "key_bytes",
+    "serialized_keys",
     "key_column_of",
     "values_from_columns",
     "layout_of",
@@ -133,11 +134,23 @@ def values_from_columns(manifest: StoreManifest) -> bool:
 def key_bytes(table: pa.Table, column: str, key_serde: Any) -> pa.Array:
     """The RocksDB keys of a twin table without ``__key``: its key column serialized
     (vectorized) behind the key-value prefix."""
-    values = table.column(column).combine_chunks()
+    return kv_keys_arrow(_serialized(table.column(column).combine_chunks(), key_serde))
+
+
+def serialized_keys(values: pa.Array, key_serde: Any) -> pa.Array:
+    """Values of a twin's key column serialized, without the prefix every key of a kv
+    store has: what ordering them and finding them by bytes (``key_order``) needs.
+    String keys are their UTF-8 bytes as they are (no validation pass)."""
+    if key_serde.name == "string" and pa.types.is_string(values.type):
+        return values.cast(pa.binary())
+    return _serialized(values, key_serde)
+
+
+def _serialized(values: pa.Array, key_serde: Any) -> pa.Array:
     encoded = key_serde.serialize_arrow(values)
     if encoded is None:
         encoded = pa.array([key_serde.serialize(v) for v in values.to_pylist()], pa.binary())
-    return kv_keys_arrow(encoded)
+    return encoded
 
 
 def key_bounds(stats: Any, key_serde: Any) -> tuple[bytes, bytes] | None:

@@ -8,7 +8,9 @@ answered on their bytes (``partitioners.key_buffers``, read without copying):
 * ``rows_holding``: which rows of a big sorted column hold one of a few keys (the
   writer's position deletes, ``columnar/deletes.py``: a 1% commit to a store of 10 to
   50 million keys). A vectorised binary search: its cost follows the needles, not the
-  hay, which is never copied (a zero-copy ``S<n>`` view when its keys have one length);
+  hay, which is never copied (a zero-copy ``S<n>`` view when its keys have one length)
+  and is searched a piece at a time (its chunks as Parquet reads them, row groups),
+  each for the needles between its first and last key;
 * ``merge_order``: the order of several sorted files' rows merged (``columnar/scan.py``):
   every key made one comparable numpy value, the few rows of the deltas sorted and
   placed among the base's by ``searchsorted``.
@@ -24,7 +26,7 @@ padded bytes.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +40,9 @@ __all__ = ["Needles", "merge_order", "needles", "rows_holding"]
 _WIDEST = 128
 #: Keys padded at a time (bounds the index arrays ``_padded`` makes).
 _SCATTER_ROWS = 1 << 16
+#: Rows of a sorted column searched at a time (``rows_holding``): a piece's offsets and
+#: lengths stay in the CPU's cache.
+_PIECE_ROWS = 1 << 16
 
 
 def _padded(
@@ -68,24 +73,49 @@ def _words(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int
 
 class Needles:
     """Keys looked up in sorted columns (``rows_holding``): ``data``, ``starts``,
-    ``lengths`` as numpy arrays, and per key length their ``S<n>`` values (``fixed``),
-    made once for all the columns they are looked up in."""
+    ``lengths`` as numpy arrays, and what the searches compare, made once for all the
+    columns they are looked up in: per key length, the keys of that length as ascending
+    ``S<n>`` values (``fixed``); the keys' 8-byte words (``words``) and their byte order
+    (``order``)."""
 
-    __slots__ = ("_fixed", "data", "lengths", "starts")
+    __slots__ = ("_fixed", "_order", "_words", "data", "lengths", "starts")
 
     def __init__(self, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
         self.data, self.starts, self.lengths = data, starts, lengths
         self._fixed: dict[int, np.ndarray] = {}
+        self._words: tuple[np.ndarray, int] | None = None
+        self._order: np.ndarray | None = None
 
     def fixed(self, size: int) -> np.ndarray:
-        """The keys ``size`` bytes long as numpy ``S<size>`` values."""
+        """The keys ``size`` bytes long as numpy ``S<size>`` values, ascending."""
         got = self._fixed.get(size)
         if got is None:
             starts = self.starts[self.lengths == size]
-            got = _padded(self.data, starts, np.full(len(starts), size), size)
-            got = got.view(f"S{size}").ravel()
+            got = self.data[starts[:, None] + np.arange(size)]  # a row of bytes a key
+            got = np.sort(got.view(f"S{size}").ravel())
             self._fixed[size] = got
         return got
+
+    def words(self) -> tuple[np.ndarray, int]:
+        """Every key as ``width`` big-endian 64-bit words (``_words``), enough for the
+        longest, and ``width``."""
+        if self._words is None:
+            width = max(1, (int(self.lengths.max()) + 7) // 8)
+            self._words = _words(self.data, self.starts, self.lengths, width), width
+        return self._words
+
+    def order(self) -> np.ndarray:
+        """The keys' indexes in ascending byte order (words, then the shorter first)."""
+        if self._order is None:
+            words, width = self.words()
+            columns = [self.lengths, *(words[:, j] for j in range(width - 1, -1, -1))]
+            self._order = np.lexsort(columns)
+        return self._order
+
+    def key(self, i: int) -> bytes:
+        """Key ``i``'s bytes."""
+        start = int(self.starts[i])
+        return self.data[start : start + int(self.lengths[i])].tobytes()
 
 
 def needles(keys: pa.Array, prefix: bytes = b"") -> Needles:
@@ -102,69 +132,111 @@ def needles(keys: pa.Array, prefix: bytes = b"") -> Needles:
     return Needles(data, starts[user] + len(prefix), lengths[user] - len(prefix))
 
 
-def rows_holding(hay: pa.Array, needles: Needles) -> np.ndarray:
-    """A boolean array over ``hay`` (binary keys sorted ascending bytewise, unique): True
-    where the row's key is one of ``needles`` (any order). A vectorised binary search per
-    needle, reading about ``log2(len(hay))`` keys of ``hay`` for each: its cost follows
-    the needles, not ``hay`` (a hash probe hashes every row of ``hay``).
+def rows_holding(
+    hay: pa.Array | pa.ChunkedArray | Iterable[pa.Array], needles: Needles
+) -> np.ndarray:
+    """A boolean array over ``hay`` (binary keys sorted ascending bytewise, unique: an
+    array, a chunked one, or its chunks as they are decoded, ``deletes._twin_keys``):
+    True where the row's key is one of ``needles`` (any order).
 
-    Keys compare by 8-byte words (``_words``); when all of a needle's words are equal,
-    the shorter key is the smaller (zeros past a key's end make a key and its extension
-    by zero bytes equal in words, not in length)."""
-    n_data, n_start, n_len = needles.data, needles.starts, needles.lengths
-    n = len(hay)
-    found = np.zeros(n, dtype=bool)
-    if not n or not len(n_len):
-        return found
-    h_data, h_off = key_buffers(hay)
-    h_start, h_len = h_off[:-1], np.diff(h_off)
-    size = int(h_len[0])
-    if size and (h_len == size).all():  # one length: numpy's own search (no Python loop)
-        return _rows_holding_fixed(h_data[h_off[0] : h_off[-1]], size, needles, found)
-    width = max(1, (int(n_len.max()) + 7) // 8)
-    n_words = _words(n_data, n_start, n_len, width)
-    m = len(n_len)
+    ``hay`` is searched a piece at a time (its chunks, cut to at most ``_PIECE_ROWS``
+    rows, never copied), each for the needles between its first and last key: a
+    vectorised binary search reading about ``log2(rows)`` keys per needle, so the cost
+    follows the needles, not the hay (a hash probe hashes every row). What is done per
+    row of the hay is finding the lengths of a piece's keys from its offsets, which
+    stay in the CPU's cache: a piece whose keys have one length is searched as numpy
+    ``S<n>`` values (``_fixed_rows``), another by 8-byte words (``_rows_by_words``)."""
+    if isinstance(hay, pa.Array):
+        hay = [hay]
+    elif isinstance(hay, pa.ChunkedArray):
+        hay = hay.chunks
+    marks = [np.zeros(0, dtype=bool)]
+    for chunk in hay:
+        for lo in range(0, len(chunk), _PIECE_ROWS):
+            piece = chunk.slice(lo, _PIECE_ROWS)
+            found = np.zeros(len(piece), dtype=bool)
+            marks.append(found)
+            if not len(needles.lengths):
+                continue
+            data, offsets = key_buffers(piece, widen=False)
+            lengths = np.diff(offsets)
+            size = int(lengths[0])
+            if size and (lengths == size).all():
+                found[_fixed_rows(data[offsets[0] : offsets[-1]], size, needles)] = True
+            else:
+                found[_rows_by_words(data, offsets[:-1], lengths, needles)] = True
+    return np.concatenate(marks)
+
+
+def _fixed_rows(data: np.ndarray, size: int, needles: Needles) -> np.ndarray:
+    """The rows of a piece of keys all ``size`` bytes long, ``data`` end to end, that
+    hold a needle: the piece as a numpy ``S<size>`` view searched by
+    ``numpy.searchsorted`` (the module docstring's quirk keeps the bytes' order and
+    equality among keys of one length) for the needles of that length between its
+    first and last key (needles of another length are in no row)."""
+    hay = data.view(f"S{size}")
+    want = needles.fixed(size)
+    lo = int(np.searchsorted(want, hay[:1])[0])
+    hi = int(np.searchsorted(want, hay[-1:], side="right")[0])
+    want = want[lo:hi]
+    at = np.searchsorted(hay, want)  # inside the piece: no needle is above its last key
+    return at[hay[at] == want]
+
+
+def _rows_by_words(
+    data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, needles: Needles
+) -> np.ndarray:
+    """The rows of a piece of keys (``data`` at ``starts``, ``lengths`` long) that hold
+    a needle, for keys of any lengths: each needle between the piece's first and last
+    key is placed by a binary search comparing 8-byte words (``_words``); when all of a
+    needle's words are equal, the shorter key is the smaller (zeros past a key's end make
+    a key and its extension by zero bytes equal in words, not in length)."""
+    order = needles.order()
+    head = data[int(starts[0]) : int(starts[0]) + int(lengths[0])].tobytes()
+    tail = data[int(starts[-1]) : int(starts[-1]) + int(lengths[-1])].tobytes()
+    ids = order[_rank(needles, order, head, False) : _rank(needles, order, tail, True)]
+    if not len(ids):
+        return ids
+    words, width = needles.words()
+    want, n_len = words[ids], needles.lengths[ids]
+    m = len(ids)
     lo = np.zeros(m, dtype=np.int64)
-    hi = np.full(m, n, dtype=np.int64)
+    hi = np.full(m, len(lengths), dtype=np.int64)
     active = np.arange(m)
     while active.size:  # lower bound: the first row whose key is not below the needle
         low, high = lo[active], hi[active]
         mid = (low + high) // 2
-        words = _words(h_data, h_start[mid], h_len[mid], width)
-        want = n_words[active]
-        differs = words != want
+        got = _words(data, starts[mid], lengths[mid], width)
+        wanted = want[active]
+        differs = got != wanted
         first = differs.argmax(axis=1)
         rows = np.arange(len(active))
         below = np.where(
             differs.any(axis=1),
-            words[rows, first] < want[rows, first],
-            h_len[mid] < n_len[active],
+            got[rows, first] < wanted[rows, first],
+            lengths[mid] < n_len[active],
         )
         lo[active] = np.where(below, mid + 1, low)
         hi[active] = np.where(below, high, mid)
         active = active[lo[active] < hi[active]]
-    inside = lo < n
-    at = lo[inside]
-    same = (_words(h_data, h_start[at], h_len[at], width) == n_words[inside]).all(axis=1)
-    same &= h_len[at] == n_len[inside]
-    found[at[same]] = True
-    return found
+    # inside the piece: no needle is above its last key
+    same = (_words(data, starts[lo], lengths[lo], width) == want).all(axis=1)
+    same &= lengths[lo] == n_len
+    return lo[same]
 
 
-def _rows_holding_fixed(data: np.ndarray, size: int, needles: Needles, found: Any) -> np.ndarray:
-    """``rows_holding`` for keys all ``size`` bytes long, ``data`` end to end: as a
-    numpy ``S<size>`` view searched by ``numpy.searchsorted`` (the module docstring's
-    quirk keeps the bytes' order and equality among keys of one length). Needles of
-    another length are in no row."""
-    want = needles.fixed(size)
-    if not len(want):
-        return found
-    hay = data.view(f"S{size}")
-    at = np.searchsorted(hay, want)
-    inside = at < len(hay)
-    at, want = at[inside], want[inside]
-    found[at[hay[at] == want]] = True
-    return found
+def _rank(needles: Needles, order: np.ndarray, key: bytes, right: bool) -> int:
+    """How many needles (in byte ``order``) are below ``key`` (``right``: not above it):
+    a binary search comparing bytes as Python does, RocksDB's order."""
+    lo, hi = 0, len(order)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        got = needles.key(int(order[mid]))
+        if got < key or (right and got == key):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def merge_order(keys: list[pa.Array | pa.ChunkedArray], kept: list[np.ndarray]) -> np.ndarray:

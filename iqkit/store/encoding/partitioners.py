@@ -140,13 +140,14 @@ def murmur2_partition(key_bytes: bytes, num_partitions: int) -> int:
 _MAX_VECTOR_WORDS = 64
 
 
-def key_buffers(keys: Any) -> tuple[np.ndarray, np.ndarray]:
+def key_buffers(keys: Any, *, widen: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """``(data, offsets)`` of many keys: ``uint8`` bytes and ``int64`` offsets (one more
     than keys) such that key ``i`` is ``data[offsets[i]:offsets[i + 1]]``.
 
     ``keys``: a pyarrow ``binary``/``string`` array (large or not; sliced arrays are fine;
     read without copying) or a sequence of bytes-likes. Nulls are refused: a null key
-    has no bytes to hash.
+    has no bytes to hash. ``widen=False``: an Arrow array's offsets as Arrow holds them
+    (``int32``, or ``int64`` for the large types), not copied.
     """
     import numpy as np
 
@@ -168,7 +169,9 @@ def key_buffers(keys: Any) -> tuple[np.ndarray, np.ndarray]:
         _, off_buf, data_buf = keys.buffers()
         large = pa.types.is_large_binary(t) or pa.types.is_large_string(t)
         offsets = np.frombuffer(off_buf, dtype=np.int64 if large else np.int32)
-        offsets = offsets[keys.offset : keys.offset + len(keys) + 1].astype(np.int64)
+        offsets = offsets[keys.offset : keys.offset + len(keys) + 1]
+        if widen:
+            offsets = offsets.astype(np.int64)
         data = (
             np.frombuffer(data_buf, dtype=np.uint8)
             if data_buf is not None
