@@ -23,7 +23,7 @@ The job, end to end:
    prefix defeat Spark's prefix sort, and ``pyarrow`` sorts them several times faster.
 4. Write (``mapInArrow``): each task serializes what is still raw (vectorized), sorts
    each store partition's rows by key and keeps the last row per key
-   (``store.sorted_rows.SortedRows``, spilling sorted runs to local disk past a memory budget),
+   (``store.sorted_rows.SortedRows``, spilling runs to local disk past a memory budget),
    stages its store partitions through the job's spec (the root's format's
    ``open_job_commit``) and returns what it staged, as text: one SST built in the
    executor's local folder and uploaded under a unique name (``iqkit.store.chain.jobs``), so
@@ -594,8 +594,8 @@ def _stage_partitions_fn(
         ctx = TaskContext.get()
         spark_partition = ctx.partitionId() if ctx else 0
         attempt = f"{spark_partition}-{ctx.attemptNumber() if ctx else 0}-{uuid.uuid4().hex[:8]}"
-        # One buffer for every store partition the task holds: one sort by (partition,
-        # key) at the end beats splitting each batch by partition as it arrives.
+        # One buffer for every store partition the task holds: it groups each batch by
+        # partition as it arrives and sorts each partition once, at the end.
         buffer = SortedRows(spill_bytes=spill_bytes, spill_dir=spill_dir())
         parts = buffer.partitions()
         staged = []

@@ -2,8 +2,9 @@
 order and with duplicate keys, into what ``ChainJobSpec.stage(..., sorted_unique=True)``
 (``store.chain.jobs``) needs per partition: strictly increasing keys, the row with the highest
 sequence number per key (``ArrowRows``). It sorts Arrow columns (no per-row Python work
-but the final hand-over to the SST writer) and spills sorted runs to local disk past a
-memory budget, merging them at the end, so a big partition never has to fit in memory.
+but the final hand-over to the SST writer) and spills runs to local disk past a memory
+budget, sorting each partition when it is read, in pieces merged when it does not fit:
+a big partition never has to fit in memory.
 
 Its own module, not part of the job commit: it knows nothing of stores, versions or
 commits (it sorts bytes), and the Spark writers use it before a job commits anything.
@@ -11,7 +12,9 @@ commits (it sorts bytes), and the Spark writers use it before a job commits anyt
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import os
 import shutil
 import tempfile
@@ -92,21 +95,28 @@ class SortedRows:
 
     Why in Arrow rather than in Spark: sorting binary keys that share a long prefix
     (``\\x01customer-…``) defeats Spark's 8-byte prefix sort and costs several times
-    what ``pyarrow``'s sort does; and one sort by (partition, key) of everything a task
-    holds is cheaper than splitting each incoming batch by partition. Memory stays
-    bounded: ``spill()`` (called by the owner, or automatically once ``spill_bytes`` are
-    held) sorts what is held into a run file (Arrow IPC) under ``spill_dir``, and
-    ``partitions()`` merges a partition's runs block by block.
+    what ``pyarrow``'s sort does. Memory stays bounded: ``spill()`` (called by the owner,
+    or automatically once ``spill_bytes`` are held) writes what is held to a run file
+    (Arrow IPC) under ``spill_dir``, grouped by partition but not sorted; each group
+    notes whether its keys already ascend.
+
+    Why the sort waits for the read (``by_partition``): a partition's rows are sorted
+    once there, in memory when they fit ``spill_bytes``, else in pieces that fit, merged
+    block by block. Sorted runs spilled while rows were added would be sorted again by
+    that merge (it sorts each block), and the adds (``StoreWriter.put_table``) would pay
+    for a sort of every row on the way. Keys that arrive ascending (ids, a table written
+    in key order) are not sorted at all: their groups are runs as they are.
     """
 
     def __init__(self, *, spill_bytes: int | None = None, spill_dir: str | None = None) -> None:
         self._batches: list[pa.RecordBatch] = []
         self._nbytes = 0
-        #: Spilled runs: (file, {partition: (first row, end row)}, first row of each batch).
-        self._runs: list[tuple[str, dict[int, tuple[int, int]], list[int]]] = []
+        #: Spilled runs: (file, {partition: its group of the file}).
+        self._runs: list[tuple[str, dict[int, _Group]]] = []
         self._tmp: str | None = None
         self._spill_bytes = spill_bytes
         self._spill_dir = spill_dir
+        self._sorted_runs = 0  # run files of sorted rows written while reading
         self.rows_added = 0
 
     @property
@@ -116,7 +126,7 @@ class SortedRows:
 
     @property
     def runs(self) -> int:
-        """How many sorted runs were spilled to disk."""
+        """How many runs were spilled to disk."""
         return len(self._runs)
 
     def add(
@@ -144,30 +154,35 @@ class SortedRows:
             [parts, keys.cast(pa.binary()), values.cast(pa.binary()), seqs.cast(pa.int64())],
             schema=_rows_schema(),
         )
-        self._batches.append(batch)
+        # Grouped by partition now, while the rows are in the CPU's caches: a spill
+        # reading them back from memory to group them took several times as long.
+        self._batches.append(batch if isinstance(partitions, int) else _partition_order(batch))
         self._nbytes += batch.nbytes
         self.rows_added += n
         if self._spill_bytes is not None and self._nbytes >= self._spill_bytes:
             self.spill()
 
     def spill(self) -> None:
-        """Sort what is held in memory into a run file; memory is released."""
+        """Write what is held in memory to a run file, grouped by partition; memory is
+        released."""
         import pyarrow as pa
 
         if not self._batches:
             return
-        table, index = self._take_sorted()
-        if self._tmp is None:
-            self._tmp = tempfile.mkdtemp(prefix="iqkit-runs-", dir=self._spill_dir)
-        path = os.path.join(self._tmp, f"run-{len(self._runs):05d}.arrow")
-        starts = []
-        row = 0
-        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
-            for batch in table.to_batches(max_chunksize=_CHUNK_ROWS):
-                starts.append(row)
-                row += batch.num_rows
-                out.write_batch(batch)
-        self._runs.append((path, index, starts))
+        groups = _grouped(self._batches)
+        self._batches = []
+        self._nbytes = 0
+        path = os.path.join(self._tmp_dir(), f"run-{len(self._runs):05d}.arrow")
+        index: dict[int, _Group] = {}
+        written = 0
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, _rows_schema()) as out:
+            for p in sorted(groups):
+                group = groups[p]
+                for batch in group.batches:
+                    out.write_batch(batch)
+                first, written = written, written + len(group.batches)
+                index[p] = group.moved(range(first, written))
+        self._runs.append((path, index))
 
     def partitions(self) -> Iterator[tuple[int, ArrowRows]]:
         """``(partition, rows)`` by increasing partition; ``rows`` in strictly increasing
@@ -180,32 +195,28 @@ class SortedRows:
     @contextlib.contextmanager
     def by_partition(self) -> Iterator[dict[int, ArrowRows]]:
         """Every partition's rows (``partitions``' ``ArrowRows``, each read once, in any
-        order), valid inside the ``with`` block: spilled runs stay mapped until it ends,
+        order), valid inside the ``with`` block: spilled runs stay open until it ends,
         then everything added is dropped and the run files removed. A partition's rows
-        are merged from its runs while they are read, so only one block per run is in
-        memory at a time."""
+        are sorted while they are read (the class docstring), so memory holds one
+        partition's sort at a time, and one block per run while runs are merged."""
         import pyarrow as pa
 
         # Runs are read a batch at a time from their files, not memory-mapped whole: the
         # pages of a mapping stay resident (and in the process's RSS) until it closes.
         files: list[pa.NativeFile] = []
         try:
-            sources: list[tuple[Any, dict[int, tuple[int, int]], list[int] | None]] = []
-            for path, index, starts in self._runs:
+            sources: list[tuple[Any, dict[int, _Group]]] = []
+            for path, index in self._runs:
                 files.append(pa.OSFile(path))
-                sources.append((pa.ipc.open_file(files[-1]), index, starts))
+                sources.append((pa.ipc.open_file(files[-1]), index))
             if self._batches:
-                table, index = self._take_sorted()
-                sources.append((table, index, None))
+                sources.append((None, _grouped(self._batches)))
+                self._batches = []
+                self._nbytes = 0
             parts: dict[int, ArrowRows] = {}
-            for p in sorted({p for _, index, _ in sources for p in index}):
-                pieces = [
-                    _piece(source, lo, hi, starts)
-                    for source, index, starts in sources
-                    if p in index
-                    for lo, hi in [index[p]]
-                ]
-                parts[p] = _rows_of(pieces)
+            for p in sorted({p for _, index in sources for p in index}):
+                pieces = [_piece(reader, index[p]) for reader, index in sources if p in index]
+                parts[p] = _rows_of(self._sorted_batches(pieces, files))
             yield parts
         finally:
             for f in files:
@@ -226,46 +237,169 @@ class SortedRows:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
 
-    def _take_sorted(self) -> tuple[pa.Table, dict[int, tuple[int, int]]]:
-        import numpy as np
+    def _tmp_dir(self) -> str:
+        if self._tmp is None:
+            self._tmp = tempfile.mkdtemp(prefix="iqkit-runs-", dir=self._spill_dir)
+        return self._tmp
+
+    def _sorted_batches(
+        self, pieces: list[_Piece], files: list[pa.NativeFile]
+    ) -> Iterator[pa.RecordBatch]:
+        """One partition's rows, sorted and key-unique, from its pieces (its group of
+        each run and of the rows held). Pieces whose keys ascend are runs as they are,
+        read one after the other when their key ranges do not overlap; the others are
+        sorted together, in memory up to ``spill_bytes``, else in groups of that size,
+        each but the last written to a run file of its own (opened into ``files``); the
+        runs are then merged (``_merge_runs``)."""
         import pyarrow as pa
 
-        table = last_per_key(pa.Table.from_batches(self._batches, schema=_rows_schema()))
-        self._batches = []
-        self._nbytes = 0
-        parts = table.column("partition").to_numpy()
+        if all(piece.group.ascending for piece in pieces):
+            ordered = sorted(pieces, key=lambda piece: piece.group.first)
+            if all(a.group.last < b.group.first for a, b in itertools.pairwise(ordered)):
+                for piece in ordered:
+                    yield from piece.read()
+                return
+        runs = [piece.read for piece in pieces if piece.group.ascending]
+        todo = collections.deque(piece for piece in pieces if not piece.group.ascending)
+        budget = self._spill_bytes
+        while todo:
+            group = [todo.popleft()]
+            size = group[0].group.nbytes
+            while todo and (budget is None or size + todo[0].group.nbytes <= budget):
+                size += todo[0].group.nbytes
+                group.append(todo.popleft())
+            batches = [b for piece in group for b in piece.read()]
+            table = last_per_key(pa.Table.from_batches(batches, schema=_rows_schema()))
+            del batches
+            if todo:
+                runs.append(self._parked(table, files))
+            else:
+                runs.append(lambda t=table: iter(t.to_batches(max_chunksize=_CHUNK_ROWS)))
+            del table
+        if len(runs) == 1:
+            yield from runs[0]()
+        else:
+            yield from _merge_runs([run() for run in runs])
+
+    def _parked(
+        self, table: pa.Table, files: list[pa.NativeFile]
+    ) -> Callable[[], Iterator[pa.RecordBatch]]:
+        """``table`` written to a run file, and read back from it a batch at a time."""
+        import pyarrow as pa
+
+        self._sorted_runs += 1
+        path = os.path.join(self._tmp_dir(), f"sorted-{self._sorted_runs:05d}.arrow")
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
+            for batch in table.to_batches(max_chunksize=_CHUNK_ROWS):
+                out.write_batch(batch)
+        files.append(pa.OSFile(path))
+        reader = pa.ipc.open_file(files[-1])
+        return lambda: (reader.get_batch(i) for i in range(reader.num_record_batches))
+
+
+class _Group:
+    """One partition's rows in a run (``batches``: its batches' numbers in the file) or
+    held in memory (``batches``: the batches), with their Arrow bytes, whether their keys
+    strictly ascend, batch after batch (then they are a sorted run already), and their
+    first and last keys."""
+
+    __slots__ = ("ascending", "batches", "first", "last", "nbytes")
+
+    def __init__(self, batches: Any, nbytes: int, ascending: bool, first: bytes, last: bytes):
+        self.batches = batches
+        self.nbytes = nbytes
+        self.ascending = ascending
+        self.first = first
+        self.last = last
+
+    def moved(self, batches: Any) -> _Group:
+        """The same rows, found at ``batches``."""
+        return _Group(batches, self.nbytes, self.ascending, self.first, self.last)
+
+
+class _Piece:
+    """A partition's group of one run or of the held rows (``_Group``) with a way to
+    read its batches (``read()``)."""
+
+    __slots__ = ("group", "read")
+
+    def __init__(self, group: _Group, read: Callable[[], Iterator[pa.RecordBatch]]) -> None:
+        self.group = group
+        self.read = read
+
+
+def _piece(reader: Any, group: _Group) -> _Piece:
+    """The piece of ``group``: held batches, or batches of a run file's ``reader``."""
+    if reader is None:
+        held = group.batches
+        return _Piece(group, lambda: iter(held))
+    numbers = group.batches
+    return _Piece(group, lambda: (reader.get_batch(i) for i in numbers))
+
+
+def _grouped(batches: list[pa.RecordBatch]) -> dict[int, _Group]:
+    """``batches``' rows grouped by partition, each batch's rows of a partition a slice
+    of it (``add`` put them in partition order): each group's batches in the order
+    added, its bytes, whether its keys strictly ascend (within each batch, by one
+    comparison kernel per batch, and from batch to batch), and its first and last keys."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    slices: dict[int, list[pa.RecordBatch]] = {}
+    ascending: dict[int, bool] = {}
+    first: dict[int, bytes] = {}
+    last: dict[int, bytes] = {}
+    for batch in map(_partition_order, batches):
+        n = batch.num_rows
+        parts = batch.column(0).to_numpy()
         cuts = (np.flatnonzero(np.diff(parts)) + 1).tolist()
-        bounds = zip([0, *cuts], [*cuts, len(parts)], strict=True)
-        return table, {int(parts[lo]): (lo, hi) for lo, hi in bounds if hi > lo}
+        keys = batch.column(1)
+        rising = np.asarray(pc.less(keys.slice(0, n - 1), keys.slice(1))) if n > 1 else None
+        for lo, hi in zip([0, *cuts], [*cuts, n], strict=True):
+            p = int(parts[lo])
+            slices.setdefault(p, []).append(batch.slice(lo, hi - lo))
+            low, high = keys[lo].as_py(), keys[hi - 1].as_py()
+            if p not in first:
+                first[p], ascending[p] = low, True
+            elif ascending[p] and not last[p] < low:
+                ascending[p] = False
+            if ascending[p] and rising is not None and not rising[lo : hi - 1].all():
+                ascending[p] = False
+            last[p] = high
+    return {
+        p: _Group(group, sum(b.nbytes for b in group), ascending[p], first[p], last[p])
+        for p, group in slices.items()
+    }
 
 
-def _piece(source: Any, lo: int, hi: int, starts: list[int] | None) -> Iterator[pa.RecordBatch]:
-    """Rows ``lo`` to ``hi`` of a run: a table held in memory (``starts`` None), or a run
-    file's reader (its batches begin at rows ``starts``), read a batch at a time."""
-    if starts is None:
-        yield from source.slice(lo, hi - lo).to_batches(max_chunksize=_CHUNK_ROWS)
-        return
-    import bisect
+def partition_order(parts: Any) -> Any:
+    """The stable order that groups rows by their partitions (an integer numpy array),
+    or None when they are grouped already (``SortedRows.add`` keeps rows so)."""
+    import numpy as np
 
-    for i in range(bisect.bisect_right(starts, lo) - 1, len(starts)):
-        if starts[i] >= hi:
-            return
-        batch = source.get_batch(i)
-        a = max(lo - starts[i], 0)
-        b = min(hi - starts[i], batch.num_rows)
-        if b > a:
-            yield batch.slice(a, b - a)
+    if not (parts[1:] < parts[:-1]).any():
+        return None
+    if parts.min() >= 0 and parts.max() <= 0xFFFF:
+        parts = parts.astype(np.uint16)  # numpy's stable sort is a radix sort for these
+    return np.argsort(parts, kind="stable")
 
 
-def _rows_of(pieces: list[Iterator[pa.RecordBatch]]) -> ArrowRows:
-    """One partition's rows from its sorted, key-unique pieces (one per run): the piece
-    itself, or a merge of them (``_merge_runs``) made while the rows are read."""
+def _partition_order(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with its rows in partition order (stable), or itself when they are."""
+    import pyarrow as pa
 
-    def columns(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[pa.Array, ...]]:
+    order = partition_order(batch.column(0).to_numpy())
+    return batch if order is None else batch.take(pa.array(order))
+
+
+def _rows_of(batches: Iterator[pa.RecordBatch]) -> ArrowRows:
+    """One partition's rows from its sorted, key-unique batches."""
+
+    def columns() -> Iterator[tuple[pa.Array, ...]]:
         for b in batches:
             yield b.column("key"), b.column("value"), b.column("seq")
 
-    return ArrowRows(columns(pieces[0] if len(pieces) == 1 else _merge_runs(pieces)))
+    return ArrowRows(columns())
 
 
 def _np_full(n: int, value: int) -> Any:
@@ -313,17 +447,35 @@ def last_per_key(table: pa.Table) -> pa.Table:
 
 
 def _sort_order(table: pa.Table, one_partition: bool, *, with_seq: bool) -> Any:
-    """Row order by (partition, key[, seq]). Arrow sorts by key (and seq); the partition
-    comes from a stable numpy sort of the small ints on top, which is cheaper than
-    Arrow's multi-column comparison sort with the partition first."""
+    """Row order by (partition, key[, seq]), stable (as Arrow's sort is). Keys are
+    sorted by numpy as ``key_order.sort_columns`` makes them (with ``np.lexsort`` when
+    there are several columns), or by Arrow's comparison sort when they are too wide.
+    The partition comes from a stable numpy sort of the small ints on top, which is
+    cheaper than sorting by it first."""
     import numpy as np
     import pyarrow.compute as pc
 
-    keys = [("key", "ascending"), ("seq", "ascending")] if with_seq else [("key", "ascending")]
-    order = pc.sort_indices(table, keys).to_numpy()
+    from .encoding.key_order import sort_columns
+
+    words = sort_columns(table.column("key").combine_chunks())
+    if words is None:
+        keys = [("key", "ascending"), ("seq", "ascending")] if with_seq else [("key", "ascending")]
+        order = pc.sort_indices(table, keys).to_numpy()
+    else:
+        columns = [*reversed(words)]  # np.lexsort: the last column sorts first
+        if with_seq:
+            columns.insert(0, table.column("seq").to_numpy())
+        if not columns:  # every key the same
+            order = np.arange(table.num_rows)
+        elif len(columns) == 1:
+            order = np.argsort(columns[0], kind="stable")
+        else:
+            order = np.lexsort(columns)
     if one_partition:
         return order
     parts = table.column("partition").to_numpy()[order]
+    if parts.min() >= 0 and parts.max() <= 0xFFFF:
+        parts = parts.astype(np.uint16)  # numpy's stable sort is a radix sort for these
     return order[np.argsort(parts, kind="stable")]
 
 
@@ -373,5 +525,9 @@ def _merge_runs(runs: list[Iterator[pa.RecordBatch]]) -> Iterator[pa.RecordBatch
             if remaining is not None:
                 rest.append((remaining, run))
         heads = rest
-        block = last_per_key(pa.Table.from_batches(taken, schema=_rows_schema()))
+        rows = [t for t in taken if t.num_rows]
+        if len(rows) == 1:  # one run's rows alone: sorted and key-unique already
+            yield rows[0]
+            continue
+        block = last_per_key(pa.Table.from_batches(rows, schema=_rows_schema()))
         yield from block.to_batches()

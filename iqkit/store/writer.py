@@ -11,16 +11,16 @@ Why puts are buffered as they are (docs/DECISIONS.md "Writers"): a put only seri
 and appends to three lists; a key-value store's murmur2 partition is computed later, for
 many keys at once (``murmur2_partition_many``), unless the put names a partition or a
 source. Past ``FLUSH_ROWS`` pending puts, they go to a ``SortedRows`` as Arrow columns
-(about a third of the bytes of Python objects), which spills sorted runs to local disk
-past ``memory_budget`` bytes: a commit of any size fits a fixed budget, and its rows reach
-the SST and the twin from Arrow, merged run by run. A small commit never imports
-pyarrow's compute functions: its rows are routed and sorted in Python.
+(about a third of the bytes of Python objects), which spills runs to local disk past
+``memory_budget`` bytes: a commit of any size fits a fixed budget, and its rows reach the
+SST and the twin from Arrow, each partition sorted (and its runs merged) as it is read.
+A small commit never imports pyarrow's compute functions: its rows are routed and sorted
+in Python.
 """
 
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -38,6 +38,7 @@ from .formats import format_for
 from .inputs import store_partitions_fed_by
 from .manifest import DEFAULT_RETENTION, STORE_SETTINGS, StoreManifest
 from .roots import StoreRoot, parse_root
+from .table_plan import TablePlan, arrow_table
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -139,7 +140,7 @@ COMPACTION_MODES = ("inline", "background")
 #: Pending puts handed to the Arrow buffer (``SortedRows``) at a time.
 FLUSH_ROWS = 65_536
 
-#: Default bytes of Arrow rows a writer holds in memory before it spills a sorted run.
+#: Default bytes of Arrow rows a writer holds in memory before it spills a run.
 DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
 
 #: A pending put's partition when it is routed by the store's partitioner at flush time.
@@ -318,9 +319,9 @@ class StoreWriter:
                 f"store {name!r} is a window store: put_table writes key-value stores "
                 "(put each window with put(..., window_start=))"
             )
-        table = _arrow_table(data, name)
+        table = arrow_table(data, name)
         keys = (key,) if isinstance(key, str) else tuple(key)
-        plan = _TablePlan.of(self, table, keys, value, partition)
+        plan = TablePlan.of(self.manifest, table, keys, value, partition)
         self._flush()
         for batch in table.to_batches(max_chunksize=FLUSH_ROWS):
             encoded = plan.encode(batch)
@@ -498,9 +499,12 @@ class StoreWriter:
         self._keys, self._values, self._parts = [], [], []
         self._add_encoded(pa.array(parts), keys, values)
 
-    def _add_encoded(self, parts: pa.Array, keys: pa.Array, values: pa.Array) -> None:
+    def _add_encoded(
+        self, parts: pa.Array, keys: pa.Array, values: pa.Array, order: Any = None
+    ) -> None:
         """Rows with their partitions, RocksDB keys and value bytes (null: a delete), in
-        the order written, counted and handed to the Arrow buffer."""
+        the order written, or ``order`` (their places in it: ``TablePlan.encode``),
+        counted and handed to the Arrow buffer."""
         import numpy as np
         import pyarrow as pa
 
@@ -511,8 +515,8 @@ class StoreWriter:
         self._count(np.asarray(parts), deletes)
         if self._sorted is None:
             self._sorted = SortedRows(spill_bytes=self._memory_budget)
-        seqs = pa.array(np.arange(self._seq, self._seq + n, dtype=np.int64))
-        self._sorted.add(keys, values, seqs, parts)
+        placed = np.arange(n, dtype=np.int64) if order is None else order.astype(np.int64)
+        self._sorted.add(keys, values, pa.array(placed + self._seq), parts)
         self._seq += n
 
     def _count(self, parts: Any, deletes: Any) -> None:
@@ -679,122 +683,3 @@ class StoreWriter:
     def __repr__(self) -> str:
         touched = sorted(self._buffers)
         return f"StoreWriter({self.manifest.name!r}, {self._state}, partitions touched={touched})"
-
-
-def _arrow_table(data: Any, store: str) -> pa.Table:
-    """``put_table``'s input as an Arrow table: a pandas DataFrame is converted (its
-    index left out), a record batch wrapped."""
-    import pyarrow as pa
-
-    if isinstance(data, pa.Table):
-        return data
-    if isinstance(data, pa.RecordBatch):
-        return pa.Table.from_batches([data])
-    if type(data).__module__.startswith("pandas") and type(data).__name__ == "DataFrame":
-        return pa.Table.from_pandas(data, preserve_index=False)
-    raise TypeError(
-        f"store {store!r}: put_table takes a pyarrow Table or RecordBatch or a pandas "
-        f"DataFrame, got {type(data).__name__}"
-    )
-
-
-class _TablePlan:
-    """How ``put_table`` encodes the batches of one table (checked before any row is):
-    the columns of the key, the value (or the JSON record) and the partition."""
-
-    def __init__(
-        self,
-        writer: StoreWriter,
-        keys: tuple[str, ...],
-        value: str | None,
-        record: tuple[str, ...],
-        partition: str | None,
-    ) -> None:
-        self.writer = writer
-        self.keys = keys
-        self.value = value
-        self.record = record
-        self.partition = partition
-        #: The columns a twin of the rows is made of (``twins.twin_of_columns``: the
-        #: key, then the record's), or None: twins are shaped from the stored rows.
-        self.twin_names: tuple[str, ...] | None = None
-        if record and len(keys) == 1 and writer.manifest.kind.has_twins:
-            self.twin_names = (keys[0], *record)
-
-    @classmethod
-    def of(
-        cls,
-        writer: StoreWriter,
-        table: pa.Table,
-        keys: tuple[str, ...],
-        value: str | None,
-        partition: str | None,
-    ) -> _TablePlan:
-        manifest = writer.manifest
-        store = manifest.name
-        names = table.column_names
-        asked = [*keys, value, partition]
-        for column in [c for c in asked if c is not None]:
-            if column not in names:
-                hint = difflib.get_close_matches(column, names, n=1)
-                tail = f"; did you mean {hint[0]!r}?" if hint else f" (it has {names})"
-                raise ValueError(f"store {store!r}: the table has no column {column!r}{tail}")
-        if not keys:
-            raise ValueError(f"store {store!r}: key must name at least one column")
-        if len(keys) > 1 and manifest.key_serde != "ordered":
-            raise ValueError(
-                f"store {store!r}: a composite key {list(keys)} needs the 'ordered' key "
-                f"serde; this store's is {manifest.key_serde!r}"
-            )
-        routed = writer._partitioner.routes_keys
-        if routed and partition is not None:
-            raise ValueError(
-                f"store {store!r} routes keys by {manifest.partitioner}: partition= names "
-                "an explicit store's partition column"
-            )
-        if not routed and partition is None:
-            raise ValueError(
-                f"store {store!r} uses the explicit partitioner: pass partition=<column>"
-            )
-        record: tuple[str, ...] = ()
-        if value is None:
-            if manifest.value_serde != "json":
-                raise ValueError(
-                    f"store {store!r} has value serde {manifest.value_serde!r}: name the "
-                    "value column (value=); every other column as a record needs 'json'"
-                )
-            record = tuple(n for n in names if n not in keys and n != partition)
-        return cls(writer, keys, value, record, partition)
-
-    def encode(self, batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array, pa.Array]:
-        """A batch's partitions, RocksDB keys and value bytes (null: a delete)."""
-        import pyarrow as pa
-
-        from .encoding import arrow_encode, json_arrow
-
-        w = self.writer
-        store = w.manifest.name
-        n = w.manifest.partitions
-        key_columns = [batch.column(k) for k in self.keys]
-        key_bytes = arrow_encode.serialize_keys(w._key_serde, key_columns, self.keys, store)
-        if self.partition is None:
-            parts = arrow_encode.route(w._partitioner, key_bytes, n)
-        else:
-            column = batch.column(self.partition)
-            label = f"partition column {self.partition!r}"
-            parts = arrow_encode.explicit_partitions(column, label, n, store)
-        if self.value is None:
-            for name in self.record:
-                if arrow_encode.arrow_has_non_finite(batch.column(name)):
-                    raise ValueError(arrow_encode.non_finite_message(store, name))
-            values = json_arrow.json_records(batch, self.record).cast(pa.binary())
-        else:
-            column = batch.column(self.value)
-            if w.manifest.value_serde == "json":
-                if arrow_encode.arrow_has_non_finite(column):
-                    raise ValueError(arrow_encode.non_finite_message(store, self.value))
-                values = json_arrow.json_texts(column).cast(pa.binary())
-            else:
-                serde = w._value_serde
-                values = arrow_encode.serialize_column(serde, column, store, "value", self.value)
-        return parts, keyspace.kv_keys_arrow(key_bytes), values

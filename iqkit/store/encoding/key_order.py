@@ -13,9 +13,12 @@ answered on their bytes (``partitioners.key_buffers``, read without copying):
   each for the needles between its first and last key;
 * ``merge_order``: the order of several sorted files' rows merged (``columnar/scan.py``):
   every key made one comparable numpy value, the few rows of the deltas sorted and
-  placed among the base's by ``searchsorted``.
+  placed among the base's by ``searchsorted``;
+* ``sort_columns``: numpy columns that sort as keys in any order do (``sorted_rows``'
+  sort of a commit's rows by key: numpy's stable sorts of 8-byte words are 4-5x faster
+  than Arrow's comparison sort of the binary keys).
 
-Two algorithms, one per question, on shared helpers: keys' bytes padded with zero
+Three algorithms, one per question, on shared helpers: keys' bytes padded with zero
 bytes to one width (``_padded``), as big-endian 64-bit words (``_words``) or numpy
 ``S<n>`` values. Quirk: numpy compares ``S<n>`` values without their trailing zero
 bytes, so a key and the same key with zero bytes after it compare equal. Keys of one
@@ -33,7 +36,7 @@ import pyarrow as pa
 
 from .partitioners import key_buffers
 
-__all__ = ["Needles", "merge_order", "needles", "rows_holding"]
+__all__ = ["Needles", "merge_order", "needles", "rows_holding", "sort_columns"]
 
 #: Keys wider than this (after the prefix they all share) are merged by Arrow's sort
 #: (below 256: a key's length fits the byte ``_comparable`` puts after it).
@@ -43,6 +46,9 @@ _SCATTER_ROWS = 1 << 16
 #: Rows of a sorted column searched at a time (``rows_holding``): a piece's offsets and
 #: lengths stay in the CPU's cache.
 _PIECE_ROWS = 1 << 16
+#: Keys whose bytes past their shared prefix span more 8-byte words are left to Arrow's
+#: sort (``sort_columns``: a stable numpy sort per word).
+_SORT_WORDS = 4
 
 
 def _padded(
@@ -320,6 +326,43 @@ def _comparable(keys: list[pa.Array | pa.ChunkedArray]) -> list[np.ndarray] | No
     return out
 
 
+def sort_columns(keys: pa.Array) -> list[np.ndarray] | None:
+    """Numpy columns, most significant first, whose stable sort (``np.lexsort``, the
+    last column first) is the stable sort of the ``binary`` ``keys`` (any order, no
+    nulls) by their bytes: past the prefix every key shares, the bytes padded with zero
+    bytes as big-endian 64-bit words (``_padded``), then, where lengths differ, the
+    length (a key before the same key with zero bytes after it: the module docstring's
+    quirk). None past ``_SORT_WORDS`` words."""
+    import pyarrow.compute as pc
+
+    data, offsets = key_buffers(keys)
+    lengths = np.diff(offsets)
+    if not len(lengths):
+        return []
+    lo_hi = pc.min_max(keys)  # what the smallest and largest share, all share
+    shared = _common_start(lo_hi["min"].as_py(), lo_hi["max"].as_py())
+    width = int(lengths.max()) - shared
+    count = -(-width // 8)
+    if count > _SORT_WORDS:
+        return None
+    same = bool((lengths == lengths[0]).all())
+    if same:
+        rows = np.zeros((len(lengths), 8 * count), dtype=np.uint8)
+        block = data[int(offsets[0]) : int(offsets[-1])].reshape(len(lengths), -1)
+        rows[:, :width] = block[:, shared:]
+    else:
+        rows = _padded(data, offsets[:-1], lengths, 8 * count, shared)
+    words = rows.view(">u8")
+    columns = [words[:, j] for j in range(count)]
+    return columns if same else [*columns, lengths]
+
+
+def _common_start(lo: bytes, hi: bytes) -> int:
+    """How many first bytes ``lo`` and ``hi`` have in common."""
+    pairs = enumerate(zip(lo, hi, strict=False))
+    return next((i for i, (a, b) in pairs if a != b), min(len(lo), len(hi)))
+
+
 def _shared_prefix(buffers: list[tuple[np.ndarray, np.ndarray]]) -> int:
     """How many first bytes every key of ``buffers`` (each file's keys, ascending) has
     in common: those of its smallest and largest keys, as every key lies between."""
@@ -332,6 +375,4 @@ def _shared_prefix(buffers: list[tuple[np.ndarray, np.ndarray]]) -> int:
             ]
     if not ends:
         return 0
-    lo, hi = min(ends), max(ends)  # what the smallest and largest share, all share
-    pairs = enumerate(zip(lo, hi, strict=False))
-    return next((i for i, (a, b) in pairs if a != b), min(len(lo), len(hi)))
+    return _common_start(min(ends), max(ends))  # what they share, all share

@@ -200,6 +200,9 @@ def murmur2_many(keys: Any) -> np.ndarray:
     m = np.uint32(0x5BD1E995)
     starts = offsets[:-1]
     lengths = offsets[1:] - starts
+    if n and (lengths == lengths[0]).all() and lengths[0] <= 4 * _MAX_VECTOR_WORDS:
+        size = int(lengths[0])
+        return _murmur2_equal_lengths(data[int(offsets[0]) : int(offsets[-1])].reshape(n, size))
     h = (lengths.astype(np.uint32) ^ np.uint32(0x9747B28C)).astype(np.uint32)
     nwords = lengths >> 2
     long_rows = np.flatnonzero(nwords > _MAX_VECTOR_WORDS)
@@ -239,6 +242,39 @@ def murmur2_many(keys: Any) -> np.ndarray:
     for i in long_rows.tolist():  # rare: keys over 256 bytes
         h[i] = _murmur2_u32(data[offsets[i] : offsets[i + 1]].tobytes())
     return h.view(np.int32) if n else np.zeros(0, dtype=np.int32)
+
+
+def _murmur2_equal_lengths(rows: np.ndarray) -> np.ndarray:
+    """``murmur2_many`` of keys of one length (a ``uint8`` matrix, a key per row; ids,
+    fixed formats): word ``j`` of every key is column ``j`` of one ``uint32`` view, and
+    the tail bytes are columns too, where keys of mixed lengths need a gather each."""
+    import numpy as np
+
+    n, size = rows.shape
+    m = np.uint32(0x5BD1E995)
+    h = np.full(n, np.uint32(size) ^ np.uint32(0x9747B28C), dtype=np.uint32)
+    nwords = size >> 2
+    if nwords:
+        words = np.ascontiguousarray(rows[:, : 4 * nwords]).view("<u4")
+        for j in range(nwords):
+            k = words[:, j] * m
+            k ^= k >> np.uint32(24)
+            k *= m
+            h *= m
+            h ^= k
+    tail = size & 3
+    at = 4 * nwords
+    if tail >= 3:
+        h ^= rows[:, at + 2].astype(np.uint32) << np.uint32(16)
+    if tail >= 2:
+        h ^= rows[:, at + 1].astype(np.uint32) << np.uint32(8)
+    if tail >= 1:
+        h ^= rows[:, at]
+        h *= m
+    h ^= h >> np.uint32(13)
+    h *= m
+    h ^= h >> np.uint32(15)
+    return h.view(np.int32)
 
 
 def murmur2_partition_many(keys: Any, num_partitions: int) -> np.ndarray:
