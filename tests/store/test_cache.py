@@ -79,6 +79,30 @@ def test_least_recently_used_files_go_first(objects, tmp_path):
     assert cache.usage() == 2000 and cache.stats.files_evicted == 1
 
 
+def test_caches_of_one_folder_share_this_process_running_count(objects, tmp_path, monkeypatch):
+    """Every engine has a cache object of its own: a second one of the same folder does
+    not walk the whole cache again at its first fetch, yet what the first added counts
+    toward the limit, so a fetch past it still evicts."""
+    walks = []
+    census = FileCache._census
+    monkeypatch.setattr(FileCache, "_census", lambda self: walks.append(self) or census(self))
+    first = FileCache(tmp_path / "cache", limit=3500)
+    for key in ("t/sst/f0.sst", "t/sst/f1.sst"):
+        first.pin(objects, key).release()
+        time.sleep(0.01)
+    assert walks == [first]  # its first fetch counted the (empty) cache, then it added
+    second = FileCache(tmp_path / "cache", limit=3500)
+    second.pin(objects, "t/sst/f2.sst").release()  # 3000 bytes: within the limit
+    assert walks == [first]
+    time.sleep(0.01)
+    second.pin(objects, "t/sst/f3.sst").release()  # 4000 bytes: past it
+    assert walks == [first, second]
+    assert _cached(second) == ["f1.sst", "f2.sst", "f3.sst"]
+    other = FileCache(tmp_path / "other", limit=3500)
+    other.pin(objects, "t/sst/f4.sst").release()
+    assert walks == [first, second, other]  # another folder has a count of its own
+
+
 def test_a_pinned_file_is_never_evicted(objects, tmp_path):
     cache = FileCache(tmp_path / "cache", limit=1000)
     held = cache.pin(objects, "t/sst/f0.sst")
