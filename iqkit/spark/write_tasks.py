@@ -91,11 +91,13 @@ def write_task(job: WriteJob, iterator: Iterator[pa.RecordBatch]) -> IqkitCommit
     objects = job.uploads.objects()
     try:
         for batch in iterator:
-            # Pieces of at most run_rows rows, so a run never holds much more than that.
+            # Pieces of at most run_rows rows, so a run never holds more than that; a run
+            # is spilled only when more rows come (the last one is sorted in memory).
             for start in range(0, batch.num_rows, job.run_rows):
-                encoder.add(batch.slice(start, job.run_rows))
-                if encoder.buffered >= job.run_rows:
+                piece = batch.slice(start, job.run_rows)
+                if encoder.buffered and encoder.buffered + piece.num_rows > job.run_rows:
                     encoder.spill()
+                encoder.add(piece)
         for p, rows in encoder.partitions():
             written.append(_write_fragment(job, p, rows, spark_partition, objects))
             _maybe_crash(job)
