@@ -46,14 +46,15 @@ steps 2 and 3 follow the plan (``WriteJob.where`` and ``WriteJob.uploads``).
    was.
 2. Tasks, ``write()``: each Arrow batch is encoded (serdes, murmur2 or the named
    partition column, RocksDB key bytes), buffered, then sorted by (store partition, key,
-   input order) in Arrow; the last row of each key is kept, and each store partition's
-   rows become one *fragment* per sorted run: one sorted SST of puts and tombstones,
-   written in the executor's scratch folder (Spark's local dir: ``workers.spill_dir``),
-   uploaded under a fresh key (the spec's ``upload_runs``) and removed locally; the
-   task's commit message names the uploaded keys. No version lists them yet, so no
-   reader sees them, and the driver never needs a file of the executor's: nothing but
-   the root is shared. A null key fails the task (so the job) naming the column and the
-   store.
+   input order) in Arrow (past ``write_options.RUN_ROWS`` rows, runs are spilled to
+   local disk, then sorted and merged back); the last row of each key is kept, and each
+   store partition's rows become one *fragment*: one sorted SST of puts and tombstones and
+   its twin, written in the executor's scratch folder (Spark's local dir:
+   ``workers.spill_dir``), uploaded under a fresh key (the spec's ``upload_runs``) and
+   removed locally; the task's commit message names the uploaded keys. No version lists
+   them yet, so no reader sees them, and the driver never needs a file of the executor's:
+   nothing but the root is shared. A null key fails the task (so the job) naming the
+   column and the store.
 3. Driver, ``commit()``: opens the store's job commit again (if any commit landed since
    step 1 the job publishes nothing: ``StoreConflictError``, as for ``write_store``;
    here also because ``writer()``, the tasks and ``commit()`` run in different Python
@@ -76,7 +77,8 @@ the higher Spark partition index wins — exactly ``write_store``'s rule
 (``monotonically_increasing_id``) for non-Kafka input. For Kafka-shaped input, a key whose
 rows sit in several Spark partitions keeps the row of the highest Spark partition, not
 the highest offset (rows of one Kafka partition normally share a Spark partition). A task
-holding more than ``write_options.RUN_ROWS`` encoded rows writes them in runs; a later run wins.
+holding more than ``write_options.RUN_ROWS`` encoded rows spills them in runs, which it
+sorts and merges into its one fragment per store partition; a later run wins.
 
 Positions: with Kafka-shaped input each task reports its highest offset per (topic,
 partition); the driver merges them and advances positions exactly as ``write_store`` does.

@@ -1,14 +1,14 @@
 """The data source's write tasks encode here: ``RowEncoder`` turns the Arrow batches of a
 DataFrame into (store partition, RocksDB key, value, sequence) batches with the encoding
 every bulk write shares (``store.encoding.arrow_encode``). ``RowEncoder`` also makes
-the data source's JSON values as Spark's ``to_json`` writes them, buffers its encoded
-batches, then sorts them by (store partition, key, input order) in Arrow, keeping the last
-row of each key."""
+the data source's JSON values as Spark's ``to_json`` writes them, and hands its encoded
+rows, with the input's own columns a twin is made of, to a ``store.sorted_rows.SortedRows``,
+which sorts them by (store partition, key, input order), keeps the last row of each key,
+and spills what it holds to local disk when the task asks (``spill``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,7 +16,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..store.encoding.arrow_encode import (
-    ENCODED,
     arrow_has_non_finite,
     encoded_batch,
     explicit_partitions,
@@ -28,6 +27,7 @@ from ..store.encoding.arrow_encode import (
 from ..store.encoding.json_arrow import json_records, json_texts
 from ..store.encoding.partitioners import get_partitioner
 from ..store.encoding.serdes import get_serde
+from ..store.sorted_rows import ArrowRows, SortedRows
 
 if TYPE_CHECKING:  # write_store encodes here too, and needs none of the data source's jobs
     from .write_options import WriteJob
@@ -35,7 +35,9 @@ if TYPE_CHECKING:  # write_store encodes here too, and needs none of the data so
 # -- the data source's tasks -------------------------------------------------------------------
 class RowEncoder:
     """Arrow batches of the DataFrame → (store partition, RocksDB key, value, sequence),
-    buffered until :meth:`drain` sorts them and keeps the last row of each key. What the
+    buffered (``SortedRows``) until :meth:`partitions` hands them out sorted, the last row
+    of each key only; :meth:`spill` writes what is held to local disk (a run, grouped by
+    store partition), which :meth:`partitions` sorts and merges back. What the
     task reports besides its fragments is counted here too: ``rows`` read, the highest
     Kafka ``offsets`` per (topic, partition), and the smallest and largest
     ``window_sizes``.
@@ -45,7 +47,13 @@ class RowEncoder:
     columns as it is given them, making JSON values here (``write_store`` has Spark's
     ``to_json`` make them in the JVM, then shuffles before it encodes)."""
 
-    def __init__(self, job: WriteJob, twin_columns: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        job: WriteJob,
+        twin_columns: Sequence[str] | None = None,
+        *,
+        spill_dir: str | None = None,
+    ) -> None:
         assert job.plan is not None
         plan = job.plan
         self.plan = plan
@@ -55,11 +63,14 @@ class RowEncoder:
         self.partitioner = get_partitioner(job.partitioner)
         self.n = job.partitions
         self.kafka = job.kafka
-        self.buffer: list[pa.RecordBatch] = []
-        #: The input's own columns a fragment's twin is made of, aligned with ``buffer``
+        #: The encoded rows (made at the first batch: the carried columns' types are
+        #: the input's).
+        self.sorted: SortedRows | None = None
+        self.spill_dir = spill_dir
+        #: The input's own columns a fragment's twin is made of, carried with the rows
         #: (``twin_source_columns``; ``None``: twins are shaped from the stored rows).
         self.twin_names = twin_columns
-        self.twin_buffer: list[pa.RecordBatch] = []
+        #: Rows held in memory (not spilled yet).
         self.buffered = 0
         self.seq = 0  # input order within the task
         self.rows = 0
@@ -95,11 +106,15 @@ class RowEncoder:
             starts, sizes = _window_starts(window)
             self.window_sizes = _widen(self.window_sizes, sizes)
         encoded = encoded_batch(parts, key_bytes, values, seq, starts)
-        self.buffer.append(encoded)
-        if self.twin_names is not None and not set(self.twin_names) <= set(batch.schema.names):
-            self.twin_names, self.twin_buffer = None, []  # not the store's columns: shaped
-        if self.twin_names is not None:
-            self.twin_buffer.append(batch.select(list(self.twin_names)))
+        names = self.twin_names
+        if self.sorted is None and names is not None and not set(names) <= set(batch.schema.names):
+            self.twin_names = None  # the first batch lacks the store's columns: twins shaped
+        own = None if self.twin_names is None else batch.select(list(self.twin_names))
+        if self.sorted is None:
+            carried = None if own is None else own.schema
+            self.sorted = SortedRows(spill_dir=self.spill_dir, columns=carried)
+        p, k, v, s = encoded.columns
+        self.sorted.add(k, v, s, partitions=p, columns=own)
         self.buffered += encoded.num_rows
 
     def _explicit_partitions(self, batch: pa.RecordBatch) -> pa.Array:
@@ -120,63 +135,26 @@ class RowEncoder:
         return serialize_column(self.value_serde, col, self.store, "value", plan.value_column)
 
     # -- sorting ------------------------------------------------------------------------------
-    def drain(self) -> Iterator[tuple[int, pa.Array, pa.Array, pa.Table | None]]:
-        """Per store partition (ascending): ``binary`` keys ascending, the last row of
-        each key, their values (null: a delete), as Arrow arrays, and the input's own
-        twin columns of those rows (``None`` unless the encoder keeps them)."""
-        if not self.buffer:
-            return
-        table = pa.Table.from_batches(self.buffer, schema=ENCODED)
-        columns = pa.Table.from_batches(self.twin_buffer) if self.twin_buffer else None
-        self.buffer, self.twin_buffer, self.buffered = [], [], 0
-        order = self._order(table)
-        table = table.take(order).combine_chunks()
-        p, k = table.column("__p").chunk(0), table.column("__k").chunk(0)
-        keep = None
-        if len(table) > 1:
-            same_as_next = pc.and_(pc.equal(k[:-1], k[1:]), pc.equal(p[:-1], p[1:]))
-            keep = pa.concat_arrays([pc.invert(same_as_next), pa.array([True])])
-            if keep.false_count:
-                table = table.filter(keep)
-            else:
-                keep = None
-        if columns is not None:
-            columns = columns.take(order)
-            columns = (columns if keep is None else columns.filter(keep)).combine_chunks()
-        parts = table.column("__p").to_numpy()
-        keys, values = table.column("__k"), table.column("__v")
-        start = 0
-        while start < len(parts):
-            partition = int(parts[start])
-            end = int(parts.searchsorted(partition, side="right"))
-            n = end - start
-            twin = None if columns is None else columns.slice(start, n)
-            yield partition, keys.slice(start, n), values.slice(start, n), twin
-            start = end
+    def spill(self) -> None:
+        """Write the rows held in memory to local disk (a run, grouped by store partition,
+        sorted when it is read back: ``SortedRows``)."""
+        if self.sorted is not None:
+            self.sorted.spill()
+        self.buffered = 0
 
-    def _order(self, table: pa.Table) -> np.ndarray:
-        """The row order by (store partition, key, input order): a stable sort by
-        partition (integers, numpy), then each partition's keys sorted by Arrow — several
-        times faster than one Arrow sort by (partition, key), whose comparisons of a
-        binary column after an integer one do not vectorize. Both sorts are stable, so
-        rows of one key stay in input order; Kafka input is ordered by ``offset`` among
-        them."""
-        parts = table.column("__p").to_numpy()
-        by_partition = np.argsort(parts, kind="stable")
-        grouped = parts[by_partition]
-        cuts = [0, *(np.flatnonzero(np.diff(grouped)) + 1).tolist(), len(grouped)]
-        take = pa.array(by_partition)
-        keys = table.column("__k").take(take)
-        seqs = table.column("__seq").take(take) if self.kafka else None
-        pieces = []
-        for a, b in pairwise(cuts):
-            if seqs is None:
-                within = pc.sort_indices(keys.slice(a, b - a))
-            else:
-                run = pa.table({"k": keys.slice(a, b - a), "s": seqs.slice(a, b - a)})
-                within = pc.sort_indices(run, sort_keys=[("k", "ascending"), ("s", "ascending")])
-            pieces.append(by_partition[a:b][within.to_numpy()])
-        return np.concatenate(pieces) if pieces else by_partition
+    def partitions(self) -> Iterator[tuple[int, ArrowRows]]:
+        """Per store partition (ascending): its rows, keys ascending, the last row of
+        each key (``SortedRows.partitions``: a partition's runs sorted in pieces of at
+        most what one spill held, merged block by block), each
+        chunk with the input's twin columns of its rows where they are kept."""
+        if self.sorted is not None:
+            yield from self.sorted.partitions()
+        self.buffered = 0
+
+    def close(self) -> None:
+        """Drop what is held and the run files."""
+        if self.sorted is not None:
+            self.sorted.close()
 
 
 def _max_offsets(batch: pa.RecordBatch, into: dict[str, dict[int, int]]) -> None:

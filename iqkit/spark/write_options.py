@@ -47,8 +47,9 @@ WRITE_OPTIONS = frozenset(
 )
 _IF_EXISTS = ("error", "errorifexists", "ignore")
 
-#: Encoded rows a task buffers before it writes a sorted run (roughly 100 bytes each, twice
-#: that while sorting). Every run is one more fragment per store partition to ingest.
+#: Encoded rows a task holds in memory before it spills them to local disk (roughly 150
+#: bytes each with a twin's columns, twice that while sorting); the runs are sorted and
+#: merged into one fragment per store partition (``write_tasks``).
 RUN_ROWS = 1_000_000
 
 

@@ -1,11 +1,21 @@
 """The tasks' side of ``df.write.format("iqkit")``: each task encodes and sorts its rows
-(``write_encode``) and writes them as *fragments*, one per store partition and sorted run,
+(``write_encode``) and writes them as *fragments*, one per store partition it holds,
 and sends the driver an :class:`IqkitCommitMessage` saying what it wrote. A fragment is
-one sorted SST of puts and tombstones (``rocks.write_arrow_sst``) written in the
-executor's scratch folder (``workers.spill_dir``), uploaded through the job spec
-(``WriteJob.uploads``, the format's: a task's runs through one connection) under a fresh
-key no version lists, and removed locally; the message names the uploaded keys, so the
-driver never needs the executor's files.
+one sorted SST of puts and tombstones (``rocks.write_arrow_sst``) and its columnar twin
+(``twins.TwinWriter``, from the task's own typed columns where it kept them), both
+streamed from the task's sorted rows, written in the executor's scratch folder
+(``workers.spill_dir``), uploaded through the job spec (``WriteJob.uploads``, the
+format's: a task's fragments through one connection) under a fresh key no version lists,
+and removed locally; the message names the uploaded keys, so the driver never needs the
+executor's files.
+
+Memory: past ``job.run_rows`` rows the task's rows are spilled to the scratch folder as a
+run grouped by store partition (``SortedRows``); each store partition's rows are sorted
+as its fragment is written, in pieces of at most a run's size merged block by block, so a
+task of any size holds about ``run_rows`` rows, and still writes one
+fragment per store partition: a job's chains grow by one file per task, not per run
+(with a fragment per run, 20M rows in 2 tasks made 20 files per partition, and the
+commit compacted all of them on the driver: 250 s of a 390 s write).
 
 Nothing here publishes: the driver's commit (``write_commit``) chains the fragments. A
 task that fails removes what it uploaded."""
@@ -23,6 +33,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from ..store.names import twin_key
 from ..store.partitions import rocks
+from ..store.sorted_rows import ArrowRows
 from .workers import consume_marker, keep_spark_archive_indexes, spill_dir
 from .write_encode import RowEncoder
 from .write_options import WriteJob
@@ -30,7 +41,7 @@ from .write_options import WriteJob
 
 @dataclass(frozen=True)
 class Fragment:
-    """One sorted run of one task for one store partition."""
+    """One task's fragment for one store partition."""
 
     partition: int
     #: (Spark partition index, run): the order fragments are applied in (later wins).
@@ -56,9 +67,9 @@ class IqkitCommitMessage(WriterCommitMessage):
 
 
 def write_task(job: WriteJob, iterator: Iterator[pa.RecordBatch]) -> IqkitCommitMessage:
-    """One task attempt: encode, sort and write the rows ``iterator`` holds as fragments,
-    a sorted run per ``job.run_rows`` rows (a later run wins); on failure the fragments
-    written so far are removed."""
+    """One task attempt: encode and sort the rows ``iterator`` holds (spilling a run
+    every ``job.run_rows`` rows; a later row wins) and write them as one fragment per
+    store partition; on failure the fragments written so far are removed."""
     from pyspark import TaskContext
 
     keep_spark_archive_indexes()
@@ -74,25 +85,27 @@ def write_task(job: WriteJob, iterator: Iterator[pa.RecordBatch]) -> IqkitCommit
         from ..store.columnar.twins import twin_source_columns  # pyarrow, writers only
 
         twin_columns = twin_source_columns(manifest)
-    encoder = RowEncoder(job, twin_columns)
+    encoder = RowEncoder(job, twin_columns, spill_dir=spill_dir())
     written: list[Fragment] = []
-    run = 0
-    # One connection for every run the task uploads.
+    # One connection for every fragment the task uploads.
     objects = job.uploads.objects()
     try:
         for batch in iterator:
-            # Pieces of at most run_rows rows, so a run never holds much more than that.
+            # Pieces of at most run_rows rows, so a run never holds more than that; a run
+            # is spilled only when more rows come (the last one is sorted in memory).
             for start in range(0, batch.num_rows, job.run_rows):
-                encoder.add(batch.slice(start, job.run_rows))
-                if encoder.buffered >= job.run_rows:
-                    written += _write_run(job, encoder, spark_partition, run, objects)
-                    run += 1
-                    _maybe_crash(job)
-        written += _write_run(job, encoder, spark_partition, run, objects)
-        _maybe_crash(job)
+                piece = batch.slice(start, job.run_rows)
+                if encoder.buffered and encoder.buffered + piece.num_rows > job.run_rows:
+                    encoder.spill()
+                encoder.add(piece)
+        for p, rows in encoder.partitions():
+            written.append(_write_fragment(job, p, rows, spark_partition, objects))
+            _maybe_crash(job)
     except BaseException:
         remove_fragments(job, written, objects=objects)
         raise
+    finally:
+        encoder.close()
     return IqkitCommitMessage(
         spark_partition=spark_partition,
         rows=encoder.rows,
@@ -102,38 +115,31 @@ def write_task(job: WriteJob, iterator: Iterator[pa.RecordBatch]) -> IqkitCommit
     )
 
 
-def _write_run(
-    job: WriteJob,
-    encoder: RowEncoder,
-    spark_partition: int,
-    run: int,
-    objects: Any,
-) -> list[Fragment]:
-    """What the encoder holds, one SST of puts and tombstones per store partition (keys
-    ascending, each once; ``None`` values are deletes), written in the scratch folder and
-    uploaded through ``objects`` (``upload_runs``: one connection); the local files are
-    gone when this returns."""
+def _write_fragment(
+    job: WriteJob, p: int, rows: ArrowRows, spark_partition: int, objects: Any
+) -> Fragment:
+    """Store partition ``p``'s rows (sorted, each key once, ``None`` values deletes) as
+    one SST of puts and tombstones and, for stores with twins, its twin, streamed from
+    ``rows`` in the scratch folder and uploaded through ``objects`` (``upload_runs``: one
+    connection); the local files are gone when this returns."""
     manifest = job.uploads.manifest
     with tempfile.TemporaryDirectory(prefix="iqkit-run-", dir=spill_dir()) as scratch:
-        written: list[tuple[int, str]] = []
-        counts: list[tuple[int, int]] = []
-        for p, keys, values, columns in encoder.drain():
-            sst = os.path.join(scratch, f"{p}.sst")
-            # The fragment's keys (sorted) and values (aligned, null: a delete) as Arrow
-            # arrays: its SST is written from them here, and its columnar twin beside it
-            # (``upload_runs`` uploads both), from the input's own columns where the
-            # encoder kept them.
-            counts.append(rocks.write_arrow_sst(sst, [(keys, values)]))
-            if manifest.kind.has_twins:
-                from ..store.columnar.twins import write_twin_of_columns  # pyarrow, writers only
+        sst = os.path.join(scratch, f"{p}.sst")
+        chunks: Any = rows.sequenced_chunks()
+        twin = None
+        if manifest.kind.has_twins:
+            from ..store.columnar.twins import TwinWriter  # pyarrow, writers only
 
-                write_twin_of_columns(twin_key(sst), manifest, keys, values, columns)
-            written.append((p, sst))
-        uploaded = job.uploads.upload_runs(written, objects=objects)
-    return [
-        Fragment(partition=p, order=(spark_partition, run), puts=puts, deletes=deletes, run=up)
-        for (p, _), (puts, deletes), up in zip(written, counts, uploaded, strict=True)
-    ]
+            # From the input's own columns where the chunks carry them, else shaped.
+            twin = TwinWriter(twin_key(sst), manifest)
+            chunks = twin.tee(chunks)
+        puts, deletes = rocks.write_arrow_sst(sst, (chunk[:2] for chunk in chunks))
+        if twin is not None:
+            twin.close()  # no twin file when it has none (``try_write``'s rule)
+        [uploaded] = job.uploads.upload_runs([(p, sst)], objects=objects)
+    return Fragment(
+        partition=p, order=(spark_partition, 0), puts=puts, deletes=deletes, run=uploaded
+    )
 
 
 def _maybe_crash(job: WriteJob) -> None:

@@ -36,8 +36,9 @@ class ArrowRows:
     filtered column-wise and handed over through C-level iterators (``chain``/``zip``),
     so no Python frame runs per row on the way to the SST writer."""
 
-    def __init__(self, chunks: Iterable[tuple[pa.Array, ...]]) -> None:
-        #: ``(keys, values)`` or, from ``SortedRows``, ``(keys, values, seqs)``.
+    def __init__(self, chunks: Iterable[tuple[Any, ...]]) -> None:
+        #: ``(keys, values)`` or, from ``SortedRows``, ``(keys, values, seqs)`` and, where
+        #: its rows carry the writer's own columns, those too (a ``Table``).
         self._chunks = chunks
         #: Puts and deletes handed out by ``chunks()`` so far (a job's counts, without
         #: another pass).
@@ -52,19 +53,26 @@ class ArrowRows:
         """``(keys, values)`` Arrow arrays of at most ``_CHUNK_ROWS`` rows each: keys
         sorted, values aligned, ``null`` a delete. One pass (a merge of spilled runs
         cannot be read twice)."""
-        for keys, values, _ in self.sequenced_chunks():
-            yield keys, values
+        for chunk in self.sequenced_chunks():
+            yield chunk[0], chunk[1]
 
-    def sequenced_chunks(self) -> Iterator[tuple[pa.Array, pa.Array, pa.Array | None]]:
-        """``chunks`` with each row's sequence number (None where not known)."""
+    def sequenced_chunks(self) -> Iterator[tuple[Any, ...]]:
+        """``chunks`` with each row's sequence number (None where not known), and the
+        writer's own columns of those rows where ``SortedRows`` carried them (a
+        ``Table``, as a fourth element; ``twins.TwinWriter`` takes it)."""
         for chunk in self._chunks:
             keys, values = chunk[0], chunk[1]
             seqs = chunk[2] if len(chunk) > 2 else None
+            columns = chunk[3] if len(chunk) > 3 else None
             for lo in range(0, len(keys), _CHUNK_ROWS):
                 k, v = keys.slice(lo, _CHUNK_ROWS), values.slice(lo, _CHUNK_ROWS)
                 self.deletes_seen += v.null_count
                 self.puts_seen += len(v) - v.null_count
-                yield k, v, None if seqs is None else seqs.slice(lo, _CHUNK_ROWS)
+                s = None if seqs is None else seqs.slice(lo, _CHUNK_ROWS)
+                if columns is None:
+                    yield k, v, s
+                else:
+                    yield k, v, s, columns.slice(lo, _CHUNK_ROWS)
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes | None]]:
         return chain.from_iterable(
@@ -105,10 +113,27 @@ class SortedRows:
     block by block. Sorted runs spilled while rows were added would be sorted again by
     that merge (it sorts each block), and the adds (``StoreWriter.put_table``) would pay
     for a sort of every row on the way. Keys that arrive ascending (ids, a table written
-    in key order) are not sorted at all: their groups are runs as they are.
+    in key order) are not sorted at all: their groups are runs as they are. An owner
+    that spills by itself, without ``spill_bytes`` (a Spark task, every ``run_rows``
+    rows), has the pieces sorted at the read fit what it let the buffer hold: the most
+    bytes one ``spill()`` wrote.
+
+    ``columns``: the schema of other columns every row carries along (a Spark task's own
+    typed columns, which its twin is made of): grouped, spilled, sorted, de-duplicated and
+    merged with the rows, and handed out with them (``ArrowRows.sequenced_chunks``).
     """
 
-    def __init__(self, *, spill_bytes: int | None = None, spill_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        spill_bytes: int | None = None,
+        spill_dir: str | None = None,
+        columns: pa.Schema | None = None,
+    ) -> None:
+        #: The carried columns; the batches hold them under names of their own
+        #: (``_rows_schema``).
+        self._columns = columns
+        self._schema = _rows_schema(columns)
         self._batches: list[pa.RecordBatch] = []
         self._nbytes = 0
         #: Spilled runs: (file, {partition: its group of the file}).
@@ -117,6 +142,7 @@ class SortedRows:
         self._spill_bytes = spill_bytes
         self._spill_dir = spill_dir
         self._sorted_runs = 0  # run files of sorted rows written while reading
+        self._spilled_most = 0  # the most bytes one spill() wrote
         self.rows_added = 0
 
     @property
@@ -135,10 +161,12 @@ class SortedRows:
         values: pa.Array,
         seqs: pa.Array,
         partitions: pa.Array | int = 0,
+        columns: pa.RecordBatch | None = None,
     ) -> None:
         """Add rows: ``binary`` keys (no nulls), ``binary`` values (null = delete),
         ``int64`` sequence numbers, and their partitions (an ``int32`` array, or one
-        partition for all), all of one length."""
+        partition for all), all of one length; ``columns``: theirs of the carried
+        columns (required when the buffer was made with ``columns``)."""
         import pyarrow as pa
 
         if keys.null_count:
@@ -150,10 +178,12 @@ class SortedRows:
             parts = pa.array(_np_full(n, partitions))
         else:
             parts = partitions.cast(pa.int32())
-        batch = pa.RecordBatch.from_arrays(
-            [parts, keys.cast(pa.binary()), values.cast(pa.binary()), seqs.cast(pa.int64())],
-            schema=_rows_schema(),
-        )
+        arrays = [parts, keys.cast(pa.binary()), values.cast(pa.binary()), seqs.cast(pa.int64())]
+        if self._columns is not None:
+            if columns is None or columns.schema.names != self._columns.names:
+                raise ValueError("SortedRows: rows must carry the buffer's columns")
+            arrays += columns.columns
+        batch = pa.RecordBatch.from_arrays(arrays, schema=self._schema)
         # Grouped by partition now, while the rows are in the CPU's caches: a spill
         # reading them back from memory to group them took several times as long.
         self._batches.append(batch if isinstance(partitions, int) else _partition_order(batch))
@@ -170,12 +200,13 @@ class SortedRows:
         if not self._batches:
             return
         groups = _grouped(self._batches)
+        self._spilled_most = max(self._spilled_most, self._nbytes)
         self._batches = []
         self._nbytes = 0
         path = os.path.join(self._tmp_dir(), f"run-{len(self._runs):05d}.arrow")
         index: dict[int, _Group] = {}
         written = 0
-        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, _rows_schema()) as out:
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, self._schema) as out:
             for p in sorted(groups):
                 group = groups[p]
                 for batch in group.batches:
@@ -216,7 +247,7 @@ class SortedRows:
             parts: dict[int, ArrowRows] = {}
             for p in sorted({p for _, index in sources for p in index}):
                 pieces = [_piece(reader, index[p]) for reader, index in sources if p in index]
-                parts[p] = _rows_of(self._sorted_batches(pieces, files))
+                parts[p] = _rows_of(self._sorted_batches(pieces, files), self._columns)
             yield parts
         finally:
             for f in files:
@@ -248,9 +279,10 @@ class SortedRows:
         """One partition's rows, sorted and key-unique, from its pieces (its group of
         each run and of the rows held). Pieces whose keys ascend are runs as they are,
         read one after the other when their key ranges do not overlap; the others are
-        sorted together, in memory up to ``spill_bytes``, else in groups of that size,
-        each but the last written to a run file of its own (opened into ``files``); the
-        runs are then merged (``_merge_runs``)."""
+        sorted together, in memory up to ``spill_bytes`` (or, without it, the most one
+        ``spill()`` wrote), else in groups of that size, each but the last written to a
+        run file of its own (opened into ``files``); the runs are then merged
+        (``_merge_runs``)."""
         import pyarrow as pa
 
         if all(piece.group.ascending for piece in pieces):
@@ -261,7 +293,8 @@ class SortedRows:
                 return
         runs = [piece.read for piece in pieces if piece.group.ascending]
         todo = collections.deque(piece for piece in pieces if not piece.group.ascending)
-        budget = self._spill_bytes
+        budget = self._spill_bytes if self._spill_bytes is not None else self._spilled_most
+        budget = budget or None  # never spilled: everything was held in memory anyway
         while todo:
             group = [todo.popleft()]
             size = group[0].group.nbytes
@@ -269,7 +302,7 @@ class SortedRows:
                 size += todo[0].group.nbytes
                 group.append(todo.popleft())
             batches = [b for piece in group for b in piece.read()]
-            table = last_per_key(pa.Table.from_batches(batches, schema=_rows_schema()))
+            table = last_per_key(pa.Table.from_batches(batches, schema=self._schema))
             del batches
             if todo:
                 runs.append(self._parked(table, files))
@@ -279,7 +312,7 @@ class SortedRows:
         if len(runs) == 1:
             yield from runs[0]()
         else:
-            yield from _merge_runs([run() for run in runs])
+            yield from _merge_runs([run() for run in runs], self._schema)
 
     def _parked(
         self, table: pa.Table, files: list[pa.NativeFile]
@@ -392,12 +425,19 @@ def _partition_order(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch if order is None else batch.take(pa.array(order))
 
 
-def _rows_of(batches: Iterator[pa.RecordBatch]) -> ArrowRows:
-    """One partition's rows from its sorted, key-unique batches."""
+def _rows_of(batches: Iterator[pa.RecordBatch], carried: pa.Schema | None) -> ArrowRows:
+    """One partition's rows from its sorted, key-unique batches; with the ``carried``
+    columns, under their own names, as a fourth element."""
+    import pyarrow as pa
 
-    def columns() -> Iterator[tuple[pa.Array, ...]]:
+    def columns() -> Iterator[tuple[Any, ...]]:
         for b in batches:
-            yield b.column("key"), b.column("value"), b.column("seq")
+            if carried is None:
+                yield b.column("key"), b.column("value"), b.column("seq")
+            else:
+                own = b.select(range(len(_ROWS), b.num_columns))
+                own = pa.Table.from_batches([own]).rename_columns(carried.names)
+                yield b.column("key"), b.column("value"), b.column("seq"), own
 
     return ArrowRows(columns())
 
@@ -408,17 +448,20 @@ def _np_full(n: int, value: int) -> Any:
     return np.full(n, value, dtype=np.int32)
 
 
-def _rows_schema() -> pa.Schema:
+#: The rows' own columns, first in every batch and run.
+_ROWS = ("partition", "key", "value", "seq")
+
+
+def _rows_schema(carried: pa.Schema | None = None) -> pa.Schema:
+    """The buffer's batches: the rows' columns (``_ROWS``), then the ``carried`` ones
+    named by their place (a carried column may well be called ``key``)."""
     import pyarrow as pa
 
-    return pa.schema(
-        [
-            ("partition", pa.int32()),
-            ("key", pa.binary()),
-            ("value", pa.binary()),
-            ("seq", pa.int64()),
-        ]
-    )
+    types = (pa.int32(), pa.binary(), pa.binary(), pa.int64())
+    fields = [pa.field(n, t) for n, t in zip(_ROWS, types, strict=True)]
+    if carried is not None:
+        fields += [pa.field(f"carried{i}", f.type) for i, f in enumerate(carried)]
+    return pa.schema(fields)
 
 
 def last_per_key(table: pa.Table) -> pa.Table:
@@ -492,7 +535,9 @@ def _same_as_next(table: pa.Table, one_partition: bool) -> pa.Array:
     return same
 
 
-def _merge_runs(runs: list[Iterator[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
+def _merge_runs(
+    runs: list[Iterator[pa.RecordBatch]], schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
     """Merge runs of one partition, each sorted and key-unique, into sorted, key-unique
     blocks, one block at a time.
 
@@ -529,5 +574,5 @@ def _merge_runs(runs: list[Iterator[pa.RecordBatch]]) -> Iterator[pa.RecordBatch
         if len(rows) == 1:  # one run's rows alone: sorted and key-unique already
             yield rows[0]
             continue
-        block = last_per_key(pa.Table.from_batches(rows, schema=_rows_schema()))
+        block = last_per_key(pa.Table.from_batches(rows, schema=schema))
         yield from block.to_batches()

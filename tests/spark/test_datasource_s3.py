@@ -159,7 +159,7 @@ def test_append_with_deletes_then_overwrite_like_a_local_root(spark, roots):
     first = spark.createDataFrame([(f"k{i}", i) for i in range(40)], KV_DDL).repartition(3)
     save_both(first, roots, "s", key="k", value="v", partitions=3)
     # Two Spark partitions (the later one wins), null values (deletes), several sorted
-    # runs per task (_run_rows=2), so runs and tombstones chain in order.
+    # runs per task (_run_rows=2), merged in order, tombstones included.
     update = spread(
         spark,
         [
@@ -186,11 +186,11 @@ def test_append_with_deletes_then_overwrite_like_a_local_root(spark, roots):
     assert state(s3, "s") == after
 
 
-def test_many_runs_are_chained_then_compacted_leaving_no_unlisted_run(spark, roots):
+def test_many_runs_make_one_fragment_leaving_no_unlisted_file(spark, roots):
     rows = [(f"k{i % 9}", i if i % 4 else None) for i in range(60)]
     df = spark.createDataFrame(rows, KV_DDL).coalesce(1)
-    # 30 runs of 2 rows: too long a chain, compacted on the driver into one base; the
-    # runs it compacted away are removed (assert_same checks no SST is left unlisted).
+    # 30 runs of 2 rows, spilled and merged by the task into one fragment (assert_same
+    # checks no SST is left unlisted).
     save_both(df, roots, "s", key="k", value="v", partitions=1, _run_rows=2)
     assert assert_same(spark, roots, "s")["versions"] == [1]
 

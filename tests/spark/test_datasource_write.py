@@ -67,6 +67,16 @@ def window_rows(root, store) -> list[tuple]:
         return sorted(out)
 
 
+def chain_files(root, store: str, partition: int) -> list:
+    """The files of ``partition``'s chain in the store's latest version."""
+    from iqkit.store.chain.records import latest_version
+    from iqkit.store.objects import open_objects
+
+    record = latest_version(open_objects(root), store)
+    assert record is not None
+    return list(record.partitions[partition].files)
+
+
 def debris(root: Path) -> list[Path]:
     return sorted(Path(root).rglob(".job-*"))
 
@@ -280,10 +290,13 @@ def test_runs_within_a_task_apply_in_order_deletes_included(spark, tmp_path):
         [("a", 1), ("b", 1), ("a", 2), ("a", 3), ("b", None), ("c", 1), ("b", 9), ("c", None)],
         "k string, v long",
     ).coalesce(1)
-    # _run_rows=2: four sorted runs, so each store partition gets several fragments, and
-    # fragments with deletes split the driver's build into steps.
+    # _run_rows=2: four runs spilled by the task, sorted and merged back into its one
+    # fragment; a later run's row (a delete included) wins.
     save(df, tmp_path, "s", key="k", value="v", partitions=1, _run_rows=2)
     assert contents(tmp_path, "s") == {"a": 3, "b": 9}
+    # One fragment for the task's four runs, then the commit's own file: a job's chain
+    # grows by a file per task, not per run (no compaction of its own runs).
+    assert len(chain_files(tmp_path, "s", 0)) == 2
     write_store(df, tmp_path / "ws", "s", key="k", value="v", partitions=1, progress=False)
     assert contents(tmp_path / "ws", "s") == {"a": 3, "b": 9}
     assert debris(tmp_path) == []

@@ -1,7 +1,7 @@
 """The data source's task encoder (``write_encode.RowEncoder``) without Spark: its sort by
 (store partition, key, input order or Kafka offset) keeps exactly the last row of each
-key, as one Arrow sort of the whole buffer would; and the twin columns it keeps stay
-aligned with the rows it keeps."""
+key, as one Arrow sort of the whole buffer would, whether or not it spilled runs
+on the way; and the twin columns it carries stay aligned with the rows it keeps."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from iqkit.spark.schema import ColumnPlan
 from iqkit.spark.write_encode import RowEncoder
 
 
-def encoder(kafka: bool, twin: bool, partitions: int) -> RowEncoder:
+def encoder(kafka: bool, twin: bool, partitions: int, spill_dir: str | None = None) -> RowEncoder:
     plan = ColumnPlan(
         key_columns=("k",),
         key_serde="string",
@@ -29,7 +29,7 @@ def encoder(kafka: bool, twin: bool, partitions: int) -> RowEncoder:
     job = SimpleNamespace(
         plan=plan, store="s", partitioner="murmur2", partitions=partitions, kafka=kafka
     )
-    return RowEncoder(job, ("k", "n") if twin else None)  # type: ignore[arg-type]
+    return RowEncoder(job, ("k", "n") if twin else None, spill_dir=spill_dir)  # type: ignore[arg-type]
 
 
 rows_strategy = st.lists(
@@ -44,10 +44,14 @@ rows_strategy = st.lists(
     st.booleans(),
     st.integers(1, 4),
     st.integers(1, 7),
+    st.integers(0, 4),
     st.randoms(use_true_random=False),
 )
-def test_drain_keeps_the_last_row_of_each_key_in_key_order(rows, kafka, partitions, batch, rnd):
-    enc = encoder(kafka, twin=True, partitions=partitions)
+def test_partitions_keep_the_last_row_of_each_key_in_key_order(
+    tmp_path_factory, rows, kafka, partitions, batch, spill_every, rnd
+):
+    spills = tmp_path_factory.mktemp("runs")
+    enc = encoder(kafka, twin=True, partitions=partitions, spill_dir=str(spills))
     offsets = list(range(len(rows)))
     if kafka:
         rnd.shuffle(offsets)  # input order is not offset order
@@ -64,6 +68,8 @@ def test_drain_keeps_the_last_row_of_each_key_in_key_order(rows, kafka, partitio
                 "offset": pa.array(offsets[start : start + batch], pa.int64()),
             }
         enc.add(pa.RecordBatch.from_pydict(columns))
+        if spill_every and (start // batch) % spill_every == spill_every - 1:
+            enc.spill()  # a run on disk: later runs must win, runs merge back
     # The model: per key, the row of the highest offset (Kafka) or the last one.
     last: dict[str, tuple[int, int]] = {}
     for (k, n), seq in zip(rows, offsets, strict=True):
@@ -71,7 +77,11 @@ def test_drain_keeps_the_last_row_of_each_key_in_key_order(rows, kafka, partitio
             last[k] = (n, seq)
     got: dict[str, int] = {}
     seen_partitions = []
-    for p, keys, values, twin in enc.drain():
+    for p, rows_of_p in enc.partitions():
+        chunks = list(rows_of_p.sequenced_chunks())
+        keys = pa.concat_arrays([c[0] for c in chunks])
+        values = pa.concat_arrays([c[1] for c in chunks])
+        twin = pa.concat_tables([c[3] for c in chunks])
         seen_partitions.append(p)
         assert keys.to_pylist() == sorted(keys.to_pylist())
         assert len(set(keys.to_pylist())) == len(keys)
@@ -88,3 +98,5 @@ def test_drain_keeps_the_last_row_of_each_key_in_key_order(rows, kafka, partitio
             got[name] = n
     assert seen_partitions == sorted(set(seen_partitions))
     assert got == {k: n for k, (n, _) in last.items()}
+    enc.close()
+    assert list(spills.iterdir()) == []  # the runs are removed

@@ -89,6 +89,46 @@ def test_runs_are_removed_after_reading_and_when_abandoned(tmp_path):
         assert not any(tmp_path.iterdir())
 
 
+def test_carried_columns_follow_their_rows_through_the_owners_spills(tmp_path):
+    """A buffer without ``spill_bytes`` whose owner spills (a Spark task, every
+    ``run_rows`` rows) and whose rows carry columns of their own (one named ``key``):
+    the columns come back with the rows kept, and a partition's runs are sorted in
+    pieces of at most one spill's bytes, parked on disk and merged, not all at once."""
+    carried = pa.schema([("key", pa.string()), ("n", pa.int64())])
+    buffer = SortedRows(spill_dir=os.fspath(tmp_path), columns=carried)
+    rng = random.Random(3)
+    last: dict[bytes, int] = {}
+    seq = 0
+    for _ in range(4):  # four runs of 500 rows over 300 keys, one partition
+        keys = [b"k%03d" % rng.randrange(300) for _ in range(500)]
+        seqs = list(range(seq, seq + 500))
+        seq += 500
+        last.update(zip(keys, seqs, strict=True))
+        own = pa.record_batch([pa.array([k.decode() for k in keys]), pa.array(seqs)], carried)
+        buffer.add(
+            pa.array(keys, pa.binary()),
+            pa.array([b"v%d" % s for s in seqs], pa.binary()),
+            pa.array(seqs, pa.int64()),
+            columns=own,
+        )
+        buffer.spill()
+    got: dict[bytes, int] = {}
+    parked = []
+    for _, rows in buffer.partitions():
+        for keys, values, seqs, own in rows.sequenced_chunks():
+            assert own.column_names == ["key", "n"]
+            assert own.column("key").to_pylist() == [k.decode() for k in keys.to_pylist()]
+            assert own.column("n").to_pylist() == seqs.to_pylist()
+            assert values.to_pylist() == [b"v%d" % s for s in seqs.to_pylist()]
+            got.update(zip(keys.to_pylist(), seqs.to_pylist(), strict=True))
+        parked = [f.name for d in tmp_path.iterdir() for f in d.iterdir()]
+    assert got == last
+    assert any(name.startswith("sorted-") for name in parked)
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="carry"):
+        SortedRows(columns=carried).add(pa.array([b"k"]), pa.array([b"v"]), pa.array([0]))
+
+
 def test_big_merge_keeps_order_and_the_highest_sequence():
     rng = random.Random(7)
     n = 200_000

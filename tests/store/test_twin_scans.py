@@ -18,6 +18,7 @@ import math
 import struct
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +29,7 @@ from hypothesis import strategies as st
 
 import iqkit
 from iqkit import KeyQuery, PrefixScanQuery, RangeQuery, StateQueryRequest
+from iqkit.store.columnar import twins as twin_module
 from iqkit.store.columnar.deletes import writing
 from iqkit.store.partitions.layers import twin_scans
 from iqkit.tables import bulk_decode, collect, store_batches
@@ -153,11 +155,18 @@ def test_twin_scans_equal_rocksdb_scans(tmp_path_factory, serdes, data):
         retention=retention,
     )
     commits = data.draw(st.integers(1, 11))  # over 9 commits: a chain is compacted
+    # Row groups of 2 or 3 rows: files of several, some held whole by a scan's bounds
+    # (read without the key column when the reader names none) and some not.
+    group_rows = data.draw(st.sampled_from([2, 3, twin_module.ROW_GROUP_ROWS]))
     for _ in range(commits):
         # A commit without position deletes is one of an earlier iqkit: chains mixing
         # both are merged on keys, chains whose newest twin has them by position.
         positions = data.draw(st.integers(0, 3)) > 0
-        with writing(positions), iqkit.StoreWriter(root, "s") as w:
+        with (
+            mock.patch.object(twin_module, "ROW_GROUP_ROWS", group_rows),
+            writing(positions),
+            iqkit.StoreWriter(root, "s") as w,
+        ):
             for key in data.draw(st.lists(st.sampled_from(keyspace), max_size=8)):
                 if data.draw(st.integers(0, 3)) == 0:
                     w.delete(key)
@@ -490,3 +499,26 @@ def test_files_rows_are_merged_as_sorting_them_would_order_them(keys, head, text
     got = [every[i] for i in merge_order(arrays, kept)]
     live = sorted(k for k in keys if home[k] >= 0)
     assert got == ([k.decode("latin-1") for k in live] if text else live)
+
+
+def test_a_reader_naming_only_value_columns_reads_no_key_column(root):
+    """A table reader that names its columns (the Spark data source with a schema of
+    value columns only) gets tables of those columns: the key column is not even read
+    for row groups its bounds hold whole, and is read where the bounds cut a group."""
+    iqkit.create_store(root, "s", partitions=1, key_serde="string", value_serde="int64")
+    with mock.patch.object(twin_module, "ROW_GROUP_ROWS", 4), iqkit.StoreWriter(root, "s") as w:
+        for i in range(10):
+            w.put(f"k{i}", i)
+
+    def tables(query: Any) -> list[pa.Table]:
+        with iqkit.open(root) as engine:
+            request = StateQueryRequest.in_store("s").with_query(query)
+            result = engine.query(request).partition_results[0].result
+            return list(result.take_twin(["value"]))
+
+    whole = tables(RangeQuery.with_no_bounds())
+    assert [t.column("value").to_pylist() for t in whole] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert not any("key" in t.column_names for t in whole)
+    cut = tables(RangeQuery.with_range("k2", "k9"))  # the first and last groups are cut
+    assert [v for t in cut for v in t.column("value").to_pylist()] == list(range(2, 10))
+    assert "key" in cut[0].column_names and "key" not in cut[1].column_names

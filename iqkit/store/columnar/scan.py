@@ -288,12 +288,17 @@ class TwinScan:
         parquet: pq.ParquetFile | None = None,
         *,
         keys: bool = True,
+        key_column: bool = True,
     ) -> pa.Table:
         """Row groups ``groups`` of ``f`` (through ``parquet`` if open, else opened and
-        closed here); ``keys``: with ``__key`` derived where the file does not hold it."""
+        closed here); ``keys``: with ``__key`` derived where the file does not hold it;
+        ``key_column`` False (no keys needed at all): the column keys are derived from is
+        read only when the reader named it."""
         names = f.schema.names
         if self.columns is not None:
-            wanted = {KEY_BYTES, DELETED, f.key_from, *self.columns}
+            wanted = {KEY_BYTES, DELETED, *self.columns}
+            if keys or key_column:
+                wanted.add(f.key_from)
             names = [n for n in names if n in wanted]
         with _damage(f.path):
             if parquet is not None:
@@ -334,8 +339,8 @@ class TwinScan:
                 for g in order:
                     if self.closed:
                         return
-                    if keyless and g in f.inside:
-                        table = _live(self._read(f, [g], parquet, keys=False))
+                    if keyless and g in f.inside:  # not even the key column, unless named
+                        table = _live(self._read(f, [g], parquet, keys=False, key_column=False))
                     else:
                         table = _live(self._bounded(self._read(f, [g], parquet)))
                     if self.reverse:

@@ -315,21 +315,25 @@ class TwinWriter:
         self.manifest = manifest
         #: The writer's own columns of rows by sequence number (``ArrowRows.twin_columns``):
         #: a piece of puts they cover is taken from them (``twin_of_columns``), not shaped.
+        #: Chunks that carry those columns themselves need no look-up (``tee``).
         self.columns_of = columns_of
         self._writer: pq.ParquetWriter | None = None
-        self._pending: list[tuple[Any, Any, Any]] = []
+        #: ``(keys, values, seqs, columns or None)`` not written yet.
+        self._pending: list[tuple[Any, Any, Any, Any]] = []
         self._rows = 0
         self._live = 0
         self.failed = False
 
     def tee(self, chunks: Any) -> Any:
-        """``chunks`` (``ArrowRows.sequenced_chunks``) passed on as ``(keys, values)``
-        pairs, each one added to the twin on the way."""
-        for keys, values, seqs in chunks:
+        """``chunks`` (``ArrowRows.sequenced_chunks``: ``(keys, values, seqs)``, with the
+        writer's own columns of those rows as a fourth element where it kept them) passed
+        on as ``(keys, values)`` pairs, each one added to the twin on the way."""
+        for chunk in chunks:
+            keys, values, seqs = chunk[:3]
             if self._keys is not None:
                 self._keys.append(keys)
             if not self.failed:
-                self._pending.append((keys, values, seqs))
+                self._pending.append((keys, values, seqs, chunk[3] if len(chunk) > 3 else None))
                 self._rows += len(keys)
                 self._live += len(values) - values.null_count
                 if self._rows >= TWIN_CHUNK_ROWS and (self._live or self._writer is not None):
@@ -345,7 +349,7 @@ class TwinWriter:
             if table is None:
                 rows = [
                     pair
-                    for keys, values, _ in pending
+                    for keys, values, *_ in pending
                     for pair in zip(keys.to_pylist(), values.to_pylist(), strict=True)
                 ]
                 table = twin_table(self.manifest, rows)
@@ -361,17 +365,20 @@ class TwinWriter:
                 IqkitError):  # fmt: skip
             self._give_up()
 
-    def _of_columns(self, pending: list[tuple[Any, Any, Any]]) -> pa.Table | None:
+    def _of_columns(self, pending: list[tuple[Any, Any, Any, Any]]) -> pa.Table | None:
         """The twin of a piece of puts from the writer's own columns, when it has them
-        for every row of the piece."""
-        if self.columns_of is None or any(seqs is None for _, _, seqs in pending):
+        for every row of the piece (carried by the chunks, or looked up by sequence)."""
+        if all(own is not None for *_, own in pending):
+            columns = pa.concat_tables([own for *_, own in pending])
+            return twin_of_columns(self.manifest, columns)
+        if self.columns_of is None or any(seqs is None for _, _, seqs, _ in pending):
             return None
         seqs = pa.concat_arrays([s.combine_chunks() if isinstance(s, pa.ChunkedArray) else s
-                                 for _, _, s in pending])  # fmt: skip
+                                 for _, _, s, _ in pending])  # fmt: skip
         columns = self.columns_of(seqs)
         return None if columns is None else twin_of_columns(self.manifest, columns)
 
-    def _with_deletes(self, pending: list[tuple[Any, Any, Any]]) -> pa.Table | None:
+    def _with_deletes(self, pending: list[tuple[Any, Any, Any, Any]]) -> pa.Table | None:
         """The twin of a piece of puts and deletes as ``twin_table`` makes it (the live
         rows, then tombstones added in key order: ``_with_tombstones``), the puts taken
         from the writer's own columns (``_of_columns``); None when it has none for some
@@ -379,14 +386,21 @@ class TwinWriter:
         import pyarrow.compute as pc  # here, not on top: a commit of no deletes skips it
 
         live, dead = [], []
-        for keys, values, seqs in pending:
-            if seqs is None:
+        for keys, values, seqs, own in pending:
+            if seqs is None and own is None:
                 return None
             valid = values.is_valid()
             dead.extend(pc.filter(keys, pc.invert(valid)).to_pylist())
-            live.append((pc.filter(keys, valid), pc.filter(values, valid), pc.filter(seqs, valid)))
+            live.append(
+                (
+                    pc.filter(keys, valid),
+                    pc.filter(values, valid),
+                    None if seqs is None else pc.filter(seqs, valid),
+                    None if own is None else own.filter(valid),
+                )
+            )
         dead = [k for k in dead if KV_LOWER <= k < KV_UPPER]  # twin_table's rows
-        if not any(len(keys) for keys, _, _ in live):
+        if not any(len(keys) for keys, *_ in live):
             return None
         table = self._of_columns([piece for piece in live if len(piece[0])])
         if table is None or not dead:
