@@ -24,6 +24,7 @@ JSON store's fields are known from rows only.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -467,13 +468,8 @@ def _twin_batches(
     from .store.columnar.twins import twin_table_columns  # pyarrow.parquet: twins only
 
     store = shaper.store
-    firsts: dict[int, pa.Table] = {}
     try:
-        for p, tables in twins:
-            assert tables is not None
-            first = _next_table(store, p, tables)
-            if first is not None:
-                firsts[p] = first
+        firsts = _first_tables(store, twins)
         if schema is None:
             # Columns of one type in every partition: that is the schema, whatever the
             # rows (no copy of them); else the rows decide where types meet (a value
@@ -523,6 +519,28 @@ def _twin_batches(
                 it.close()
 
     return pa.RecordBatchReader.from_batches(conformer.schema, batches())
+
+
+def _first_tables(
+    store: str, twins: list[tuple[int, Iterator[pa.Table] | None]]
+) -> dict[int, pa.Table]:
+    """Each partition's first table (of a chain with several files, the whole
+    partition merged), read on as many threads as there are cores: Parquet decoding and
+    Arrow's take and filter release the GIL, and every one is needed before the first
+    batch anyway (the schema is taken from them). A failure is raised in partition
+    order, after every thread has stopped: no iterator is closed while a thread runs it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for _, tables in twins:
+        assert tables is not None
+    workers = min(len(twins), os.cpu_count() or 1)
+    if workers < 2:
+        pairs = [(p, _next_table(store, p, tables)) for p, tables in twins]  # type: ignore[arg-type]
+    else:
+        with ThreadPoolExecutor(workers, thread_name_prefix="iqkit-scan") as pool:
+            futures = [(p, pool.submit(_next_table, store, p, t)) for p, t in twins]
+        pairs = [(p, future.result()) for p, future in futures]
+    return {p: first for p, first in pairs if first is not None}
 
 
 def _one_batch(pieces: list[pa.RecordBatch]) -> pa.RecordBatch:
