@@ -317,7 +317,8 @@ def with_private_tmp(command: list[str], listing: Path) -> list[str] | None:
 
 
 def jvm_speed_flags() -> str:
-    """``make test``'s speed-only JVM flags (the Makefile's ``TEST_JVM_FLAGS``, C1 only),
+    """``make test``'s speed-only JVM flags (C1 only, and the class data sharing archive
+    ``tests/spark/jvm_archive.py`` makes: the Makefile's ``ARCHIVED_JVM_FLAGS``),
     for a JVM a test starts with an environment of its own; empty outside ``make test``."""
     return os.environ.get("IQKIT_TEST_JVM_FLAGS", "")
 
