@@ -715,8 +715,9 @@ class FileCache:
                         break
                     waiting.remove(older)
                     take(older)
+        count = self._running_count  # outside the lock: its first look-up takes it
         with _RUNNING_LOCK:
-            self._running_count.total, self._running_count.counted_at = total, counted_at
+            count.total, count.counted_at = total, counted_at
         return freed
 
 
