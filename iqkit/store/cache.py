@@ -108,10 +108,8 @@ class _RunningCount:
 
 
 #: The running count of each cache folder, shared by every ``FileCache`` of it in this
-#: process: each engine has a ``FileCache`` of its own, and a count per instance made
-#: every ``iqkit.open`` walk the whole cache at its first build (a notebook opening one
-#: version after another of a checkpoint paid a walk each; the frozen checkpoint
-#: matrix's 113 cells spent 40% of their time counting).
+#: process: each engine has one, and a count per instance made every ``iqkit.open``
+#: walk the whole cache at its first build (the checkpoint matrix spent 40% counting).
 _RUNNING: dict[Path, _RunningCount] = {}
 _RUNNING_LOCK = threading.Lock()
 
