@@ -31,6 +31,7 @@ from iqkit.store.chain.records import (
 )
 from iqkit.store.chain.retention import collect_chain_garbage
 from iqkit.store.chain.write import commit_partition, commit_version
+from iqkit.store.names import CHAIN_RECORDS_DIR
 from iqkit.store.objects import open_objects
 
 STORE = "totals"
@@ -358,6 +359,7 @@ from iqkit.errors import VersionConflictError
 from iqkit.store.cache import FileCache
 from iqkit.store.chain.records import read_version
 from iqkit.store.chain.write import commit_version
+from iqkit.store.names import CHAIN_RECORDS_DIR
 from iqkit.store.objects import open_objects
 
 root, name, cache, go = sys.argv[1:]
@@ -402,6 +404,7 @@ from iqkit.store.cache import FileCache
 from iqkit.store.chain.records import read_version
 from iqkit.store.chain.retention import collect_chain_garbage
 from iqkit.store.chain.read import database_folder, open_partition
+from iqkit.store.names import CHAIN_RECORDS_DIR
 from iqkit.store.objects import open_objects
 
 root, cache = sys.argv[1:]
@@ -533,9 +536,16 @@ def _history(objects, tmp_path, n: int = 4) -> list[ChainVersion]:
     return records
 
 
+def _storage_now(objects) -> float:
+    """The newest record's modification time on the storage's clock: what retention
+    judges ages by. A record's ``created_at`` is taken before its upload, so under load
+    the object service's time can be seconds later (moto's ``LastModified``)."""
+    return max(objects.list_modified(f"{STORE}/{CHAIN_RECORDS_DIR}").values())
+
+
 def test_retention_keeps_versions_superseded_within_the_grace(objects, tmp_path):
-    records = _history(objects, tmp_path)
-    now = records[-1].created_at
+    _history(objects, tmp_path)
+    now = _storage_now(objects)
     cleanup = collect_chain_garbage(objects, STORE, grace_seconds=600, now=now + 1)
     assert (cleanup.removed_versions, cleanup.removed_files) == ([], [])
     # A reader that pinned version 1 before it was superseded can still fetch it.
@@ -557,7 +567,7 @@ def test_retention_keeps_versions_superseded_within_the_grace(objects, tmp_path)
 def test_retention_keeps_the_newest_versions_it_is_told_to(objects, tmp_path):
     records = _history(objects, tmp_path)
     cleanup = collect_chain_garbage(
-        objects, STORE, retain=2, grace_seconds=0, now=records[-1].created_at + 1
+        objects, STORE, retain=2, grace_seconds=0, now=_storage_now(objects) + 1
     )
     assert cleanup.removed_versions == [1, 2]
     for record in records[2:]:
@@ -575,7 +585,7 @@ def test_a_reader_that_pinned_an_old_version_still_reads_after_retention(objects
     try:
         # Retention with no grace removes version 1 and its compacted-away files...
         cleanup = collect_chain_garbage(
-            objects, STORE, grace_seconds=0, now=records[-1].created_at + 1
+            objects, STORE, grace_seconds=0, now=_storage_now(objects) + 1
         )
         assert cleanup.removed_versions == [1]
         assert records[0].partitions[0].files[0].name in cleanup.removed_files
