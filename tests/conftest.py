@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -108,6 +109,20 @@ def s3_root(s3_endpoint, monkeypatch, tmp_path) -> str:
     aws_env(monkeypatch, s3_endpoint)
     monkeypatch.setenv("IQKIT_CACHE", os.fspath(tmp_path / "iqkit-cache"))
     return f"s3://{new_bucket(s3_endpoint)}/stores"
+
+
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """SIGINT raises ``KeyboardInterrupt`` in the main thread during the test, as in a
+    Jupyter kernel (what its stop button sends). Quirk: a process started in the
+    background by a shell without job control (``make test &`` in a script) inherits
+    SIGINT ignored, and Python then installs no handler: a test that interrupts itself
+    would wait forever."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(autouse=True)

@@ -174,6 +174,7 @@ def test_demo_never_replaces_a_folder_it_did_not_write(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("sigint_raises")
 def test_an_interrupted_demo_puts_the_previous_folder_back(tmp_path):
     root = tmp_path / "demo-stores"
     (root / demo.WORK_DIR).mkdir(parents=True)  # a previous demo's folder

@@ -80,7 +80,7 @@ def root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def watch_shell(root: Path):
+def watch_shell(root: Path, sigint_raises):
     sh = new_shell(root=str(root), progress=False)
     yield sh
     sh.run_line_magic("unload_ext", "iqkit")

@@ -472,6 +472,7 @@ def test_interrupt_from_another_thread_leaves_the_session_usable(big_root: Path)
         (_ENDLESS, 2.0),  # lands in DuckDB's join, after the scans
     ],
 )
+@pytest.mark.usefixtures("sigint_raises")
 def test_keyboard_interrupt_leaves_the_session_usable(
     big_root: Path, query: str, delay: float
 ) -> None:
