@@ -4,10 +4,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-LINTED := iqkit pyspark_iqkit tests bench notebooks/nbsetup.py notebooks/execute.py
+LINTED := iqkit pyspark_iqkit tests bench notebooks/nbsetup.py notebooks/execute.py notebooks/conftest.py
 # The notebooks run under strict nbval: every cell's outputs must equal the stored ones,
-# after notebooks/nbval_sanitize.cfg; IQKIT_STABLE_TIMINGS=1 shows iqkit's wall-clock
-# figures as a placeholder (README "Notebooks").
+# after notebooks/nbval_sanitize.cfg; their kernels get IQKIT_STABLE_TIMINGS=1, which shows
+# iqkit's wall-clock figures as a placeholder (notebooks/conftest.py, README "Notebooks").
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 # Where `make demo` writes its stores and `make lab` reads them.
 DEMO_ROOT ?= demo-stores
@@ -36,7 +36,7 @@ JVM_ARCHIVE := $(TEST_TMP)/spark-classes.jsa
 CDS_QUIET := -Xlog:cds=off,cds+dynamic=off
 ARCHIVED_JVM_FLAGS := $(TEST_JVM_FLAGS) -XX:SharedArchiveFile=$(JVM_ARCHIVE) $(CDS_QUIET)
 # $(call test_env,FOLDER[,JVM FLAGS]): the environment of a run whose scratch is FOLDER:
-# the tests and the notebooks each get a folder of their own under TEST_TMP.
+# the archive's training run and the tests each get a folder of their own under TEST_TMP.
 test_env = TMPDIR=$(1) SPARK_SUBMIT_OPTS="-Djava.io.tmpdir=$(1) -XX:-UsePerfData $(or $(2),$(ARCHIVED_JVM_FLAGS))" \
            SPARK_LAUNCHER_OPTS="-XX:-UsePerfData $(TEST_JVM_FLAGS)" \
            IQKIT_TEST_JVM_FLAGS="$(or $(2),$(ARCHIVED_JVM_FLAGS))" \
@@ -44,13 +44,13 @@ test_env = TMPDIR=$(1) SPARK_SUBMIT_OPTS="-Djava.io.tmpdir=$(1) -XX:-UsePerfData
 # The browser test drives Debian's chromium (Playwright's own browser download cannot
 # work on a machine without network).
 CHROMIUM ?= /usr/bin/chromium
-# pytest-xdist processes for tests/: each takes whole test files (--dist loadfile, so a
-# module's fixtures stay in one process), in collection order (--no-loadscope-reorder:
-# xdist 3.8 otherwise hands out the files with most tests first, which put the README,
-# demo and cluster files, few tests but minutes each, at the run's tail; tests/conftest.py
-# collects them first) and starts its own Spark session when it needs one. The notebooks
-# then run as many at a time, a kernel each (3m34s one by one, 1m40s two at a time).
-# Two keep both cores busy; a third process, or the notebooks run beside the tests, only
+# pytest-xdist processes for tests/ and the notebooks, in one run: each takes whole files
+# (--dist loadfile, so a module's fixtures stay in one process; the local-cluster files
+# count as one), in collection order (--no-loadscope-reorder: xdist 3.8 otherwise hands
+# out the files with most tests first, which put the README, demo and cluster files, few
+# tests but minutes each, at the run's tail; tests/conftest.py collects them first, then
+# the notebooks, a kernel each) and starts its own Spark session when it needs one.
+# Two keep both cores busy; a third process, or a second pytest run beside this one, only
 # made CPU-starved tests (interrupts, timeouts) fail (docs/DECISIONS.md "Install,
 # dependencies and CI"). TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
@@ -60,14 +60,12 @@ TEST_WORKERS ?= 2
 test: $(STAMP) check-java check-chromium
 	$(PY) -m ruff check $(LINTED)
 	$(PY) tests/spark/s3a_jars.py $(S3A_JARS)
-	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)/tests $(TEST_TMP)/notebooks $(TEST_TMP)/archive
+	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)/tests $(TEST_TMP)/archive
 	$(call test_env,$(TEST_TMP)/archive,$(TEST_JVM_FLAGS) -XX:ArchiveClassesAtExit=$(JVM_ARCHIVE) $(CDS_QUIET)) \
 	    $(PY) tests/spark/jvm_archive.py $(TEST_TMP)/archive > $(TEST_TMP)/archive.log 2>&1 \
 	    || { cat $(TEST_TMP)/archive.log; exit 1; }
 	$(call test_env,$(TEST_TMP)/tests) IQKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q -p no:cacheprovider \
-	    -p no:nbval -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 tests
-	$(call test_env,$(TEST_TMP)/notebooks) IQKIT_STABLE_TIMINGS=1 \
-	    $(PY) -m pytest -q -p no:cacheprovider $(NBVAL) -n $(TEST_WORKERS) --dist loadfile notebooks
+	    $(NBVAL) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 tests notebooks
 	rm -rf $(TEST_TMP)
 
 # Re-run every notebook top to bottom and store its outputs in place (what `make test`

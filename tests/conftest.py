@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -137,14 +138,41 @@ def _no_damage_known_from_other_tests() -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files holding a ``slow`` or ``cluster`` test run first (a stable sort: the order
-    within each group stays). ``make test``'s ``--dist loadfile --no-loadscope-reorder``
-    hands out whole files in collection order (xdist's default hands out the files with
-    most tests first), and the longest files (the README's blocks, the demo, the cluster),
-    collected last by name, were the run's tail, with the other worker idle."""
+    """Files holding a ``slow`` or ``cluster`` test run first, then the notebooks (a
+    stable sort: the order within each group stays). ``make test``'s ``--dist loadfile
+    --no-loadscope-reorder`` hands out whole files in collection order (xdist's default
+    hands out the files with most tests first), and the longest files (the README's
+    blocks, the demo, the cluster), collected last by name, were the run's tail, with the
+    other worker idle."""
     heavy = {
         item.path
         for item in items
         if item.get_closest_marker("slow") or item.get_closest_marker("cluster")
     }
-    items.sort(key=lambda item: item.path not in heavy)
+    items.sort(key=lambda item: 0 if item.path in heavy else 1 if _is_notebook(item) else 2)
+
+
+def _is_notebook(item: pytest.Item) -> bool:
+    """A notebook's cell (nbval): each notebook is a kernel and often a Spark session,
+    so the notebooks go right after the heavy files, before the many short tests."""
+    return item.path.suffix == ".ipynb"
+
+
+#: Test files that share one ``local-cluster`` (the session-scoped ``spark_cluster``
+#: fixture: a driver, a master, a worker and two executor JVMs, ~25 CPU-s to start).
+_CLUSTER_FILES = re.compile(r"(^|/)test_cluster[^/]*\.py$")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under ``--dist loadfile``, the cluster's test files go to one worker as one unit,
+    so one cluster starts per run, not one per worker that drew a cluster file."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class _OneClusterScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "the local-cluster files" if _CLUSTER_FILES.search(scope) else scope
+
+    return _OneClusterScheduling(config, log)

@@ -28,8 +28,8 @@ import integrity_child as ic
 import probes_integrity as pi
 from registry import seed
 
-SHORT_PER_KIND = 15
-SHORT_HEAVY_EVERY = 5
+SHORT_PER_KIND = 8
+SHORT_HEAVY_EVERY = 4
 SPARK_PER_KIND = 1
 CKPT_PER_KIND = 3
 CKPT_HEAVY_EVERY = 3
