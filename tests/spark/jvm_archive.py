@@ -73,6 +73,19 @@ def train(scratch: Path) -> None:
         spark.read.format("statestore").load(checkpoint).collect()
     finally:
         spark.stop()
+    _wait_for_the_jvm(spark)
+
+
+def _wait_for_the_jvm(spark) -> None:
+    """Close the JVM's stdin and wait for it to exit. Quirk: the JVM writes the archive as
+    it exits, which it does when its stdin (a pipe from this process) closes — otherwise
+    only after this script ended, while the tests' first JVMs were already starting
+    without it (~20 s of dumping measured after the script's exit)."""
+    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    if proc is None:  # a gateway this process did not launch
+        return
+    proc.stdin.close()
+    proc.wait(timeout=300)
 
 
 if __name__ == "__main__":
