@@ -111,7 +111,7 @@ class _RunningCount:
 #: process: each engine has one, and a count per instance made every ``iqkit.open``
 #: walk the whole cache at its first build (the checkpoint matrix spent 40% counting).
 _RUNNING: dict[Path, _RunningCount] = {}
-_RUNNING_LOCK = threading.Lock()
+_RUNNING_LOCK = threading.RLock()  # re-entrant: `_running_count`'s first look-up takes it
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
           "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
@@ -713,7 +713,7 @@ class FileCache:
                         break
                     waiting.remove(older)
                     take(older)
-        count = self._running_count  # outside the lock: its first look-up takes it
+        count = self._running_count
         with _RUNNING_LOCK:
             count.total, count.counted_at = total, counted_at
         return freed
